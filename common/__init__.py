@@ -1,0 +1,1 @@
+"""The lab's shared package: timing, environment capture, records, roofline, checks, reports, CLI."""

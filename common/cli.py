@@ -1,0 +1,264 @@
+"""The `lab` command: list, run, report, env, predict.
+
+User mistakes end in one line on stderr (`lab: ...`) and a non-zero exit, never a traceback.
+Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 nothing ran (all skipped).
+"""
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import LabError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):               # one line instead of usage + error
+        raise LabError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lab", description="The AI compute benchmark lab.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of crashing exercises")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    sub.add_parser("list", help="list exercises, what they need, and whether they can run here")
+
+    r = sub.add_parser("run", help="run phases or exercises and write one record each")
+    r.add_argument("targets", nargs="+", help="phase number (1), phase1, phase1.elementwise, or all")
+    r.add_argument("--variant", action="append", default=[], help="run only this variant (repeatable)")
+    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter, e.g. --param sizes=[1024,2048]")
+    r.add_argument("--device", default="auto", help="auto (GPU if present), cuda or cpu")
+    r.add_argument("--hardware", help="hardware.yaml key to use for this GPU (for GPUs it does not match)")
+    r.add_argument("--results", help="results folder (default: results/ in the repo, or LAB_RESULTS_DIR)")
+    r.add_argument("--usd-per-hour", type=float, help="what this machine costs you (or LAB_USD_PER_HOUR)")
+    r.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a benchmark")
+
+    rep = sub.add_parser("report", help="regenerate README tables and plots from results/")
+    rep.add_argument("--check", action="store_true", help="fail if README.md is not what results/ gives")
+    rep.add_argument("--results", help="results folder")
+
+    e = sub.add_parser("env", help="show the environment a record would capture")
+    e.add_argument("--json", action="store_true")
+
+    pr = sub.add_parser("predict", help="roofline prediction from spec-sheet numbers, before running")
+    pr.add_argument("op", nargs="?", choices=["matmul", "elementwise", "copy", "custom"], default="custom")
+    pr.add_argument("--n", type=int, help="matmul: N of an N x N x N product; elementwise/copy: elements")
+    pr.add_argument("--dtype", default="fp32", help="fp32, tf32, fp16, bf16, fp8, int8")
+    pr.add_argument("--flops", type=float, help="custom: floating-point operations")
+    pr.add_argument("--bytes", type=float, help="custom: bytes moved through device memory")
+    pr.add_argument("--hardware", help="hardware.yaml key (default: the GPU in this machine)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return 2
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "env": cmd_env,
+                "predict": cmd_predict}[args.command](args)
+    except LabError as exc:
+        err_console.print(f"lab: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("lab: interrupted", markup=False)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last resort: still one line unless --debug
+        if debug:
+            raise
+        err_console.print(f"lab: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+                          markup=False, highlight=False, soft_wrap=True)
+        return 1
+
+
+# ------------------------------------------------------------------------------------ list
+def cmd_list(args) -> int:
+    import torch
+
+    from .registry import all_exercises
+    from .runner import make_context
+    ctx = make_context("cpu") if not torch.cuda.is_available() else None
+    table = Table(title="Exercises")
+    table.add_column("id", no_wrap=True)
+    for col in ("title", "variants", "needs", "here"):
+        table.add_column(col)
+    for ex in all_exercises():
+        needs = []
+        if ex.needs.cuda:
+            needs.append("CUDA" + (f" x{ex.needs.gpus}" if ex.needs.gpus > 1 else ""))
+        needs += list(ex.needs.tools) + list(ex.needs.modules) + list(ex.needs.env)
+        reason = ex.needs.unmet(ctx) if ctx else _unmet_on_gpu(ex)
+        table.add_row(ex.id, ex.title, ", ".join(ex.variants) or "-", ", ".join(needs) or "-",
+                      "[green]runs[/]" if reason is None else f"[yellow]skips[/]: {reason}")
+    console.print(table)
+    return 0
+
+
+def _unmet_on_gpu(ex):
+    import torch
+
+    from .exercise import Context
+    return ex.needs.unmet(Context(torch.device("cuda", 0), None, "gpu"))
+
+
+# ------------------------------------------------------------------------------------- run
+def cmd_run(args) -> int:
+    from .cost import hourly_rate
+    from .paths import relative_to_repo, results_dir
+    from .records import write_record
+    from .registry import select
+    from .runner import (check_writable, make_context, parse_overrides, run_one, static_blocks,
+                         validate_selection)
+
+    exercises = select(args.targets)
+    overrides = parse_overrides(args.param)
+    variants = tuple(args.variant)
+    validate_selection(exercises, overrides, variants)
+    results = results_dir(args.results)
+    check_writable(results)
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    ctx = make_context(args.device, args.hardware, variants, args.quick, progress)
+    usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
+    where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
+    console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))
+    static = static_blocks(ctx)
+
+    summary = Table(title="Results")
+    for col in ("exercise", "status", "rows", "seconds", "record / reason"):
+        summary.add_column(col)
+    failed = ran = 0
+    with progress:
+        overall = progress.add_task("exercises", total=len(exercises))
+        for ex in exercises:
+            progress.update(overall, description=f"{ex.id}")
+            record = run_one(ex, ctx, overrides, static, usd_rate, rate_source, debug=args.debug)
+            path = write_record(record, results)
+            progress.advance(overall)
+            style = {"ok": "green", "failed": "red", "skipped": "yellow"}[record["status"]]
+            if record["status"] == "skipped":
+                console.print(f"skip {ex.id}: {record['reason']}", markup=False, highlight=False)
+            else:
+                ran += 1
+            failed += record["status"] == "failed"
+            note = relative_to_repo(path) if record["status"] != "skipped" else record["reason"]
+            if record["status"] == "failed":
+                note = f"{relative_to_repo(path)}: {record['reason']}"
+            summary.add_row(ex.id, f"[{style}]{record['status']}[/]", str(len(record["rows"])),
+                            f"{record['provenance']['duration_s']:.1f}", note)
+    console.print(summary)
+    if failed:
+        return 1
+    if ran == 0:
+        err_console.print("lab: nothing ran: every selected exercise was skipped (reasons above)",
+                          markup=False)
+        return 3
+    return 0
+
+
+# ---------------------------------------------------------------------------------- report
+def cmd_report(args) -> int:
+    from .report import regenerate
+    return regenerate(check=args.check, results=args.results, echo=console.print)
+
+
+# ------------------------------------------------------------------------------------- env
+def cmd_env(args) -> int:
+    from . import env
+    info = {"software": env.software_info(), "gpu": env.gpu_info(), "host": env.host_info(),
+            "git": env.git_info()}
+    import torch
+
+    from .hardware import load_hardware, match_gpu
+    if info["gpu"]:
+        spec = match_gpu(info["gpu"]["name"], load_hardware())
+        info["hardware_yaml_entry"] = spec.key if spec else None
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    table = Table(title="Environment")
+    table.add_column("block")
+    table.add_column("field")
+    table.add_column("value")
+    for block, values in info.items():
+        if isinstance(values, dict):
+            for k, v in values.items():
+                table.add_row(block, k, str(v))
+        else:
+            table.add_row(block, "", str(values) if values is not None else
+                          ("no CUDA GPU visible" if not torch.cuda.is_available() else "-"))
+    console.print(table)
+    if info["gpu"] and info.get("hardware_yaml_entry") is None:
+        err_console.print(f"lab: GPU '{info['gpu']['name']}' is not in hardware.yaml", markup=False)
+    return 0
+
+
+# --------------------------------------------------------------------------------- predict
+def cmd_predict(args) -> int:
+    import torch
+
+    from . import roofline
+    from .checks import BYTES_PER_ELEMENT
+    from .hardware import get_spec, load_hardware, match_gpu
+    specs = load_hardware()
+    if args.hardware:
+        spec = get_spec(args.hardware, specs)
+    elif torch.cuda.is_available():
+        spec = match_gpu(torch.cuda.get_device_name(0), specs)
+        if spec is None:
+            raise LabError(f"GPU '{torch.cuda.get_device_name(0)}' is not in hardware.yaml; pass --hardware KEY")
+    else:
+        raise LabError("no GPU here to predict for; pass --hardware KEY (e.g. --hardware h200_sxm)")
+    if args.dtype not in BYTES_PER_ELEMENT or args.dtype == "fp64":
+        raise LabError(f"--dtype must be one of fp32, tf32, fp16, bf16, fp8, int8, not '{args.dtype}'")
+    size = BYTES_PER_ELEMENT[args.dtype]
+    if args.op != "custom" and not args.n:
+        raise LabError(f"`lab predict {args.op}` needs --n")
+    if args.op == "matmul":      # C = A @ B, all N x N: 2N^3 FLOPs; read A and B, write C once
+        flops, nbytes = 2 * args.n**3, 3 * args.n**2 * size
+    elif args.op == "elementwise":  # c = a * b: 1 FLOP per element; read 2, write 1
+        flops, nbytes = args.n, 3 * args.n * size
+    elif args.op == "copy":
+        flops, nbytes = 0, 2 * args.n * size
+    else:
+        if args.flops is None or args.bytes is None:
+            raise LabError("`lab predict` needs an op (matmul, elementwise, copy) or both --flops and --bytes")
+        flops, nbytes = args.flops, args.bytes
+    bw = spec.figure("memory_bandwidth_gbps")
+    if bw.value is None:
+        raise LabError(f"hardware.yaml has no memory bandwidth for {spec.key}")
+    roofs = roofline.Roofs(bw.value, {args.dtype: spec.peak(args.dtype).value}, f"hardware.yaml:{spec.key}")
+    p = roofline.predict(flops, nbytes, roofs, args.dtype)
+    table = Table(title=f"Roofline prediction on {spec.name} ({args.op}, {args.dtype})")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [("FLOPs", f"{flops:.4g}"), ("bytes moved", f"{nbytes:.4g}"),
+            ("intensity (FLOP/byte)", _fmt(p["intensity_flop_per_byte"])),
+            ("ridge point (FLOP/byte)", _fmt(p["ridge_flop_per_byte"])),
+            ("memory time (ms)", _fmt(p["memory_ms"])), ("compute time (ms)", _fmt(p["compute_ms"])),
+            ("predicted time (ms)", _fmt(p["predicted_ms"])), ("bound", p["bound"])]
+    if flops and p["predicted_ms"]:
+        rows.append(("attainable TFLOP/s", _fmt(flops / (p["predicted_ms"] * 1e9))))
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    return 0
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

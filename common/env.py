@@ -1,0 +1,179 @@
+"""What a number was measured on: GPU, driver, clocks, software versions, git state, command.
+
+Everything here is read, never assumed; what cannot be read is None (never an empty string).
+"""
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .paths import REPO_ROOT
+
+
+def run_quiet(cmd: list[str], timeout: float = 20.0) -> str | None:
+    """stdout of a command, or None if it is missing, fails or hangs."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def nvcc_version() -> str | None:
+    out = run_quiet(["nvcc", "--version"])
+    m = re.search(r"release ([\d.]+)", out or "")
+    return m.group(1) if m else None
+
+
+def ncu_version() -> str | None:
+    out = run_quiet(["ncu", "--version"])
+    m = re.search(r"Version ([\d.]+)", out or "")
+    return m.group(1) if m else None
+
+
+# nvidia-smi --query-gpu fields, one query each so that one field unknown to an older driver
+# does not lose the others. The clock-event field was renamed from clocks_throttle_reasons.
+SMI_FIELDS = {
+    "driver": "driver_version",
+    "sm_clock_mhz": "clocks.sm",
+    "sm_clock_max_mhz": "clocks.max.sm",
+    "mem_clock_mhz": "clocks.mem",
+    "mem_clock_max_mhz": "clocks.max.mem",
+    "temperature_c": "temperature.gpu",
+    "power_draw_w": "power.draw",
+    "power_limit_w": "power.limit",
+    "persistence_mode": "persistence_mode",
+}
+THROTTLE_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
+def _smi_query(field: str, index: int) -> str | None:
+    out = run_quiet(["nvidia-smi", f"--id={index}", f"--query-gpu={field}",
+                     "--format=csv,noheader,nounits"])
+    if out is None or "not supported" in out.lower() or "[n/a]" in out.lower():
+        return None
+    return out.splitlines()[0].strip()
+
+
+def _number(text: str | None):
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return text
+
+
+def nvidia_smi(index: int = 0) -> dict:
+    """Driver, clocks, power and the active clock-event (throttle) reasons of GPU `index`."""
+    info = {key: _number(_smi_query(field, index)) for key, field in SMI_FIELDS.items()}
+    if isinstance(info["driver"], float):
+        info["driver"] = _smi_query("driver_version", index)
+    for field in THROTTLE_FIELDS:
+        mask = _smi_query(field, index)
+        if mask is not None:
+            info["clock_event_reasons_mask"] = mask   # 0x0: none; 0x1: idle; see nvidia-smi -q
+            break
+    else:
+        info["clock_event_reasons_mask"] = None
+    return info
+
+
+def gpu_info() -> dict | None:
+    """The visible CUDA GPUs as torch sees them, plus nvidia-smi's view of GPU 0."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", None)
+    info = {
+        "name": props.name,
+        "count": torch.cuda.device_count(),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 2),
+        "l2_mib": round(l2 / 2**20, 2) if l2 else None,
+        **nvidia_smi(0),
+    }
+    if info["count"] > 1:
+        info["topology"] = run_quiet(["nvidia-smi", "topo", "-m"])
+    return info
+
+
+def host_info() -> dict:
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"os": platform.system(), "machine": platform.machine(), "cpu": cpu or platform.processor() or None,
+            "cpu_count": os.cpu_count()}
+
+
+def software_info() -> dict:
+    cuda_ok = torch.cuda.is_available()
+    nccl = None
+    if cuda_ok:
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - NCCL absent from this torch build
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "nccl": nccl,
+        "triton": package_version("triton"),
+        "jax": package_version("jax"),
+        "numpy": package_version("numpy"),
+        "nvcc": nvcc_version(),
+        "ncu": ncu_version(),
+    }
+
+
+def git_info() -> dict:
+    """Commit and dirty flag of the checkout. results/ is excluded from 'dirty': a run writes there.
+
+    Where the tree is a copy without .git (a lent GPU machine), LAB_GIT_COMMIT / LAB_GIT_DIRTY,
+    set by whoever made the copy, are used and the source says so.
+    """
+    commit = run_quiet(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    if commit:
+        status = run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", ".",
+                            ":(exclude)results"])
+        return {"commit": commit, "dirty": bool(status), "source": "git"}
+    env_commit = os.environ.get("LAB_GIT_COMMIT")
+    if env_commit:
+        return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
+                "source": "LAB_GIT_COMMIT (tree copied without .git)"}
+    return {"commit": None, "dirty": None, "source": None}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed, with the program shortened to its name and absolute paths hidden."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return "lab"
+    parts = [Path(argv[0]).name]
+    for arg in argv[1:]:
+        if os.path.isabs(arg):
+            arg = "<path>/" + Path(arg).name
+        parts.append(arg)
+    return " ".join(parts)

@@ -1,0 +1,204 @@
+"""The exercise, the unit of the lab, and the context it runs in.
+
+An exercise module defines one `Exercise`: what it needs, its parameters (GPU defaults, smaller
+CPU defaults, tiny `quick` ones for smoke tests), its named variants, and a `run(ctx, params)`
+that returns result rows. Rows come from `measure()`, which enforces the lab's order: check the
+output against a reference first; time only what passed; attach the roofline prediction.
+"""
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from . import roofline
+from .checks import BYTES_PER_ELEMENT
+from .hardware import DTYPES, HardwareSpec
+from .timing import Timing, benchmark
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an exercise requires; the runner skips it, with the reason, when unmet."""
+    cuda: bool = False
+    gpus: int = 1
+    tools: tuple[str, ...] = ()      # executables on PATH, e.g. ("ncu",)
+    modules: tuple[str, ...] = ()    # importable Python modules, e.g. ("triton",)
+    env: tuple[str, ...] = ()        # environment variables, e.g. API keys
+
+    def unmet(self, ctx: "Context") -> str | None:
+        if self.cuda and not ctx.is_cuda:
+            return "needs a CUDA GPU; " + ("running with --device cpu" if torch.cuda.is_available()
+                                            else "none is visible on this machine")
+        if self.cuda and ctx.gpu_count < self.gpus:
+            return f"needs {self.gpus} GPUs; this machine has {ctx.gpu_count}"
+        for tool in self.tools:
+            if shutil.which(tool) is None:
+                return f"needs `{tool}` on PATH; not found"
+        for module in self.modules:
+            if importlib.util.find_spec(module) is None:
+                return f"needs the Python package `{module}`; not installed"
+        for var in self.env:
+            if not os.environ.get(var):
+                return f"needs the environment variable {var}; not set"
+        return None
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str                                  # "phase1.elementwise"
+    title: str
+    run: Callable
+    needs: Needs = Needs()
+    params: dict = field(default_factory=dict)
+    cpu_params: dict = field(default_factory=dict)
+    quick_params: dict = field(default_factory=dict)
+    variants: tuple[str, ...] = ()
+    bench_version: int = 1
+
+    @property
+    def phase(self) -> int:
+        return int(self.id.split(".")[0].removeprefix("phase"))
+
+    @property
+    def name(self) -> str:
+        return self.id.split(".", 1)[1]
+
+    def resolve_params(self, on_cpu: bool, quick: bool, overrides: dict) -> dict:
+        params = dict(self.params)
+        if on_cpu:
+            params.update(self.cpu_params)
+        if quick:
+            params.update(self.quick_params)
+        params.update({k: v for k, v in overrides.items() if k in self.params})
+        return params
+
+
+class Context:
+    """Where an exercise runs: the device, its spec sheet, the roofs, the harness, progress."""
+
+    def __init__(self, device: torch.device, spec: HardwareSpec | None, hardware_key: str,
+                 variants: tuple[str, ...] = (), quick: bool = False, progress=None):
+        self.device = device
+        self.spec = spec
+        self.hardware_key = hardware_key
+        self.variants = variants
+        self.quick = quick
+        self._progress = progress
+        self._measured_peaks: dict[str, float] = {}
+        self._measured_bandwidth: float | None = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def gpu_count(self) -> int:
+        return torch.cuda.device_count() if self.is_cuda else 0
+
+    def wants(self, variant: str) -> bool:
+        return not self.variants or variant in self.variants
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time(self, fn, **kwargs) -> Timing:
+        if self.quick:
+            kwargs.setdefault("target_ms", 5.0)
+            kwargs.setdefault("min_samples", 3)
+            kwargs.setdefault("warmup_ms", 1.0)
+        return benchmark(fn, self.device, **kwargs)
+
+    def track(self, items: Iterable, description: str) -> Iterable:
+        items = list(items)
+        if self._progress is None:
+            return items
+        return self._progress.track(items, description=f"  {description}", total=len(items))
+
+    # ----- roofs ------------------------------------------------------------------------------
+    def roofs(self, dtype: str | None = None) -> roofline.Roofs:
+        """The spec-sheet roofs of this GPU; on a CPU (no spec sheet) ceilings measured here."""
+        if self.spec is not None:
+            bw = self.spec.figure("memory_bandwidth_gbps")
+            return roofline.Roofs(
+                bandwidth_gbps=bw.value,
+                peak_tflops={d: self.spec.peak(d).value for d in DTYPES},
+                source=f"hardware.yaml:{self.spec.key}",
+                bandwidth_source=self.spec.cite(bw),
+                peak_sources={d: self.spec.cite(self.spec.peak(d)) for d in DTYPES})
+        if dtype and dtype not in self._measured_peaks and dtype in ("fp32", "fp16", "bf16"):
+            self._measured_peaks[dtype] = measure_matmul_tflops(self, dtype)
+        if self._measured_bandwidth is None:
+            self._measured_bandwidth = measure_copy_gbps(self)
+        return roofline.Roofs(bandwidth_gbps=self._measured_bandwidth,
+                              peak_tflops=dict(self._measured_peaks),
+                              source="measured on this machine (copy bandwidth, library matmul)",
+                              bandwidth_source="measured: torch copy", peak_sources=None)
+
+
+def measure_copy_gbps(ctx: Context, nbytes: int = 256 * 2**20) -> float:
+    """Device copy bandwidth, counting bytes read plus bytes written."""
+    src = torch.rand(nbytes // 4, device=ctx.device)
+    dst = torch.empty_like(src)
+    t = benchmark(lambda: dst.copy_(src), ctx.device, target_ms=50, min_samples=5)
+    return 2 * nbytes / (t.median_ms * 1e6)
+
+
+def measure_matmul_tflops(ctx: Context, dtype: str, n: int = 1024) -> float:
+    from .checks import TORCH_DTYPES
+    a = torch.randn(n, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+    b = torch.randn(n, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
+    t = benchmark(lambda: a @ b, ctx.device, target_ms=100, min_samples=3)
+    return 2 * n**3 / (t.median_ms * 1e9)
+
+
+def row(variant: str, params: dict, status: str = "ok", reason: str | None = None, *,
+        check: dict | None = None, timing: Timing | None = None, metrics: dict | None = None,
+        prediction: dict | None = None) -> dict:
+    return {"variant": variant, "params": params, "status": status, "reason": reason, "check": check,
+            "timing": timing.as_dict() if timing else None, "metrics": metrics or {},
+            "prediction": prediction}
+
+
+def throughput_metrics(ms: float, flops: float, bytes_moved: float, roofs: roofline.Roofs,
+                       dtype: str | None) -> dict:
+    """ms, GB/s, TFLOP/s and percent of the roofs, with the peaks' sources."""
+    metrics = {"ms": ms}
+    if bytes_moved:
+        metrics["gbps"] = bytes_moved / (ms * 1e6)
+        metrics["pct_of_peak_bandwidth"] = 100 * metrics["gbps"] / roofs.bandwidth_gbps
+        metrics["peak_bandwidth_gbps"] = roofs.bandwidth_gbps
+        metrics["peak_bandwidth_source"] = roofs.bandwidth_source or roofs.source
+    if flops:
+        metrics["tflops"] = flops / (ms * 1e9)
+        peak = roofs.peak(dtype) if dtype else None
+        metrics["peak_tflops"] = peak
+        metrics["pct_of_peak_tflops"] = 100 * metrics["tflops"] / peak if peak else None
+        metrics["peak_tflops_source"] = ((roofs.peak_sources or {}).get(dtype) or roofs.source) if peak else None
+    return metrics
+
+
+def measure(ctx: Context, variant: str, params: dict, *, fn: Callable[[], object],
+            check: Callable[[], dict], flops: float, bytes_moved: float, dtype: str | None,
+            timing: dict | None = None) -> dict:
+    """Check, then time, then predict: one result row.
+
+    `check()` runs the kernel on a poisoned output and compares it with the reference; a failed
+    check produces a 'failed' row with no timing at all. `bytes_moved` is the fewest bytes the
+    operation must move through device memory (each input read once, each output written once).
+    """
+    verdict = check()
+    if not verdict["passed"]:
+        return row(variant, params, "failed", verdict["reason"], check=verdict)
+    t = ctx.time(fn, **(timing or {}))
+    roofs = ctx.roofs(dtype)
+    return row(variant, params, "ok", None, check=verdict, timing=t,
+               metrics=throughput_metrics(t.median_ms, flops, bytes_moved, roofs, dtype),
+               prediction=roofline.predict(flops, bytes_moved, roofs, dtype, t.median_ms))
+
+
+def elements_bytes(n: int, dtype: str) -> int:
+    return n * BYTES_PER_ELEMENT[dtype]

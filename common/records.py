@@ -1,0 +1,170 @@
+"""Result records: one JSON file per run of an exercise, validated, written atomically, never rewritten.
+
+Layout: results/phaseN/<exercise>/<hardware-key>/<UTC stamp>_<commit7>[-dirty].json
+
+A record holds the run's rows (one per variant and size), each with its correctness check, timing,
+metrics (units in the names) and roofline prediction; and, once per run, the hardware, software,
+provenance and cost blocks.
+"""
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .errors import RecordError
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "skipped")
+REQUIRED = {
+    "schema_version": int, "exercise": dict, "status": str, "reason": (str, type(None)),
+    "params": dict, "rows": list, "summary": dict, "source": dict, "hardware": dict,
+    "software": dict, "provenance": dict, "cost": dict,
+}
+ROW_REQUIRED = {"variant": str, "params": dict, "status": str, "reason": (str, type(None)),
+                "check": (dict, type(None)), "timing": (dict, type(None)), "metrics": dict,
+                "prediction": (dict, type(None))}
+SECRET_PATTERNS = [re.compile(p) for p in (r"gsk_[A-Za-z0-9]{20,}", r"sk-[A-Za-z0-9]{20,}",
+                                             r"hf_[A-Za-z0-9]{20,}")]
+SECRET_KEYS = re.compile(r"(api_?key|token|secret|password)$", re.IGNORECASE)
+
+
+def _walk(value, where="record"):
+    """Yield (where, key, value) for every leaf."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, f"{where}.{k}")
+            yield where, k, v
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{where}[{i}]")
+
+
+def problems(record: dict) -> list[str]:
+    """Everything wrong with a record; empty when it is valid."""
+    out = []
+    for key, typ in REQUIRED.items():
+        if key not in record:
+            out.append(f"missing '{key}'")
+        elif not isinstance(record[key], typ):
+            out.append(f"'{key}' has type {type(record[key]).__name__}")
+    if out:
+        return out
+    if record["schema_version"] != SCHEMA_VERSION:
+        out.append(f"schema_version {record['schema_version']} != {SCHEMA_VERSION}")
+    if record["status"] not in STATUSES:
+        out.append(f"status '{record['status']}' not in {STATUSES}")
+    ex = record["exercise"]
+    if not isinstance(ex.get("id"), str) or not re.fullmatch(r"phase\d\.[a-z0-9_]+", ex.get("id", "")):
+        out.append("exercise.id must look like 'phase1.elementwise'")
+    if not record["hardware"].get("key"):
+        out.append("hardware.key missing")
+    for i, row in enumerate(record["rows"]):
+        for key, typ in ROW_REQUIRED.items():
+            if key not in row:
+                out.append(f"rows[{i}] missing '{key}'")
+            elif not isinstance(row[key], typ):
+                out.append(f"rows[{i}].{key} has type {type(row[key]).__name__}")
+        if row.get("status") not in STATUSES:
+            out.append(f"rows[{i}].status '{row.get('status')}' not in {STATUSES}")
+        if row.get("status") == "ok" and row.get("timing") and not row.get("prediction"):
+            out.append(f"rows[{i}] is timed but has no prediction")
+        if row.get("status") == "failed" and row.get("timing"):
+            out.append(f"rows[{i}] failed its check but carries a timing")
+    for where, key, value in _walk(record):
+        if isinstance(value, str):
+            if value == "":
+                out.append(f"{where}.{key} is an empty string (use null)")
+            elif value.startswith("/") or re.match(r"^[A-Za-z]:\\", value):
+                out.append(f"{where}.{key} holds an absolute path")
+            elif any(p.search(value) for p in SECRET_PATTERNS):
+                out.append(f"{where}.{key} looks like a secret")
+            if SECRET_KEYS.search(str(key)) and value:
+                out.append(f"{where}.{key} may hold a secret")
+    return out
+
+
+def validate(record: dict) -> None:
+    found = problems(record)
+    if found:
+        raise RecordError("invalid record: " + "; ".join(found[:5]))
+
+
+def record_dir(results: Path, record: dict) -> Path:
+    phase, name = record["exercise"]["id"].split(".", 1)
+    return Path(results) / phase / name / record["hardware"]["key"]
+
+
+def file_stem(record: dict) -> str:
+    prov = record["provenance"]
+    stamp = prov["started_utc"].replace("-", "").replace(":", "").split(".")[0]
+    commit = (prov.get("commit") or "nogit")[:7]
+    return f"{stamp}_{commit}" + ("-dirty" if prov.get("dirty") else "")
+
+
+def write_record(record: dict, results: Path) -> Path:
+    """Validate, then write atomically and append-only.
+
+    The JSON goes to a temporary file in the target folder, is flushed to disk, and is then
+    hard-linked to its final name: link() fails rather than replace an existing file, so a record
+    is never overwritten, and a reader never sees a half-written one. On any failure the temporary
+    file is removed and no record is left behind.
+    """
+    validate(record)
+    try:
+        text = json.dumps(record, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"record is not serializable: {exc}") from None
+    folder = record_dir(results, record)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    except OSError as exc:
+        raise RecordError(f"cannot write to results folder {results}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        stem = file_stem(record)
+        for n in range(1, 1000):
+            final = folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+            try:
+                os.link(tmp, final)
+                return final
+            except FileExistsError:
+                continue
+        raise RecordError(f"too many records named {stem} in {folder}")
+    except OSError as exc:
+        raise RecordError(f"could not write record in {folder}: {exc.strerror}") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def load_records(results: Path, phase: int | None = None, exercise: str | None = None,
+                 hardware: str | None = None) -> list[dict]:
+    """All records under results/ (oldest first), optionally filtered. Each gets a `_path` key
+    (relative to results/) for linking; it is not part of the stored record."""
+    results = Path(results)
+    out = []
+    for path in sorted(results.glob("phase*/*/*/*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(rec, dict) or "exercise" not in rec:
+            continue
+        ex_id = rec["exercise"].get("id", "")
+        if phase is not None and rec["exercise"].get("phase") != phase:
+            continue
+        if exercise is not None and ex_id != exercise:
+            continue
+        if hardware is not None and rec.get("hardware", {}).get("key") != hardware:
+            continue
+        rec["_path"] = path.relative_to(results).as_posix()
+        out.append(rec)
+    out.sort(key=lambda r: (r.get("provenance", {}).get("started_utc") or "", r["_path"]))
+    return out

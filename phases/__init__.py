@@ -1,0 +1,1 @@
+"""One package per phase; each lists its exercises in EXERCISES."""

@@ -1,0 +1,67 @@
+"""The first benchmark: one 4096 x 4096 FP32 matmul through cuBLAS, against the spec sheet.
+
+    lab run phase0.matmul_baseline [--variant fp32|tf32]
+
+Two variants, because "FP32 matmul" means two different things on a GPU with tensor cores:
+- fp32: true single precision on the CUDA cores (torch matmul precision "highest");
+- tf32: the inputs rounded to TF32 (10-bit mantissa) and fed to the tensor cores ("high").
+Each is compared with its own peak from hardware.yaml, and the record says which was allowed.
+The fp32 check tolerance sits below TF32's error, so TF32 sneaking in would fail the fp32 row.
+
+FLOPs = 2 N^3 (one multiply and one add per inner-product term);
+fewest bytes = 3 N^2 x 4 (read A and B once, write C once), so intensity = N/6 FLOP/byte.
+"""
+from contextlib import contextmanager
+
+import torch
+
+from common.checks import compare, poison
+from common.exercise import Exercise, measure, row
+
+
+@contextmanager
+def matmul_precision(mode: str):
+    """'highest' = true FP32; 'high' = TF32 allowed. Restored afterwards."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(mode)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def fp32_matmul_rows(ctx, n: int, variants, timing=None) -> list[dict]:
+    g = torch.Generator(device=ctx.device).manual_seed(0)
+    a = torch.randn(n, n, device=ctx.device, generator=g)
+    b = torch.randn(n, n, device=ctx.device, generator=g)
+    c = torch.empty(n, n, device=ctx.device)
+    ref = a.double() @ b.double()
+    rows = []
+    for variant in variants:
+        params = {"n": n, "dtype": "fp32", "tf32_allowed": variant == "tf32"}
+        if variant == "tf32" and not ctx.is_cuda:
+            rows.append(row(variant, params, "skipped", "TF32 is a tensor-core mode of NVIDIA GPUs"))
+            continue
+        with matmul_precision("high" if variant == "tf32" else "highest"):
+            def fn():
+                torch.matmul(a, b, out=c)
+
+            def check(precision=variant):
+                poison(c)
+                fn()
+                ctx.synchronize()
+                return compare(c, ref, precision, "float64 matmul of the same inputs")
+
+            rows.append(measure(ctx, variant, params, fn=fn, check=check, flops=2 * n**3,
+                                bytes_moved=3 * n * n * 4, dtype=variant, timing=timing))
+    return rows
+
+
+def run(ctx, params):
+    variants = [v for v in ("fp32", "tf32") if ctx.wants(v)]
+    return fp32_matmul_rows(ctx, params["n"], ctx.track(variants, "matmul 4096 fp32"))
+
+
+EXERCISE = Exercise(id="phase0.matmul_baseline", title="4096 x 4096 FP32 matmul baseline vs spec peak",
+                    run=run, params={"n": 4096}, cpu_params={"n": 1024}, quick_params={"n": 96},
+                    variants=("fp32", "tf32"))

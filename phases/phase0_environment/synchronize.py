@@ -1,0 +1,74 @@
+"""The synchronize lesson, measured: the same work timed without and with a synchronize.
+
+    lab run phase0.synchronize
+
+A CUDA launch returns as soon as the work is queued. Timing `reps` matmuls with a host clock and
+no synchronize measures how fast Python can enqueue them, not how fast the GPU runs them. Both
+timings are recorded against the same roofline prediction: the unsynchronized one comes out far
+*faster than the roofline allows*, which is the tell that it measured the wrong thing.
+On a CPU the work is synchronous and the two agree.
+"""
+import time
+
+from common import roofline
+from common.exercise import Exercise, row, throughput_metrics
+from common.timing import summarize
+
+from .matmul_baseline import fp32_matmul_rows, matmul_precision
+
+import torch
+
+
+def host_timed(ctx, fn, reps: int, samples: int, sync: bool) -> list[float]:
+    """Per-call ms from time.perf_counter around `reps` calls, with or without a final synchronize."""
+    out = []
+    for _ in range(samples):
+        ctx.synchronize()                     # start from an idle GPU either way
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if sync:
+            ctx.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3 / reps)
+        ctx.synchronize()                     # drain before the next sample
+    return out
+
+
+def run(ctx, params):
+    n, reps, samples = params["n"], params["reps"], params["samples"]
+    # Correctness first: the same fp32 matmul as the baseline, checked against float64.
+    [checked] = fp32_matmul_rows(ctx, n, ["fp32"], timing={"target_ms": 20, "min_samples": 3})
+    if checked["status"] != "ok":
+        return [checked]
+    a = torch.randn(n, n, device=ctx.device)
+    b = torch.randn(n, n, device=ctx.device)
+    c = torch.empty(n, n, device=ctx.device)
+    flops, nbytes = 2 * n**3, 3 * n * n * 4
+    roofs = ctx.roofs("fp32")
+    rows = []
+    with matmul_precision("highest"):
+        fn = lambda: torch.matmul(a, b, out=c)  # noqa: E731
+        for _ in range(3):
+            fn()
+        for variant, sync in (("no_sync", False), ("sync", True)):
+            if not ctx.wants(variant):
+                continue
+            t = summarize(host_timed(ctx, fn, reps, samples, sync),
+                          f"perf_counter around {reps} calls, {'with' if sync else 'without'} synchronize",
+                          warmup_calls=3, flush_l2=False)
+            rows.append(row(variant, {"n": n, "dtype": "fp32", "reps": reps, "synchronize": sync},
+                            check=checked["check"], timing=t,
+                            metrics=throughput_metrics(t.median_ms, flops, nbytes, roofs, "fp32"),
+                            prediction=roofline.predict(flops, nbytes, roofs, "fp32", t.median_ms)))
+    by = {r["variant"]: r["metrics"]["ms"] for r in rows}
+    summary = {}
+    if len(by) == 2:
+        summary = {"illusory_speedup": by["sync"] / by["no_sync"],
+                   "no_sync_faster_than_roofline": rows[0]["prediction"]["measured_over_predicted"] < 1}
+    return rows, summary
+
+
+EXERCISE = Exercise(id="phase0.synchronize", title="Timing without and with torch.cuda.synchronize()",
+                    run=run, params={"n": 4096, "reps": 20, "samples": 10},
+                    cpu_params={"n": 512, "reps": 5, "samples": 5}, quick_params={"n": 64, "reps": 2, "samples": 2},
+                    variants=("no_sync", "sync"))

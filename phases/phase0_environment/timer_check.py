@@ -1,0 +1,100 @@
+"""Does the lab's timing harness agree with an independent one? Checked on real GPU kernels.
+
+    lab run phase0.timer_check
+
+Every number in the lab comes from common/timing.py. Here the same three kernels (a memory-bound
+copy, a memory-bound multiply, a compute-bound matmul) are timed by it and by
+`triton.testing.do_bench` (median), in three interleaved rounds; the median of each side's three
+medians are compared. A row fails if they differ by more than `tolerance` (5%).
+"""
+import statistics
+
+import torch
+
+from common import roofline
+from common.checks import compare, exact, poison
+from common.exercise import Exercise, Needs, row, throughput_metrics
+
+
+def kernels(ctx, p):
+    """(name, fn, check, flops, bytes, dtype) for the three kernels."""
+    dev = ctx.device
+    n_copy, n_mul, n_mm = p["copy_elements"], p["mul_elements"], p["matmul_n"]
+    src = torch.rand(n_copy, device=dev)
+    dst = torch.empty_like(src)
+    a, b = torch.rand(n_mul, device=dev) + 0.5, torch.rand(n_mul, device=dev) + 0.5
+    c = torch.empty_like(a)
+    x = torch.randn(n_mm, n_mm, device=dev, dtype=torch.bfloat16)
+    y = torch.randn(n_mm, n_mm, device=dev, dtype=torch.bfloat16)
+    z = torch.empty(n_mm, n_mm, device=dev, dtype=torch.bfloat16)
+
+    def copy():
+        dst.copy_(src)
+
+    def mul():
+        torch.mul(a, b, out=c)
+
+    def mm():
+        torch.matmul(x, y, out=z)
+
+    def check_copy():
+        poison(dst); copy(); ctx.synchronize()
+        return exact(dst, src, "the source tensor")
+
+    def check_mul():
+        poison(c); mul(); ctx.synchronize()
+        return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32", "float64 product")
+
+    def check_mm():
+        poison(z); mm(); ctx.synchronize()
+        return compare(z, x.double() @ y.double(), "bf16", "float64 matmul of the same inputs")
+
+    return [("copy", copy, check_copy, 0, 2 * n_copy * 4, None),
+            ("mul", mul, check_mul, n_mul, 3 * n_mul * 4, "fp32"),
+            ("matmul_bf16", mm, check_mm, 2 * n_mm**3, 3 * n_mm**2 * 2, "bf16")]
+
+
+def run(ctx, params):
+    from triton.testing import do_bench
+    tol = params["tolerance"]
+    rows = []
+    for name, fn, check, flops, nbytes, dtype in ctx.track(kernels(ctx, params), "harness vs do_bench"):
+        if not ctx.wants(name):
+            continue
+        p = {"kernel": name, **{k: v for k, v in params.items() if k != "tolerance"}}
+        verdict = check()
+        if not verdict["passed"]:
+            rows.append(row(name, p, "failed", verdict["reason"], check=verdict))
+            continue
+        ours, theirs, timings = [], [], []
+        for _ in range(params["rounds"]):
+            t = ctx.time(fn)
+            timings.append(t)
+            ours.append(t.median_ms)
+            theirs.append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        ours_ms, theirs_ms = statistics.median(ours), statistics.median(theirs)
+        ratio = ours_ms / theirs_ms
+        agree = abs(ratio - 1) <= tol
+        agreement = {"reference": "triton.testing.do_bench (median)", "metric": "time_ratio",
+                     "precision": None, "tolerance": tol, "rel_l2_error": abs(ratio - 1),
+                     "max_abs_error": None, "passed": agree,
+                     "reason": None if agree else f"harness {ours_ms:.4f} ms vs do_bench {theirs_ms:.4f} ms"}
+        roofs = ctx.roofs(dtype)
+        metrics = {**throughput_metrics(ours_ms, flops, nbytes, roofs, dtype),
+                   "do_bench_ms": theirs_ms, "harness_over_do_bench": ratio,
+                   "harness_round_ms": ours, "do_bench_round_ms": theirs, "output_check": verdict}
+        if not agree:
+            rows.append(row(name, p, "failed", agreement["reason"], check=agreement, metrics=metrics))
+            continue
+        timing = min(timings, key=lambda t: abs(t.median_ms - ours_ms))
+        rows.append(row(name, p, "ok", None, check=agreement, timing=timing, metrics=metrics,
+                        prediction=roofline.predict(flops, nbytes, roofs, dtype, ours_ms)))
+    return rows
+
+
+EXERCISE = Exercise(id="phase0.timer_check", title="Timing harness vs triton.testing.do_bench",
+                    run=run, needs=Needs(cuda=True, modules=("triton",)),
+                    params={"copy_elements": 2**28, "mul_elements": 2**25, "matmul_n": 4096,
+                            "rounds": 3, "tolerance": 0.05},
+                    quick_params={"copy_elements": 2**20, "mul_elements": 2**20, "matmul_n": 256, "rounds": 1},
+                    variants=("copy", "mul", "matmul_bf16"))

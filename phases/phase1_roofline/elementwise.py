@@ -1,0 +1,64 @@
+"""The memory-bound anchor: c = a * b over fp32 vectors, next to a plain copy in the same run.
+
+    lab run phase1.elementwise [--param sizes=[33554432]]
+
+Per element the multiply does 1 FLOP and must move 12 bytes (read a and b, write c: 3 x 4 bytes),
+so its arithmetic intensity is 1/12 = 0.083 FLOP/byte, hundreds of times below any GPU's ridge
+point: the roofline predicts time = bytes / bandwidth, and the arithmetic is free.
+The copy (8 bytes per element, no FLOPs) is the practical ceiling of the memory system; the
+multiply is reported as a percentage of the copy bandwidth measured at the same size.
+Sizes: the seed's 32M elements (33,554,432) and 1Gi elements (12 GiB moved per call), the latter
+far beyond any L2 so every byte comes from HBM.
+"""
+import torch
+
+from common.checks import compare, exact, poison
+from common.exercise import Exercise, measure
+
+
+def run(ctx, params):
+    rows = []
+    for n in ctx.track(params["sizes"], "elementwise sizes"):
+        g = torch.Generator(device=ctx.device).manual_seed(n)
+        # Random, never zero: +0.5 keeps every product away from the trivial cases.
+        a = torch.rand(n, device=ctx.device, generator=g) + 0.5
+        b = torch.rand(n, device=ctx.device, generator=g) + 0.5
+        c = torch.empty_like(a)
+        size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4}
+
+        def copy():
+            c.copy_(a)
+
+        def check_copy():
+            poison(c); copy(); ctx.synchronize()
+            return exact(c, a, "the source tensor")
+
+        def mul():
+            torch.mul(a, b, out=c)
+
+        def check_mul():
+            poison(c); mul(); ctx.synchronize()
+            return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32",
+                           "float64 product of the same inputs")
+
+        copy_row = None
+        if ctx.wants("copy"):
+            copy_row = measure(ctx, "copy", size, fn=copy, check=check_copy, flops=0,
+                               bytes_moved=2 * n * 4, dtype=None)     # read a, write c
+            rows.append(copy_row)
+        if ctx.wants("mul"):
+            mul_row = measure(ctx, "mul", size, fn=mul, check=check_mul, flops=n,
+                              bytes_moved=3 * n * 4, dtype="fp32")    # read a and b, write c
+            if copy_row and copy_row["status"] == mul_row["status"] == "ok":
+                mul_row["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
+                mul_row["metrics"]["pct_of_copy_bandwidth"] = (
+                    100 * mul_row["metrics"]["gbps"] / copy_row["metrics"]["gbps"])
+            rows.append(mul_row)
+        del a, b, c
+    return rows
+
+
+EXERCISE = Exercise(id="phase1.elementwise", title="Memory-bound anchor: fp32 element-wise multiply vs copy",
+                    run=run, params={"sizes": [33554432, 1073741824]},
+                    cpu_params={"sizes": [4194304, 67108864]}, quick_params={"sizes": [100003]},
+                    variants=("copy", "mul"))
