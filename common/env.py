@@ -149,15 +149,16 @@ def software_info() -> dict:
 
 
 def git_info() -> dict:
-    """Commit and dirty flag of the checkout. results/ is excluded from 'dirty': a run writes there.
+    """Commit and dirty flag of the checkout, as `git describe --dirty` means it: tracked files
+    modified. results/ is excluded from 'dirty': a run writes there.
 
     Where the tree is a copy without .git (a lent GPU machine), LAB_GIT_COMMIT / LAB_GIT_DIRTY,
     set by whoever made the copy, are used and the source says so.
     """
     commit = run_quiet(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
     if commit:
-        status = run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", ".",
-                            ":(exclude)results"])
+        status = run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no",
+                            "--", ".", ":(exclude)results"])
         return {"commit": commit, "dirty": bool(status), "source": "git"}
     env_commit = os.environ.get("LAB_GIT_COMMIT")
     if env_commit:
