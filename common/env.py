@@ -89,6 +89,35 @@ def nvidia_smi(index: int = 0) -> dict:
             break
     else:
         info["clock_event_reasons_mask"] = None
+    info["clock_event_reasons"] = clock_event_reasons(info["clock_event_reasons_mask"])
+    return info
+
+
+# Bits of nvidia-smi's clocks_event_reasons.active mask (nvml's clocksEventReasons).
+CLOCK_EVENT_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                    0x100: "display_clock_setting"}
+
+
+def clock_event_reasons(mask: str | None) -> list[str] | None:
+    """'0x0000000000000004' -> ['sw_power_cap']."""
+    try:
+        value = int(mask, 16)
+    except (TypeError, ValueError):
+        return None
+    return [name for bit, name in CLOCK_EVENT_BITS.items() if value & bit]
+
+
+def gpu_conditions(index: int = 0) -> dict | None:
+    """Clocks, power, temperature and why clocks are held back, read right after a measurement:
+    a GPU at its power cap runs slower than its spec sheet, and the record should say so."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    keys = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_draw_w")
+    info = {k: _number(_smi_query(SMI_FIELDS[k], index)) for k in keys}
+    mask = next((m for m in (_smi_query(f, index) for f in THROTTLE_FIELDS) if m is not None), None)
+    info["clock_event_reasons"] = clock_event_reasons(mask)
     return info
 
 
@@ -155,16 +184,39 @@ def git_info() -> dict:
     Where the tree is a copy without .git (a lent GPU machine), LAB_GIT_COMMIT / LAB_GIT_DIRTY,
     set by whoever made the copy, are used and the source says so.
     """
-    commit = run_quiet(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    git = ["git", "-c", f"safe.directory={REPO_ROOT}", "-C", str(REPO_ROOT)]
+    commit = run_quiet([*git, "rev-parse", "HEAD"])
     if commit:
-        status = run_quiet(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no",
-                            "--", ".", ":(exclude)results"])
+        status = run_quiet([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)results"])
         return {"commit": commit, "dirty": bool(status), "source": "git"}
+    head = _read_head(REPO_ROOT / ".git")
+    if head:
+        dirty = os.environ.get("LAB_GIT_DIRTY")
+        return {"commit": head, "dirty": None if dirty is None else dirty not in ("0", "false", ""),
+                "source": ".git/HEAD (no git binary)" + ("; dirty from LAB_GIT_DIRTY" if dirty is not None else "")}
     env_commit = os.environ.get("LAB_GIT_COMMIT")
     if env_commit:
         return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
                 "source": "LAB_GIT_COMMIT (tree copied without .git)"}
     return {"commit": None, "dirty": None, "source": None}
+
+
+def _read_head(git_dir: Path) -> str | None:
+    """The commit HEAD points at, read from .git without a git binary."""
+    try:
+        head = (git_dir / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head or None
+        ref = head[5:]
+        if (git_dir / ref).is_file():
+            return (git_dir / ref).read_text().strip()
+        for line in (git_dir / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        pass
+    return None
 
 
 def command_line(argv: list[str] | None = None) -> str:

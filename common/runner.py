@@ -91,6 +91,7 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
             summary = {"error": reason}
             rows = []
     seconds = time.perf_counter() - t0
+    conditions = {"gpu_after_run": env.gpu_conditions(0) if ctx.is_cuda and rows else None}
     if reason is not None and not rows:
         status = "failed" if "error" in summary else "skipped"
     else:
@@ -109,6 +110,7 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
         "rows": rows,
         "summary": summary,
         "source": {"kind": "measured", "citation": None},
+        "conditions": conditions,
         "hardware": static["hardware"],
         "software": static["software"],
         "provenance": {**static["git"], "command": static["command"],
