@@ -3,7 +3,7 @@
 The prose around these blocks explains; every number in it is filled in here from results/, so
 re-running a phase on another GPU rewrites the findings for that GPU too.
 """
-from .report import View, latest, num, pct, size_bytes
+from .report import View, g, latest, num, pct, size_bytes
 
 
 def _measured(v: View, exercise: str):
@@ -31,6 +31,17 @@ def _row(rows, variant=None, **params):
     return None
 
 
+def _conditions_sentence(v: View, path: str) -> str:
+    """' Right after it, the SMs ran at 1425 MHz at 526 W, held back by: sw_power_cap.'"""
+    c = (v.record(path).get("conditions") or {}).get("gpu_after_run") or {}
+    reasons = [r for r in (c.get("clock_event_reasons") or []) if r != "gpu_idle"]
+    if not reasons:
+        return ""
+    return (f" Read right after the run, the SM clock was {num(c.get('sm_clock_mhz'))} MHz at {num(c.get('power_draw_w'))} W, "
+            f"held back by `{'`, `'.join(reasons)}`: sustained dense math hits the board's power limit before its "
+            f"arithmetic peak, so the median is the honest sustained rate and the spec peak is not reachable for long.")
+
+
 def phase0(v: View) -> str:
     exs = ["phase0.matmul_baseline", "phase0.synchronize", "phase0.timer_check"]
     paras = []
@@ -46,9 +57,7 @@ def phase0(v: View) -> str:
         if tf32 is not None:
             s.append(f"Allowing TF32 moved the same call onto the tensor cores: {num(tf32['metrics.tflops'])} TFLOP/s, "
                      f"{pct(tf32['metrics.pct_of_peak_tflops'])} of the {num(tf32['metrics.peak_tflops'])} TFLOP/s TF32 peak, "
-                     f"{num(tf32['metrics.tflops'] / fp32['metrics.tflops'], 2)}x faster"
-                     + (" (the seed's 99.7% of peak on an RTX 4090 came from this mode being allowed by default there; "
-                        "here the record says which one ran)." if fp32 is not None else "."))
+                     + (f"{num(tf32['metrics.tflops'] / fp32['metrics.tflops'], 2)}x the FP32 rate." if fp32 is not None else ""))
         ns, ws = _row(got.get("phase0.synchronize"), "no_sync"), _row(got.get("phase0.synchronize"), "sync")
         if ns is not None and ws is not None:
             s.append(f"Timed with a host clock and no synchronize, one matmul appeared to take {num(ns['metrics.ms'], 3)} ms, "
@@ -86,13 +95,14 @@ def phase1(v: View) -> str:
                                                  f"{num(cp['metrics.gbps'])} GB/s a plain copy reached in the same run" if cp is not None else "")
                          + f". At {num(mul['prediction.intensity_flop_per_byte'])} FLOP/byte it sits "
                          f"{num(mul['prediction.ridge_flop_per_byte'] / mul['prediction.intensity_flop_per_byte'])}x left of the "
-                         f"ridge, so the roofline predicted {num(mul['prediction.predicted_ms'], 3)} ms from bandwidth alone; it took "
+                         f"FP32 ridge, so the roofline predicted {num(mul['prediction.predicted_ms'], 3)} ms from bandwidth alone; it took "
                          f"{num(mul['metrics.ms'], 3)} ms ({num(mul['prediction.measured_over_predicted'], 3)}x).")
         mm = _row(got.get("phase1.matmul_fp16"))
         if mm is not None:
             s.append(f"**Compute-bound.** The FP16 matmul at N = {num(mm['params.n'])} ({num(mm['prediction.intensity_flop_per_byte'])} "
-                     f"FLOP/byte) reached {num(mm['metrics.tflops'])} TFLOP/s, {pct(mm['metrics.pct_of_peak_tflops'])} of the "
-                     f"{num(mm['metrics.peak_tflops'])} TFLOP/s dense peak; measured/predicted {num(mm['prediction.measured_over_predicted'], 3)}.")
+                     f"FLOP/byte) ran at {num(mm['metrics.tflops'])} TFLOP/s (median), {pct(mm['metrics.pct_of_peak_tflops'])} of the "
+                     f"{num(mm['metrics.peak_tflops'])} TFLOP/s dense peak; measured/predicted {num(mm['prediction.measured_over_predicted'], 3)}. "
+                     f"Its fastest sample reached {num(g(mm, 'metrics.best_tflops'))} TFLOP/s." + _conditions_sentence(v, mm["path"]))
         ns = got.get("phase1.nsight")
         if ns is not None:
             e, m = _row(ns, "elementwise"), _row(ns, "matmul_fp16")
@@ -100,8 +110,12 @@ def phase1(v: View) -> str:
                 s.append(f"Nsight Compute agrees on who is busy: the multiply kept DRAM at {pct(e['metrics.dram_throughput_pct'])} "
                          f"and the SMs at {pct(e['metrics.sm_throughput_pct'])}; the matmul flipped it, DRAM "
                          f"{pct(m['metrics.dram_throughput_pct'])} and SMs {pct(m['metrics.sm_throughput_pct'])}. The multiply moved "
-                         f"{num(e['metrics.dram_bytes_over_ideal'], 4)}x the bytes the roofline counted; the matmul "
-                         f"{num(m['metrics.dram_bytes_over_ideal'], 3)}x its ideal 3N² x 2 bytes (tiles re-read from HBM).")
+                         f"{num(e['metrics.dram_bytes_over_ideal'], 3)}x the bytes the roofline counted"
+                         + (" (under 1 because the L2 is write-back: the last lines the kernel writes are still in L2 when it "
+                            "ends, and reach HBM after the counters stop)" if e['metrics.dram_bytes_over_ideal'] < 1 else "")
+                         + f"; the matmul {num(m['metrics.dram_bytes_over_ideal'], 3)}x its ideal 3N² x 2 bytes, because its "
+                         f"tiles re-read A and B from HBM whenever L2 cannot hold them, and still at "
+                         f"{num(m['metrics.intensity_measured_flop_per_byte'])} FLOP/byte it stays far right of the ridge.")
         sw = got.get("phase1.regime_sweep")
         if sw is not None:
             summ = v.record(sw.iloc[0]["path"])["summary"]

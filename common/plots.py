@@ -96,7 +96,7 @@ def cache_plot(rec, path: Path) -> Path:
     rows = _ok_rows(rec)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ws = [r["params"]["working_set_bytes"] / 2**20 for r in rows]
-    ax.plot(ws, [r["metrics"]["gbps"] for r in rows], "o-", label="copy, warm caches (graph replay)")
+    ax.plot(ws, [r["metrics"]["gbps"] for r in rows], "o-", label="copy, warm caches (no L2 flush)")
     spec = rec["hardware"].get("spec") or {}
     if spec.get("memory_bandwidth_gbps"):
         ax.axhline(spec["memory_bandwidth_gbps"], color="tab:gray", ls="--", label="spec HBM bandwidth")

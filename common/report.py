@@ -146,13 +146,13 @@ def t_matmul_baseline(v: View) -> str:
     rows = []
     for _, r in sub.iterrows():
         if r["status"] != "ok":
-            rows.append([v.hw(r), r["variant"], "-", "-", "-", f"{r['status']}: {g(r, 'reason')}", "-", "-", "-", v.run_label(r)])
+            rows.append([v.hw(r), r["variant"], "-", "-", "-", "-", f"{r['status']}: {g(r, 'reason')}", "-", "-", "-", v.run_label(r)])
             continue
         rows.append([v.hw(r), r["variant"], "yes" if g(r, "params.tf32_allowed") else "no",
-                     num(g(r, "metrics.ms")), num(g(r, "metrics.tflops")),
+                     num(g(r, "metrics.ms")), num(g(r, "metrics.tflops")), num(g(r, "metrics.best_tflops")),
                      f"{pct(g(r, 'metrics.pct_of_peak_tflops'))} of {num(g(r, 'metrics.peak_tflops'))}",
                      *prediction_cells(r), v.run_label(r)])
-    return markdown(rows, ["hardware", "variant", "TF32 allowed", "ms", "TFLOP/s", "% of peak (TFLOP/s)",
+    return markdown(rows, ["hardware", "variant", "TF32 allowed", "ms (median)", "TFLOP/s", "best-sample TFLOP/s", "% of peak (TFLOP/s)",
                            "predicted ms", "bound", "measured/predicted", "run"])
 
 
@@ -198,16 +198,16 @@ def _matmul_rows(v: View, sub: pd.DataFrame) -> list[list[str]]:
     rows = []
     for _, r in sub.iterrows():
         if r["status"] != "ok":
-            rows.append([v.hw(r), num(g(r, "params.n")), "-", "-", "-", "-", f"{r['status']}: {g(r, 'reason')}", "-", "-", v.run_label(r)])
+            rows.append([v.hw(r), num(g(r, "params.n")), "-", "-", "-", "-", "-", f"{r['status']}: {g(r, 'reason')}", "-", "-", "-", v.run_label(r)])
             continue
         rows.append([v.hw(r), num(g(r, "params.n")), g(r, "params.dtype"), num(g(r, "prediction.intensity_flop_per_byte")),
-                     num(g(r, "metrics.ms"), 4), num(g(r, "metrics.tflops")), pct(g(r, "metrics.pct_of_peak_tflops")),
-                     *prediction_cells(r), v.run_label(r)])
+                     num(g(r, "metrics.ms"), 4), num(g(r, "metrics.tflops")), num(g(r, "metrics.best_tflops")),
+                     pct(g(r, "metrics.pct_of_peak_tflops")), *prediction_cells(r), v.run_label(r)])
     return rows
 
 
-MATMUL_HEADER = ["hardware", "N", "dtype", "FLOP/byte", "ms", "TFLOP/s", "% of peak", "predicted ms",
-                 "predicted bound", "measured/predicted", "run"]
+MATMUL_HEADER = ["hardware", "N", "dtype", "FLOP/byte", "ms (median)", "TFLOP/s", "best-sample TFLOP/s", "% of peak",
+                 "predicted ms", "predicted bound", "measured/predicted", "run"]
 
 
 def t_matmul_fp16(v: View) -> str:

@@ -20,9 +20,10 @@ def graph_reps(working_set: int, target_bytes: int = 2**30) -> int | None:
     """Copies per graph replay, so that a replay moves about 1 GiB (at most 512 copies).
 
     None (plain event timing) once one copy is that large: launch overhead no longer matters
-    there, and on the H200 a graph holding a single large copy ran at 2.7 TB/s against 4.2 TB/s
-    for the same copy launched directly (the lone memcpy node appears to be handed to a copy
-    engine), so graphs are kept to the sizes that need them.
+    there. And graphs must not hold large copies: on the H200 (2026-11-21) a graph-captured
+    copy between 512 MiB buffers ran at 2.75 TB/s, whether the graph held one or two of them,
+    against 4.18 TB/s launched directly, while a kernel doing the same traffic (x * 1.0) ran at
+    4.20 TB/s inside a graph. Large memcpy nodes evidently go to a copy engine, not the SMs.
     """
     reps = target_bytes // working_set
     return min(512, reps) if reps >= 2 else None
