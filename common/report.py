@@ -265,9 +265,27 @@ TABLES = {
 }
 
 
+def phase_report_modules() -> list:
+    """Each phase may ship phases/phaseN_*/tables.py with TABLES = {block id: builder(View) -> str}
+    and, optionally, draw(records, results) -> [paths] and expected(records, results) -> [paths]
+    for its plots. Phases 0-1 live here in common/; later phases bring their own."""
+    import importlib
+    import pkgutil
+
+    import phases
+    mods = []
+    for info in sorted(pkgutil.iter_modules(phases.__path__), key=lambda m: m.name):
+        if re.fullmatch(r"phase\d_\w+", info.name) and (REPO_ROOT / "phases" / info.name / "tables.py").is_file():
+            mods.append(importlib.import_module(f"phases.{info.name}.tables"))
+    return mods
+
+
 def builders() -> dict:
     from . import findings
-    return {**TABLES, **findings.BLOCKS}
+    out = {**TABLES, **findings.BLOCKS}
+    for mod in phase_report_modules():
+        out.update(getattr(mod, "TABLES", {}))
+    return out
 
 
 # ------------------------------------------------------------------------------ regenerate
@@ -312,10 +330,17 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
         return 0
     from . import plots
     made = plots.draw_all(records, res)
+    for mod in phase_report_modules():
+        if hasattr(mod, "draw"):
+            made += mod.draw(records, res)
     echo(f"rewrote {len(stale)} README(s); drew {len(made)} plot(s) from {len(records)} record(s)")
     return 0
 
 
 def expected_plots(records: list[dict], res: Path) -> list[Path]:
     from . import plots
-    return plots.expected(records, res)
+    out = plots.expected(records, res)
+    for mod in phase_report_modules():
+        if hasattr(mod, "expected"):
+            out += mod.expected(records, res)
+    return out
