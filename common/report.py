@@ -72,6 +72,8 @@ def pct(x) -> str:
 
 
 def size_bytes(n) -> str:
+    if n is None or (isinstance(n, float) and pd.isna(n)):
+        return "-"
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -115,7 +117,10 @@ class View:
 
     def hw(self, r) -> str:
         label = g(r, "hardware_name") or r["hardware"]
-        return label if r["source"] == "measured" else f"{label} ({g(r, 'citation')})"
+        if r["source"] == "measured":
+            return label
+        origin = (g(r, "citation") or "elsewhere").split(" (")[0]      # full citation is in the record
+        return f"{label} (quoted from the {origin})"
 
     def record(self, path: str) -> dict:
         return next(rec for rec in self.records if rec["_path"] == path)
@@ -148,7 +153,8 @@ def t_matmul_baseline(v: View) -> str:
         if r["status"] != "ok":
             rows.append([v.hw(r), r["variant"], "-", "-", "-", "-", f"{r['status']}: {g(r, 'reason')}", "-", "-", "-", v.run_label(r)])
             continue
-        rows.append([v.hw(r), r["variant"], "yes" if g(r, "params.tf32_allowed") else "no",
+        allowed = g(r, "params.tf32_allowed")
+        rows.append([v.hw(r), r["variant"], "not stated" if allowed is None else ("yes" if allowed else "no"),
                      num(g(r, "metrics.ms")), num(g(r, "metrics.tflops")), num(g(r, "metrics.best_tflops")),
                      f"{pct(g(r, 'metrics.pct_of_peak_tflops'))} of {num(g(r, 'metrics.peak_tflops'))}",
                      *prediction_cells(r), v.run_label(r)])
