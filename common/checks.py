@@ -4,6 +4,8 @@ The comparison is the relative Frobenius error ||out - ref|| / ||ref||, computed
 a tolerance set by the precision the kernel is allowed to use. NaN anywhere fails (outputs are
 poisoned with NaN before a run, so an element the kernel never wrote shows up as NaN).
 """
+import math
+
 import torch
 
 # Relative-error budgets per compute precision. fp32 is set below what TF32 produces (~3e-4 on
@@ -29,17 +31,25 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(-123456789 if t.dtype in (torch.int32, torch.int64) else -1)
 
 
-def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int = 1 << 26) -> dict:
+def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int = 1 << 26,
+            expected_shape: tuple | None = None) -> dict:
     """Check block for a record.
 
     `ref` is the reference tensor, or a function (start, stop) -> the float64 reference of the
     flattened output's elements [start, stop): then a 4 GiB output is checked in chunks without
-    ever materializing an 8 GiB float64 reference.
+    ever materializing an 8 GiB float64 reference, and `expected_shape` must say what the output
+    should be (a callable cannot tell an empty or truncated output from a right one).
     """
     tol = REL_TOLERANCE[precision]
-    if isinstance(ref, torch.Tensor) and out.shape != ref.shape:
+    if callable(ref) and not isinstance(ref, torch.Tensor):
+        if expected_shape is None:
+            raise ValueError("compare() with a callable reference needs expected_shape")
+        want = tuple(expected_shape)
+    else:
+        want = tuple(ref.shape)
+    if tuple(out.shape) != want:
         return _block(reference, precision, tol, None, None, False,
-                      f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+                      f"shape {tuple(out.shape)} != reference {want}")
     o = out.reshape(-1)
     ref_slice = ref if callable(ref) else (lambda a, b, r=ref.reshape(-1): r[a:b])
     err_sq, ref_sq, max_abs, nan_count = 0.0, 0.0, 0.0, 0
@@ -52,10 +62,12 @@ def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int =
         finite = torch.nan_to_num(diff.abs(), nan=0.0)
         max_abs = max(max_abs, float(finite.max()) if finite.numel() else 0.0)
     rel = (err_sq ** 0.5) / (ref_sq ** 0.5) if ref_sq > 0 else (0.0 if err_sq == 0 else float("inf"))
+    if not math.isfinite(ref_sq):
+        return _block(reference, precision, tol, None, None, False, "the reference is not finite")
     if nan_count:
         return _block(reference, precision, tol, rel, max_abs, False,
                       f"{nan_count} NaN elements (unwritten or invalid output)")
-    if rel > tol:
+    if not math.isfinite(rel) or rel > tol:
         return _block(reference, precision, tol, rel, max_abs, False,
                       f"relative error {rel:.2e} > tolerance {tol:.0e}")
     return _block(reference, precision, tol, rel, max_abs, True, None)
@@ -63,7 +75,7 @@ def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int =
 
 def _block(reference, precision, tol, rel, max_abs, passed, reason) -> dict:
     return {"reference": reference, "metric": "rel_l2", "precision": precision, "tolerance": tol,
-            "rel_l2_error": rel if rel is None or rel != float("inf") else None,
+            "rel_l2_error": rel if rel is None or math.isfinite(rel) else None,
             "max_abs_error": max_abs, "passed": passed, "reason": reason}
 
 

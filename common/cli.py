@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_help()
             return 2
+        args.argv = ["lab", *argv]                 # recorded as provenance.command
         return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "env": cmd_env,
                 "predict": cmd_predict}[args.command](args)
     except LabError as exc:
@@ -124,6 +125,8 @@ def cmd_run(args) -> int:
     overrides = parse_overrides(args.param)
     variants = tuple(args.variant)
     validate_selection(exercises, overrides, variants)
+    if variants:                                   # --variant picks exercises too: those that have one
+        exercises = [ex for ex in exercises if set(variants) & set(ex.variants)]
     results = results_dir(args.results)
     check_writable(results)
 
@@ -133,7 +136,7 @@ def cmd_run(args) -> int:
     usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
     where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
     console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))
-    static = static_blocks(ctx)
+    static = static_blocks(ctx, args.argv)
 
     summary = Table(title="Results")
     for col in ("exercise", "status", "rows", "seconds", "record / reason"):

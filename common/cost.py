@@ -3,6 +3,7 @@
 The rate comes from, in order: the --usd-per-hour flag, the LAB_USD_PER_HOUR environment variable
 (what you actually pay for your rental), or the reference on-demand price in hardware.yaml.
 """
+import math
 import os
 
 from .errors import LabError
@@ -11,8 +12,8 @@ from .hardware import HardwareSpec
 
 def hourly_rate(spec: HardwareSpec | None, flag: float | None = None) -> tuple[float | None, str | None]:
     if flag is not None:
-        if flag < 0:
-            raise LabError("--usd-per-hour must be >= 0")
+        if not math.isfinite(flag) or flag < 0:
+            raise LabError("--usd-per-hour must be a finite number >= 0")
         return float(flag), "--usd-per-hour flag"
     env = os.environ.get("LAB_USD_PER_HOUR")
     if env:
@@ -20,8 +21,8 @@ def hourly_rate(spec: HardwareSpec | None, flag: float | None = None) -> tuple[f
             value = float(env)
         except ValueError:
             raise LabError(f"LAB_USD_PER_HOUR must be a number, got '{env}'") from None
-        if value < 0:
-            raise LabError("LAB_USD_PER_HOUR must be >= 0")
+        if not math.isfinite(value) or value < 0:
+            raise LabError("LAB_USD_PER_HOUR must be a finite number >= 0")
         return value, "LAB_USD_PER_HOUR environment variable"
     if spec is not None:
         fig = spec.figure("usd_per_hour")

@@ -226,7 +226,8 @@ def command_line(argv: list[str] | None = None) -> str:
         return "lab"
     parts = [Path(argv[0]).name]
     for arg in argv[1:]:
-        if os.path.isabs(arg):
-            arg = "<path>/" + Path(arg).name
+        key, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+        if os.path.isabs(value):
+            arg = f"{key}{eq}<path>/{Path(value).name}"
         parts.append(arg)
     return " ".join(parts)

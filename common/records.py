@@ -38,6 +38,7 @@ def _walk(value, where="record"):
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from _walk(v, f"{where}[{i}]")
+            yield where, i, v
 
 
 def problems(record: dict) -> list[str]:
@@ -60,6 +61,9 @@ def problems(record: dict) -> list[str]:
     if not record["hardware"].get("key"):
         out.append("hardware.key missing")
     for i, row in enumerate(record["rows"]):
+        if not isinstance(row, dict):
+            out.append(f"rows[{i}] is a {type(row).__name__}, not an object")
+            continue
         for key, typ in ROW_REQUIRED.items():
             if key not in row:
                 out.append(f"rows[{i}] missing '{key}'")
@@ -119,6 +123,9 @@ def write_record(record: dict, results: Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)        # mkstemp makes 0600; records are ordinary files
     except OSError as exc:
         raise RecordError(f"cannot write to results folder {results}: {exc.strerror}") from None
     try:
@@ -151,11 +158,13 @@ def load_records(results: Path, phase: int | None = None, exercise: str | None =
     results = Path(results)
     out = []
     for path in sorted(results.glob("phase*/*/*/*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        if path.name.startswith("."):               # a write in progress (or killed mid-way)
             continue
-        if not isinstance(rec, dict) or "exercise" not in rec:
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("exercise"), dict):
             continue
         ex_id = rec["exercise"].get("id", "")
         if phase is not None and rec["exercise"].get("phase") != phase:
@@ -166,5 +175,15 @@ def load_records(results: Path, phase: int | None = None, exercise: str | None =
             continue
         rec["_path"] = path.relative_to(results).as_posix()
         out.append(rec)
-    out.sort(key=lambda r: (r.get("provenance", {}).get("started_utc") or "", r["_path"]))
+    out.sort(key=order_key)
     return out
+
+
+def order_key(record: dict) -> tuple:
+    """Oldest first: by start time, then by the -N suffix a same-second record gets."""
+    stem = Path(record["_path"]).stem
+    m = re.search(r"-(\d+)$", stem)
+    suffix = int(m.group(1)) if m and not stem.endswith("-dirty") else 1
+    base = stem[: m.start()] if m and not stem.endswith("-dirty") else stem
+    return ((record.get("provenance") or {}).get("started_utc") or "", Path(record["_path"]).parent.as_posix(),
+            base, suffix)

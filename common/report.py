@@ -27,8 +27,9 @@ BLOCK = re.compile(r"(<!-- lab:begin (?P<id>[\w.]+) -->\n)(?P<body>.*?)(<!-- lab
 def frame(records: list[dict]) -> pd.DataFrame:
     """One row per result row, flattened (params.*, metrics.*, prediction.*, timing.*)."""
     flat = []
-    for rec in records:
+    for order, rec in enumerate(records):          # records come oldest first (records.order_key)
         meta = {
+            "order": order,
             "exercise": rec["exercise"]["id"], "hardware": rec["hardware"]["key"],
             "hardware_name": (rec["hardware"].get("spec") or {}).get("name") or rec["hardware"].get("name"),
             "source": rec.get("source", {}).get("kind", "measured"),
@@ -50,9 +51,8 @@ def latest(df: pd.DataFrame, exercise: str) -> pd.DataFrame:
     sub = df[(df.get("exercise") == exercise) & (df.get("record_status") != "skipped")] if len(df) else df
     if sub is None or not len(sub):
         return pd.DataFrame()
-    newest = sub.groupby(["hardware", "source"])["path"].transform(lambda p: sorted(p)[-1])
-    # paths sort by UTC stamp within a hardware folder, so the last one is the newest run
-    return sub[sub["path"] == newest].sort_values(["source", "hardware"], kind="stable")
+    newest = sub.groupby(["hardware", "source"])["order"].transform("max")
+    return sub[sub["order"] == newest].sort_values(["source", "hardware"], kind="stable")
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -299,8 +299,15 @@ def readmes() -> list[Path]:
     return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "phases").glob("phase*/README.md"))]
 
 
+BEGIN = re.compile(r"<!-- lab:begin ([\w.]+) -->")
+
+
 def render(text: str, view_for) -> str:
     known = builders()
+    closed = {m.group("id") for m in BLOCK.finditer(text)}
+    unclosed = [b for b in BEGIN.findall(text) if b not in closed]
+    if unclosed:
+        raise LabError(f"generated block '{unclosed[0]}' has no matching '<!-- lab:end {unclosed[0]} -->'")
 
     def sub(m):
         block_id = m.group("id")

@@ -87,7 +87,7 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
         except Exception as exc:  # noqa: BLE001 - an exercise bug is recorded, not a crash
             if debug:
                 traceback.print_exc()
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+            reason = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
             summary = {"error": reason}
             rows = []
     seconds = time.perf_counter() - t0
@@ -96,6 +96,8 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
         status = "failed" if "error" in summary else "skipped"
     else:
         status = _status(rows)
+        if status == "skipped" and reason is None:
+            reason = next((r["reason"] for r in rows if r.get("reason")), "every row was skipped")
         if status == "failed":
             bad = [r for r in rows if r["status"] == "failed"]
             reason = f"{len(bad)} of {len(rows)} rows failed; first: {bad[0]['variant']}: {bad[0]['reason']}"

@@ -14,4 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["report", *sys.argv[1:]]))
+    flags = sys.argv[1:]
+    debug = ["--debug"] if "--debug" in flags else []     # a top-level flag of `lab`
+    sys.exit(main([*debug, "report", *[f for f in flags if f != "--debug"]]))

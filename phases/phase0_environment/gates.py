@@ -41,7 +41,7 @@ def run(ctx, params):
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     rows.append(gate("torch_version", "ok", f"torch {torch.__version__} ({build})"))
-    return rows
+    return [r for r in rows if ctx.wants(r["variant"])]
 
 
 EXERCISE = Exercise(id="phase0.gates", title="Environment gates: driver, nvcc, torch sees the GPU, torch version",

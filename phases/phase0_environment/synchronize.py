@@ -36,6 +36,8 @@ def host_timed(ctx, fn, reps: int, samples: int, sync: bool) -> list[float]:
 
 def run(ctx, params):
     n, reps, samples = params["n"], params["reps"], params["samples"]
+    if not (ctx.wants("no_sync") or ctx.wants("sync")):
+        return []
     # Correctness first: the same fp32 matmul as the baseline, checked against float64.
     [checked] = fp32_matmul_rows(ctx, n, ["fp32"], timing={"target_ms": 20, "min_samples": 3})
     if checked["status"] != "ok":

@@ -43,7 +43,8 @@ def kernels(ctx, p):
 
     def check_mul():
         poison(c); mul(); ctx.synchronize()
-        return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32", "float64 product")
+        return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32", "float64 product",
+                       expected_shape=a.shape)
 
     def check_mm():
         poison(z); mm(); ctx.synchronize()

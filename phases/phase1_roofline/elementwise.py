@@ -39,7 +39,7 @@ def run(ctx, params):
         def check_mul():
             poison(c); mul(); ctx.synchronize()
             return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32",
-                           "float64 product of the same inputs")
+                           "float64 product of the same inputs", expected_shape=a.shape)
 
         copy_row = None
         if ctx.wants("copy"):

@@ -1,0 +1,214 @@
+"""common/report.py (+ findings, plots): README blocks regenerated from records, and --check."""
+import copy
+import os
+import re
+
+import pytest
+
+from common import findings, report
+from common.errors import LabError
+from common.records import load_records, write_record
+from conftest import assert_one_line_error, by_exercise
+
+README = """# A lab
+
+Intro prose that the report must leave alone.
+
+<!-- lab:begin phases -->
+old phase table
+<!-- lab:end phases -->
+
+## Phase 0
+
+<!-- lab:begin phase0.matmul_baseline -->
+old
+<!-- lab:end phase0.matmul_baseline -->
+
+<!-- lab:begin phase0.findings -->
+old
+<!-- lab:end phase0.findings -->
+
+## Phase 1
+
+<!-- lab:begin phase1.elementwise -->
+old
+<!-- lab:end phase1.elementwise -->
+
+<!-- lab:begin phase1.cache_sweep -->
+old
+<!-- lab:end phase1.cache_sweep -->
+
+<!-- lab:begin phase1.findings -->
+old
+<!-- lab:end phase1.findings -->
+
+Closing prose.
+"""
+
+
+def block(text: str, block_id: str) -> str:
+    m = re.search(rf"<!-- lab:begin {re.escape(block_id)} -->\n(.*?)<!-- lab:end {re.escape(block_id)} -->", text, re.S)
+    assert m, block_id
+    return m.group(1)
+
+
+@pytest.fixture
+def fake_repo(tmp_path, monkeypatch):
+    """A repo-like folder: README.md with generated blocks; report pointed at it."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    readme = root / "README.md"
+    readme.write_text(README)
+    monkeypatch.setattr(report, "REPO_ROOT", root)
+    monkeypatch.setattr(report, "readmes", lambda: [readme])
+    return readme
+
+
+def quiet(*a, **k):
+    pass
+
+
+def test_check_then_regenerate_then_check(fake_repo, quick_results_copy):
+    res = str(quick_results_copy)
+    messages = []
+    assert report.regenerate(check=True, results=res, echo=messages.append) == 1      # stale
+    assert fake_repo.read_text() == README                                             # --check changes nothing
+    assert "stale" in messages[-1] and "README.md" in messages[-1]
+
+    assert report.regenerate(check=False, results=res, echo=quiet) == 0
+    text = fake_repo.read_text()
+    assert text.startswith("# A lab\n\nIntro prose that the report must leave alone.")
+    assert text.rstrip().endswith("Closing prose.")
+    for block_id in ("phases", "phase0.matmul_baseline", "phase0.findings", "phase1.elementwise",
+                     "phase1.cache_sweep", "phase1.findings"):
+        body = block(text, block_id)
+        assert "old" not in body.split("\n")[0] and body.strip() not in ("old", "old phase table"), block_id
+        assert not body.startswith("_No records yet"), block_id
+
+    ew = block(text, "phase1.elementwise").splitlines()
+    assert ew[0].startswith("| hardware |") and re.fullmatch(r"\|(---\|)+", ew[1])
+    table = [ln for ln in ew if ln.startswith("|")]
+    assert len(table) == 2 + 2                            # copy and mul at one quick size
+    assert all(ln.count("|") == ew[0].count("|") for ln in table)
+    rec = by_exercise(load_records(quick_results_copy), "phase1.elementwise")
+    link = os.path.relpath(quick_results_copy / rec["_path"], fake_repo.parent)
+    assert f"]({link})" in ew[2] and not link.startswith("/")                          # the run link
+    assert re.search(r"^\| 1 \|.*\| measured \|", block(text, "phases"), re.M)     # phase 1 has records
+
+    plots = sorted(p.name for p in (quick_results_copy / "plots").iterdir())
+    assert plots == ["cache_cpu.png", "roofline_cpu.png"]
+    assert all((quick_results_copy / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+
+    assert report.regenerate(check=True, results=res, echo=messages.append) == 0       # up to date
+    assert "match" in messages[-1]
+    assert report.regenerate(check=False, results=res, echo=quiet) == 0               # idempotent
+    assert fake_repo.read_text() == text
+
+
+def test_editing_a_generated_cell_fails_the_check(fake_repo, quick_results_copy):
+    res = str(quick_results_copy)
+    report.regenerate(check=False, results=res, echo=quiet)
+    text = fake_repo.read_text()
+    row = block(text, "phase1.elementwise").splitlines()[2]
+    cells = row.split(" | ")
+    cells[4] = "999999"                                    # somebody "fixes" a number by hand
+    fake_repo.write_text(text.replace(row, " | ".join(cells)))
+    assert report.regenerate(check=True, results=res, echo=quiet) == 1
+    report.regenerate(check=False, results=res, echo=quiet)
+    assert fake_repo.read_text() == text                   # and `lab report` puts it back
+
+
+def test_a_missing_plot_fails_the_check(fake_repo, quick_results_copy):
+    res = str(quick_results_copy)
+    report.regenerate(check=False, results=res, echo=quiet)
+    (quick_results_copy / "plots" / "roofline_cpu.png").unlink()
+    messages = []
+    assert report.regenerate(check=True, results=res, echo=messages.append) == 1
+    assert "roofline_cpu.png" in messages[-1]
+
+
+def test_edits_outside_blocks_are_not_the_reports_business(fake_repo, quick_results_copy):
+    res = str(quick_results_copy)
+    report.regenerate(check=False, results=res, echo=quiet)
+    fake_repo.write_text(fake_repo.read_text().replace("Closing prose.", "Edited closing prose."))
+    assert report.regenerate(check=True, results=res, echo=quiet) == 0
+
+
+def test_unknown_block_id_is_an_error(fake_repo, quick_results_copy, lab):
+    fake_repo.write_text(README + "\n<!-- lab:begin phase1.nope -->\nx\n<!-- lab:end phase1.nope -->\n")
+    with pytest.raises(LabError, match="unknown generated block 'phase1.nope'"):
+        report.regenerate(check=True, results=str(quick_results_copy), echo=quiet)
+    rc, out, err = lab("report", "--check", "--results", quick_results_copy)
+    assert_one_line_error(rc, err)
+    assert "phase1.nope" in err
+
+
+def test_no_records_says_so_and_needs_no_plots(fake_repo, tmp_path):
+    empty = tmp_path / "empty-results"
+    assert report.regenerate(check=False, results=str(empty), echo=quiet) == 0
+    text = fake_repo.read_text()
+    assert "_No records yet: run `lab run phase1.elementwise`" in block(text, "phase1.elementwise")
+    assert "planned" in block(text, "phases")
+    assert report.regenerate(check=True, results=str(empty), echo=quiet) == 0
+
+
+def test_lab_report_cli(fake_repo, quick_results_copy, lab):
+    rc, out, err = lab("report", "--check", "--results", quick_results_copy)
+    assert rc == 1 and "stale" in out
+    rc, out, err = lab("report", "--results", quick_results_copy)
+    assert rc == 0 and "Traceback" not in err
+    assert "old" not in block(fake_repo.read_text(), "phase1.elementwise")
+    rc, out, err = lab("report", "--check", "--results", quick_results_copy)
+    assert rc == 0 and err == ""
+
+
+# ------------------------------------------------------------------------------ records by hand
+def _view(records, tmp_path):
+    loaded = records
+    return report.View(report.frame(loaded), loaded, tmp_path / "README.md", tmp_path)
+
+
+def test_external_figures_are_labelled(quick_records, tmp_path):
+    rec = copy.deepcopy(by_exercise(quick_records, "phase1.elementwise"))
+    rec.pop("_path")
+    rec["source"] = {"kind": "external", "citation": "seed write-up, Phase 1"}
+    rec["hardware"]["key"] = "rtx_4090"
+    write_record(rec, tmp_path)
+    table = report.t_elementwise(_view(load_records(tmp_path), tmp_path))
+    hw_cell = table.splitlines()[2].split(" | ")[0]
+    assert "seed write-up" in hw_cell                      # never shown as if we measured it
+
+
+def test_phase0_findings_with_only_a_tf32_row(quick_records, tmp_path):
+    """A GPU run with --variant tf32 has no fp32 row to compare with; findings must still render."""
+    rec = copy.deepcopy(by_exercise(quick_records, "phase0.matmul_baseline"))
+    rec.pop("_path")
+    fp32 = next(r for r in rec["rows"] if r["variant"] == "fp32")
+    tf32 = copy.deepcopy(fp32)
+    tf32["variant"], tf32["params"]["tf32_allowed"] = "tf32", True
+    rec["rows"] = [tf32]
+    write_record(rec, tmp_path)
+    text = findings.phase0(_view(load_records(tmp_path), tmp_path))
+    assert "TF32" in text
+
+
+def test_formatting_helpers():
+    assert report.num(None) == "-" and report.num(float("nan")) == "-"
+    assert report.num(0) == "0" and report.num(4369.2) == "4,369" and report.num(0.08333) == "0.0833"
+    assert report.pct(91.04) == "91.0%" and report.pct(None) == "-"
+    assert report.size_bytes(1024) == "1 KiB" and report.size_bytes(12 * 2**30) == "12 GiB"
+    assert report.size_bytes(1536) == "1.5 KiB" and report.size_bytes(None) == "-"   # external records lack bytes
+    assert report.elements(2**30) == "1 Gi" and report.elements(33554432) == "32 Mi"
+    assert report.elements(100003) == "100,003"
+    assert report.markdown([["a", 1]], ["x", "y"]) == "| x | y |\n|---|---|\n| a | 1 |"
+
+
+# ------------------------------------------------------------------------------ regressions (bugs found and fixed)
+def test_a_block_without_its_end_marker_is_not_silently_skipped(fake_repo, tmp_path):
+    fake_repo.write_text("<!-- lab:begin phase1.elementwise -->\nold hand-typed table\n"
+                         "<!-- lab:end phase1.elementwse -->\n")
+    try:
+        rc = report.regenerate(check=True, results=str(tmp_path / "empty"), echo=quiet)
+    except LabError:
+        return                                             # a clear error is fine
+    assert rc != 0
