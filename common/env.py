@@ -198,7 +198,7 @@ def git_info() -> dict:
     env_commit = os.environ.get("LAB_GIT_COMMIT")
     if env_commit:
         return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
-                "source": "LAB_GIT_COMMIT (tree copied without .git)"}
+                "source": "LAB_GIT_COMMIT (set by whoever copied the tree; its .git held no history)"}
     return {"commit": None, "dirty": None, "source": None}
 
 

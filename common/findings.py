@@ -111,8 +111,8 @@ def phase1(v: View) -> str:
                          f"and the SMs at {pct(e['metrics.sm_throughput_pct'])}; the matmul flipped it, DRAM "
                          f"{pct(m['metrics.dram_throughput_pct'])} and SMs {pct(m['metrics.sm_throughput_pct'])}. The multiply moved "
                          f"{num(e['metrics.dram_bytes_over_ideal'], 3)}x the bytes the roofline counted"
-                         + (" (under 1 because the L2 is write-back: the last lines the kernel writes are still in L2 when it "
-                            "ends, and reach HBM after the counters stop)" if e['metrics.dram_bytes_over_ideal'] < 1 else "")
+                         + (" (under 1, most likely because the L2 is write-back: the last lines the kernel writes can still "
+                            "sit in L2 when it ends and reach HBM after the counters stop; not verified here)" if e['metrics.dram_bytes_over_ideal'] < 1 else "")
                          + f"; the matmul {num(m['metrics.dram_bytes_over_ideal'], 3)}x its ideal 3N² x 2 bytes, because its "
                          f"tiles re-read A and B from HBM whenever L2 cannot hold them, and still at "
                          f"{num(m['metrics.intensity_measured_flop_per_byte'])} FLOP/byte it stays far right of the ridge.")
