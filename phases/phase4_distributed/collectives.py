@@ -1,0 +1,211 @@
+"""The arithmetic of collectives, nccl-tests' way, and the helpers every rank uses to check and time them.
+
+Sizes. `size_bytes` is the number nccl-tests prints in its `size` column:
+- all_reduce, send/recv: the buffer each rank holds (in = out = size_bytes);
+- all_gather: the gathered OUTPUT (each rank contributes size_bytes / n);
+- reduce_scatter: the INPUT to be reduced (each rank keeps size_bytes / n of the result).
+
+Bandwidths (GB/s = 1e9 bytes/s):
+    algbw = size_bytes / time
+    busbw = algbw x factor,  factor = 2(n-1)/n  all_reduce
+                                      (n-1)/n   all_gather, reduce_scatter
+                                      1         send/recv
+The factor turns algbw into the rate at which each rank's link actually carries bytes, whatever n:
+a ring all-reduce of S bytes sends 2(n-1) chunks of S/n from every rank (reduce-scatter, then
+all-gather), so each rank puts 2(n-1)/n x S bytes on its link. That is also the volume the
+roofline needs: predicted time = wire_bytes / link bandwidth, and busbw / link = the link's
+utilization. busbw is comparable across n; algbw is not.
+
+Correctness, nccl-tests' "#wrong": every rank fills its input with small integers stored as fp32
+(pattern(): values in [-30, 30], two co-prime periods so a misplaced chunk shows), so every sum
+of up to 8 ranks is exact in any order and the expected output is computed locally with no
+communication; count_wrong() counts the elements that differ (NaN counts as wrong: outputs are
+poisoned first).
+"""
+import statistics
+import time
+
+import torch
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
+CHUNK_ELEMENTS = 1 << 26            # checks walk big tensors 64 Mi elements (256 MiB of fp32) at a time
+
+
+# ------------------------------------------------------------------------------ bandwidth arithmetic
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor for `op` on n ranks ('ring_allreduce' is an all-reduce)."""
+    if op in ("all_reduce", "ring_allreduce"):
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "sendrecv":
+        return 1.0
+    raise ValueError(f"unknown collective '{op}'")
+
+
+def algbw_gbps(size_bytes: float, ms: float) -> float:
+    return size_bytes / (ms * 1e6)
+
+
+def busbw_gbps(op: str, size_bytes: float, ms: float, n: int) -> float:
+    return algbw_gbps(size_bytes, ms) * busbw_factor(op, n)
+
+
+def wire_bytes(op: str, size_bytes: float, n: int) -> float:
+    """Bytes each rank must send over its link (and receive): factor x size. The roofline's byte count."""
+    return busbw_factor(op, n) * size_bytes
+
+
+def elements_for(op: str, size_bytes: int, n: int, itemsize: int = 4) -> tuple[int, int]:
+    """(elements in the size_bytes buffer, elements per rank's share): sizes round down to a multiple
+    of n elements for all_gather / reduce_scatter, so every rank's share is equal."""
+    numel = size_bytes // itemsize
+    if op in ("all_gather", "reduce_scatter"):
+        per_rank = numel // n
+        return per_rank * n, per_rank
+    return numel, numel
+
+
+# ------------------------------------------------------------------------------ data and #wrong
+def pattern(start: int, stop: int, rank: int, device) -> torch.Tensor:
+    """Rank `rank`'s input at flat positions [start, stop): integers in [-30, 30] as fp32."""
+    i = torch.arange(start, stop, device=device, dtype=torch.int64)
+    return (((i % 31) * 7 + (i % 29) * 3 + 13 * rank) % 61 - 30).to(torch.float32)
+
+
+def fill_pattern(t: torch.Tensor, rank: int, offset: int = 0) -> torch.Tensor:
+    flat = t.view(-1)
+    for s in range(0, flat.numel(), CHUNK_ELEMENTS):
+        e = min(s + CHUNK_ELEMENTS, flat.numel())
+        flat[s:e] = pattern(offset + s, offset + e, rank, t.device)
+    return t
+
+
+def pattern_sum(start: int, stop: int, n: int, device) -> torch.Tensor:
+    """The all-reduce (sum over n ranks) of pattern() at [start, stop): exact in fp32."""
+    out = pattern(start, stop, 0, device)
+    for r in range(1, n):
+        out += pattern(start, stop, r, device)
+    return out
+
+
+def count_wrong(out: torch.Tensor, expected, offset: int = 0) -> int:
+    """Elements of `out` that differ from expected(start, stop) (positions offset+start ...); NaN is wrong."""
+    flat = out.reshape(-1)
+    wrong = torch.zeros((), dtype=torch.int64, device=out.device)
+    for s in range(0, flat.numel(), CHUNK_ELEMENTS):
+        e = min(s + CHUNK_ELEMENTS, flat.numel())
+        wrong += (flat[s:e] != expected(offset + s, offset + e)).sum()
+    return int(wrong)
+
+
+# ------------------------------------------------------------------------------ timing on every rank
+def iterations(size_bytes: int, params: dict) -> tuple[int, int]:
+    """(warmup, timed) iteration counts: the same on every rank (a rank that ran one call more than
+    its peers would wait forever), fewer for big buffers: timed = clamp(iter_bytes / size)."""
+    timed = int(min(params["max_iters"], max(params["min_iters"], params["iter_bytes"] // max(size_bytes, 1))))
+    return params["warmup_iters"], timed
+
+
+def time_calls(fn, warmup: int, iters: int, device: torch.device) -> list[float]:
+    """Per-call milliseconds of `fn` on this rank: CUDA events around each call on a GPU (calls run
+    back to back, so a collective's time includes waiting for the slowest peer, as it should),
+    perf_counter around each blocking call on a CPU."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def slowest_rank(per_rank_samples: list[list[float]]) -> dict:
+    """A collective is as slow as its slowest rank: the rank with the largest median, its samples,
+    and every rank's median."""
+    medians = [statistics.median(s) for s in per_rank_samples]
+    k = max(range(len(medians)), key=medians.__getitem__)
+    return {"slowest_rank": k, "samples_ms": per_rank_samples[k], "per_rank_median_ms": medians}
+
+
+# ------------------------------------------------------------------------------ NCCL's algorithm choice
+def parse_nccl_tuning(lines) -> dict:
+    """NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=TUNING makes rank 0 log one line per collective, e.g.
+    'NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}'.
+    Returns {(func, bytes): {"algo", "proto", "channels"}}; the last line for a key wins."""
+    import re
+    pat = re.compile(r"NCCL INFO (AllReduce|AllGather|ReduceScatter|Broadcast|Reduce)\w*: (\d+) Bytes -> "
+                     r"Algo (\w+) proto (\w+)(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
+    found = {}
+    for line in lines:
+        m = pat.search(line)
+        if m:
+            lo, hi = m.group(5), m.group(6)
+            found[(m.group(1), int(m.group(2)))] = {
+                "algo": m.group(3).upper(), "proto": m.group(4).upper(),
+                "channels": int(hi) - int(lo) + 1 if lo is not None else None}
+    return found
+
+
+NCCL_FUNC = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter"}
+
+
+def nccl_log_key(op: str, size_bytes: int, n: int) -> tuple[str, int] | None:
+    """The (func, bytes) under which NCCL logs `op` at nccl-tests size `size_bytes`: NCCL counts the
+    per-rank count for all_gather (send count) and reduce_scatter (receive count)."""
+    if op not in NCCL_FUNC:
+        return None
+    numel, per_rank = elements_for(op, size_bytes, n)
+    return NCCL_FUNC[op], (numel if op == "all_reduce" else per_rank) * 4
+
+
+# ------------------------------------------------------------------------------ rows (in the lab process)
+def timing_method(backend: str) -> str:
+    per_call = ("CUDA events around each call, calls back to back" if backend == "nccl"
+                else "perf_counter around each blocking call")
+    return f"{per_call}; the slowest rank's samples (max over ranks of each rank's median)"
+
+
+def wrong_check(wrong: int, elements: int) -> dict:
+    """nccl-tests' #wrong as a check block: every element compared with its exact expected value."""
+    return {"reference": "expected values computed locally from the integer-valued inputs (nccl-tests' #wrong)",
+            "metric": "exact", "precision": "fp32", "tolerance": 0.0, "rel_l2_error": None,
+            "max_abs_error": None, "wrong_elements": wrong, "checked_elements": elements,
+            "passed": wrong == 0, "reason": None if wrong == 0 else f"#wrong = {wrong} of {elements} elements"}
+
+
+def collective_row(variant: str, op: str, params: dict, n: int, meas: dict, roofs, method: str) -> dict:
+    """One row from one rank-0 measurement: #wrong gates the timing; then time, algbw, busbw, % of
+    the link, and the link roofline's prediction (bytes on the wire per rank / link bandwidth).
+    meas: size_bytes, wrong, elements, and (when timed) warmup and per_rank_samples_ms."""
+    from common import roofline
+    from common.exercise import row
+    from common.timing import summarize
+
+    check = wrong_check(meas["wrong"], meas["elements"])
+    if not check["passed"]:
+        return row(variant, params, "failed", check["reason"], check=check, metrics={"wrong": meas["wrong"]})
+    size = meas["size_bytes"]
+    slow = slowest_rank(meas["per_rank_samples_ms"])
+    t = summarize(slow["samples_ms"], method, meas["warmup"], flush_l2=False)
+    ms, wire = t.median_ms, wire_bytes(op, size, n)
+    busbw = busbw_gbps(op, size, ms, n)
+    metrics = {"ms": ms, "algbw_gbps": algbw_gbps(size, ms), "busbw_gbps": busbw,
+               "busbw_factor": busbw_factor(op, n), "wire_bytes_per_rank": wire,
+               "link_gbps": roofs.bandwidth_gbps, "link_source": roofs.bandwidth_source or roofs.source,
+               "pct_of_link": 100 * busbw / roofs.bandwidth_gbps,
+               "best_ms": t.min_ms, "best_busbw_gbps": busbw_gbps(op, size, t.min_ms, n),
+               "wrong": 0, "slowest_rank": slow["slowest_rank"], "per_rank_median_ms": slow["per_rank_median_ms"]}
+    return row(variant, params, "ok", None, check=check, timing=t, metrics=metrics,
+               prediction=roofline.predict(0, wire, roofs, None, ms))

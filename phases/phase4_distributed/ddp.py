@@ -1,0 +1,331 @@
+"""Exercise 4.1: data-parallel training with DistributedDataParallel, and what its all-reduce costs.
+
+    lab run phase4.ddp                                   # NCCL, world sizes [2, all GPUs]
+    lab run phase4.ddp --device cpu --param backend=gloo
+
+The model: a stack of residual MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d), the
+feed-forward half of a transformer. Its matmul weights hold 8 d^2 parameters per block; d = 2048
+and 6 blocks give 201M parameters, 805 MB of fp32 gradients to all-reduce every step. A step on T
+tokens per rank costs 6 T x 8 d^2 x blocks FLOPs in its matmuls (2 forward, 4 backward per weight
+per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp32 on CPUs.
+
+1. The broadcast, checked. Every rank builds the model from a different seed, so the parameter
+   checksums (float64 sum of every parameter) differ before DDP; DDP's constructor broadcasts
+   rank 0's parameters, after which all checksums must be identical. After `steps` (20) steps on
+   different data per rank they must still be identical: the averaged gradient is the same
+   everywhere, so is the update. Checksums are gathered from every rank and compared bit for bit.
+2. Overlap, measured. For each bucket size (DDP's bucket_cap_mb) three medians, slowest rank:
+   - compute: the step under ddp.no_sync(), no gradient communication at all;
+   - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
+     all-reduced back to back with no compute;
+   - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it.
+   hidden = (compute + comm - ddp) / comm, clipped to [0, 1]: the share of the communication that
+   ran under backward. The last bucket can never hide (backward is over when it is ready); huge
+   buckets hide little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
+   (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
+3. The barrier, made visible. Per-rank wall-clock step times with and without one straggler (the
+   last rank sleeps `straggler_ms` before each step): local work differs per rank, DDP steps do
+   not, because every rank waits in the all-reduce for the slowest.
+MFU = model FLOPs per step / DDP step time / peak, against the spec-sheet peak (hardware.yaml) and
+against the best matmul rate measured in phase 1 (results/phase1/regime_sweep, if present).
+"""
+import copy
+import gc
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import roofline
+from common.exercise import Exercise, row
+from common.paths import relative_to_repo, results_dir
+from common.timing import summarize
+
+from . import collectives as col
+from .launch import launch, link_roofs, plan
+
+
+# ------------------------------------------------------------------------------ the model
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def make_model(d_model: int, n_layers: int) -> nn.Module:
+    return nn.Sequential(*[Block(d_model) for _ in range(n_layers)])
+
+
+def matmul_params(d_model: int, n_layers: int) -> int:
+    return n_layers * 8 * d_model * d_model
+
+
+def step_flops(d_model: int, n_layers: int, tokens: int) -> int:
+    """Matmul FLOPs of one training step on `tokens` tokens: 6 per weight per token."""
+    return 6 * tokens * matmul_params(d_model, n_layers)
+
+
+def checksum(model: nn.Module) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def hidden_fraction(compute_ms: float, comm_ms: float, ddp_ms: float) -> tuple[float, float]:
+    """(clipped to [0, 1], raw): the share of comm_ms that did not add to the step."""
+    raw = (compute_ms + comm_ms - ddp_ms) / comm_ms if comm_ms > 0 else float("nan")
+    return min(1.0, max(0.0, raw)), raw
+
+
+# ------------------------------------------------------------------------------ on every rank
+def _bucket_bytes(ddp) -> list[int]:
+    data = ddp._get_ddp_logging_data()
+    text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(x) for x in str(text).replace(",", " ").split()]
+
+
+class Trainer:
+    """One rank's side: the model, its data, and one training step (forward, backward, SGD update)."""
+
+    def __init__(self, me, params: dict):
+        self.me, self.params = me, params
+        self.amp = me.device.type == "cuda" and params["dtype"] == "bf16"   # bf16 matmuls, fp32 weights and grads
+        self.wrap = {"device_ids": [me.local_rank]} if me.device.type == "cuda" else {}
+        torch.manual_seed(1234 + me.rank)                # a different init on every rank, on purpose
+        self.model = make_model(params["d_model"], params["n_layers"]).to(me.device)
+        self.data = torch.Generator(device=me.device).manual_seed(5000 + me.rank)   # different data per rank
+
+    def batch(self):
+        shape = (self.params["tokens_per_rank"], self.params["d_model"])
+        return (torch.randn(shape, device=self.me.device, generator=self.data),
+                torch.randn(shape, device=self.me.device, generator=self.data))
+
+    def wrapped(self, model=None, **kwargs):
+        """DDP around `model` (default: a fresh copy, so no earlier wrapper's gradient hooks are on it)."""
+        ddp = nn.parallel.DistributedDataParallel(model if model is not None else copy.deepcopy(self.model),
+                                                  gradient_as_bucket_view=self.params["gradient_as_bucket_view"],
+                                                  **self.wrap, **kwargs)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=self.params["lr"])
+
+    def step(self, net, opt, x, y):
+        if self.amp:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.mse_loss(net(x), y)
+        else:
+            loss = F.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+
+def _checksums(tr: Trainer) -> dict:
+    """Checksums before DDP, after its broadcast, and after `steps` steps on per-rank data."""
+    me = tr.me
+    out = {"checksum_before_ddp": me.gather(checksum(tr.model))}
+    ddp, opt = tr.wrapped(tr.model)                      # the constructor broadcasts rank 0's weights
+    out["checksum_after_broadcast"] = me.gather(checksum(tr.model))
+    losses = [float(tr.step(ddp, opt, *tr.batch())) for _ in range(tr.params["steps"])]
+    out["checksum_after_steps"] = me.gather(checksum(tr.model))
+    out["first_loss"] = me.gather(losses[0])
+    out["steps"] = tr.params["steps"]
+    return out
+
+
+def _bucket(tr: Trainer, cap_mb: float, x, y) -> dict:
+    """compute (no_sync), comm (DDP's own buckets, all-reduced alone) and the DDP step, per rank."""
+    me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
+    ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
+    for _ in range(3):                     # DDP rebuilds its buckets in step 2's backward; logged from step 3
+        tr.step(ddp, opt, x, y)
+    me.sync()
+    sizes = _bucket_bytes(ddp)
+    bufs = [torch.randn(b // 4, device=me.device) for b in sizes]      # fp32 gradients: 4 bytes each
+
+    def compute():
+        with ddp.no_sync():
+            tr.step(ddp, opt, x, y)
+
+    def comm():
+        for w in [dist.all_reduce(b, async_op=True) for b in bufs]:
+            w.wait()
+
+    def step():
+        tr.step(ddp, opt, x, y)
+
+    entry = {"bucket_cap_mb": cap_mb, "bucket_bytes": sizes, "warmup": warm}
+    for name, fn in (("compute", compute), ("comm", comm), ("ddp", step)):
+        entry[name] = me.gather(col.time_calls(fn, warm, iters, me.device))
+    return entry
+
+
+def _wall(tr: Trainer, x, y) -> dict:
+    """Per-rank wall-clock step medians, local work (no_sync) and DDP steps, without and with a
+    straggler (the last rank sleeps before each step)."""
+    me = tr.me
+    ddp, opt = tr.wrapped()
+    tr.step(ddp, opt, x, y)
+
+    def median_ms(sync: bool, straggle_s: float) -> float:
+        times = []
+        for _ in range(tr.params["wall_steps"]):
+            me.sync()
+            t0 = time.perf_counter()
+            if straggle_s and me.rank == me.world - 1:
+                time.sleep(straggle_s)
+            if sync:
+                tr.step(ddp, opt, x, y)
+            else:
+                with ddp.no_sync():
+                    tr.step(ddp, opt, x, y)
+            me.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        dist.barrier()
+        return sorted(times)[len(times) // 2]
+
+    s = tr.params["straggler_ms"] / 1e3
+    return {"local": me.gather(median_ms(False, 0.0)), "ddp": me.gather(median_ms(True, 0.0)),
+            "local_straggler": me.gather(median_ms(False, s)), "ddp_straggler": me.gather(median_ms(True, s))}
+
+
+def worker_task(me, params: dict) -> dict:
+    tr = Trainer(me, params)
+    out = {"params": sum(p.numel() for p in tr.model.parameters()),
+           "grad_bytes": sum(p.numel() * p.element_size() for p in tr.model.parameters())}
+    me.stage("ddp checksums")
+    out.update(_checksums(tr))
+    gc.collect()
+    x, y = tr.batch()
+    out["buckets"] = []
+    for cap in params["bucket_caps_mb"]:
+        me.stage(f"ddp bucket_cap_mb={cap}")
+        out["buckets"].append(_bucket(tr, cap, x, y))
+        gc.collect()
+    me.stage("ddp per-rank steps")
+    out["wall"] = _wall(tr, x, y)
+    return out
+
+
+# ------------------------------------------------------------------------------ in the lab process
+def phase1_ceiling(hardware_key: str) -> dict | None:
+    """The best matmul rate phase 1 measured on this hardware (newest regime_sweep record)."""
+    folder = results_dir() / "phase1" / "regime_sweep" / hardware_key
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        peak = (rec.get("summary") or {}).get("measured_peak_tflops")
+        if peak and rec.get("status") != "skipped":
+            return {"tflops": peak, "dtype": (rec.get("summary") or {}).get("dtype"),
+                    "record": relative_to_repo(path)}
+    return None
+
+
+def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None) -> list[dict]:
+    base = {"world_size": n, "backend": backend, "d_model": params["d_model"], "n_layers": params["n_layers"],
+            "tokens_per_rank": params["tokens_per_rank"], "dtype": params["dtype"]}
+    rows = []
+    before, bcast, after = res["checksum_before_ddp"], res["checksum_after_broadcast"], res["checksum_after_steps"]
+    same_init, same_after = len(set(bcast)) == 1, len(set(after)) == 1
+    chk = {"reference": "rank 0's checksum (float64 sum of all parameters), gathered from every rank",
+           "metric": "exact", "precision": None, "tolerance": 0.0, "rel_l2_error": None, "max_abs_error": None,
+           "passed": same_init and same_after,
+           "reason": None if (same_init and same_after) else "parameter checksums differ across ranks"}
+    rows.append(row("checksum_broadcast", base, "ok" if same_init else "failed",
+                    None if same_init else "checksums differ after DDP's initial broadcast",
+                    check={**chk, "passed": same_init},
+                    metrics={"checksum_before_ddp": before, "checksum_after_broadcast": bcast,
+                             "distinct_before": len(set(before)), "identical": same_init}))
+    rows.append(row("checksum_after_steps", {**base, "steps": res["steps"]}, "ok" if same_after else "failed",
+                    None if same_after else f"checksums differ after {res['steps']} steps",
+                    check={**chk, "passed": same_after},
+                    metrics={"checksum_after_steps": after, "identical": same_after,
+                             "first_loss_per_rank": res["first_loss"],
+                             "distinct_first_losses": len(set(res["first_loss"]))}))
+    flops = step_flops(params["d_model"], params["n_layers"], params["tokens_per_rank"])
+    grad_bytes = res["grad_bytes"]
+    method = col.timing_method(backend)
+    peak = roofs.peak(params["dtype"])
+    for b in res["buckets"]:
+        p = {**base, "bucket_cap_mb": b["bucket_cap_mb"]}
+        if not chk["passed"]:
+            rows.append(row(f"bucket_{b['bucket_cap_mb']}mb", p, "failed",
+                            "not timed: the parameter checksums differ across ranks", check=chk))
+            continue
+        slow = {k: col.slowest_rank(b[k]) for k in ("compute", "comm", "ddp")}
+        med = {k: summarize(slow[k]["samples_ms"], method, b["warmup"], flush_l2=False) for k in slow}
+        c_ms, m_ms, d_ms = med["compute"].median_ms, med["comm"].median_ms, med["ddp"].median_ms
+        hidden, raw = hidden_fraction(c_ms, m_ms, d_ms)
+        tflops = flops / (d_ms * 1e9)
+        metrics = {"ms": d_ms, "compute_ms": c_ms, "comm_ms": m_ms, "ddp_ms": d_ms,
+                   "exposed_comm_ms": max(0.0, d_ms - c_ms), "hidden_fraction": hidden, "hidden_fraction_raw": raw,
+                   "buckets": len(b["bucket_bytes"]), "bucket_bytes": b["bucket_bytes"], "grad_bytes": grad_bytes,
+                   "comm_busbw_gbps": col.busbw_gbps("all_reduce", sum(b["bucket_bytes"]), m_ms, n),
+                   "per_rank_ddp_ms": slow["ddp"]["per_rank_median_ms"],
+                   "per_rank_compute_ms": slow["compute"]["per_rank_median_ms"],
+                   "model_flops_per_step": flops, "tflops": tflops,
+                   "peak_tflops": peak, "peak_tflops_source": (roofs.peak_sources or {}).get(params["dtype"]) or roofs.source,
+                   "mfu_vs_peak": tflops / peak if peak else None,
+                   "phase1_ceiling_tflops": ceiling["tflops"] if ceiling else None,
+                   "phase1_ceiling_dtype": ceiling["dtype"] if ceiling else None,
+                   "phase1_ceiling_record": ceiling["record"] if ceiling else None,
+                   "mfu_vs_phase1_ceiling": tflops / ceiling["tflops"] if ceiling else None}
+        # perfect overlap: the step takes max(FLOPs / peak, gradient wire bytes / link)
+        wire = col.wire_bytes("all_reduce", grad_bytes, n)
+        rows.append(row(f"bucket_{b['bucket_cap_mb']}mb", p, "ok", None, check=chk, timing=med["ddp"],
+                        metrics=metrics, prediction=roofline.predict(flops, wire, roofs, params["dtype"], d_ms)))
+    w = res["wall"]
+    for variant, local, ddp_ms, straggle in (("per_rank_steps", w["local"], w["ddp"], 0.0),
+                                             ("per_rank_steps_straggler", w["local_straggler"], w["ddp_straggler"],
+                                              params["straggler_ms"])):
+        rows.append(row(variant, {**base, "straggler_ms": straggle, "straggler_rank": n - 1 if straggle else None},
+                        "ok", None, metrics={"per_rank_local_ms": local, "per_rank_ddp_ms": ddp_ms,
+                                             "local_spread_ms": max(local) - min(local),
+                                             "ddp_spread_ms": max(ddp_ms) - min(ddp_ms)}))
+    return rows
+
+
+def run(ctx, params):
+    pl = plan(ctx, params)
+    rows = pl.skip_rows()
+    if not pl.world_sizes:
+        return rows, {"backend": pl.backend}
+    roofs = link_roofs(ctx, pl.backend, params["dtype"])
+    ceiling = phase1_ceiling(ctx.hardware_key)
+    summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
+               "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
+               "roofs_source": roofs.source, "best": []}
+    for n in ctx.track(pl.world_sizes, "DDP world sizes"):
+        res = launch("ddp", n, pl.backend, params, params["timeout_s"], f"phase4.ddp on {n} ranks")
+        summary["launch_s"][str(n)] = res["_launch_s"]
+        summary["params_count"] = res["params"]
+        new = rows_from(res, n, pl.backend, params, roofs, ceiling)
+        timed = [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
+        if timed:
+            best = max(timed, key=lambda r: r["metrics"]["hidden_fraction"])
+            summary["best"].append({"world_size": n, "bucket_cap_mb": best["params"]["bucket_cap_mb"],
+                                    "hidden_fraction": best["metrics"]["hidden_fraction"],
+                                    "met": best["metrics"]["hidden_fraction"] >= GOAL_HIDDEN})
+        rows += new
+    return rows, summary
+
+
+GOAL_HIDDEN = 0.70          # the issue's goal: >= 70% of gradient communication hidden at the best bucket size
+
+EXERCISE = Exercise(
+    id="phase4.ddp", title="DDP: broadcast and sync checked by checksums; communication hidden under backward",
+    run=run,
+    params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 240,
+            "d_model": 2048, "n_layers": 6, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
+            "bucket_caps_mb": [1, 5, 25, 100, 400], "gradient_as_bucket_view": True,
+            "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
+    cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32",
+                "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
+                "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},
+    quick_params={"n_layers": 2, "bucket_caps_mb": [0.01, 1], "iters": 3, "warmup_iters": 1, "wall_steps": 3},
+)

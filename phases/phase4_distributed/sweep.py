@@ -1,0 +1,217 @@
+"""Exercise 4.3: the interconnect measured the way nccl-tests measures it.
+
+    lab run phase4.interconnect                          # NCCL on [2, all] GPUs, 32 KiB .. 4 GiB
+    lab run phase4.interconnect --device cpu --param backend=gloo
+
+For each size (doubling from 32 KiB to 4 GiB, fp32, nccl-tests' `size` convention: see
+collectives.py) and each operation (all-reduce, all-gather, reduce-scatter, a send/recv ring
+shift where every rank sends to rank+1 and receives from rank-1, and our own ring all-reduce from
+ring.py), on every rank:
+1. fill the inputs with the integer pattern, poison the outputs, run once, count #wrong against
+   the exact expected values (summed over ranks); a row with #wrong > 0 is failed and not timed;
+2. time `warmup` + `iters` calls back to back (the same counts on every rank), each with CUDA
+   events; the row's time is the slowest rank's median.
+Rows carry time, algbw, busbw (with the factor used), percent of the per-GPU one-way link
+bandwidth from hardware.yaml, and the link roofline's prediction: wire bytes per rank / link.
+
+Which algorithm NCCL chose is not visible through torch. A separate, untimed probe job runs every
+collective once per size with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING, where NCCL's rank 0 logs
+one line per call ('AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}');
+the rows carry what those lines said (algo, proto, channels) and say where it came from. The probe
+is separate because logging every call would slow the small sizes being timed. Whatever NCCL_ALGO
+or NCCL_PROTO the machine sets is recorded in the summary; nothing here overrides NCCL's choice
+(nor NCCL_NVLS_ENABLE, which the lab's machines set to 0).
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from common.exercise import Exercise
+
+from . import collectives as col
+from .launch import launch, link_roofs, plan
+from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, ring_all_reduce
+
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# ------------------------------------------------------------------------------ on every rank
+def _setup(me, op: str, size: int, params: dict):
+    """(call, check) for `op` at nccl-tests size `size`: call() runs it once; check() fills the
+    inputs, poisons the outputs, runs once and returns this rank's #wrong."""
+    n, r, dev = me.world, me.rank, me.device
+    numel, share = col.elements_for(op, size, n)
+    nan = float("nan")
+    if op in ("all_reduce", "ring_allreduce"):
+        buf = torch.empty(numel, device=dev)
+        if op == "all_reduce":
+            def call():
+                dist.all_reduce(buf)
+        else:
+            def call():
+                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"])
+
+        def check():
+            col.fill_pattern(buf, r); call(); me.sync()
+            return col.count_wrong(buf, lambda s, e: col.pattern_sum(s, e, n, dev))
+    elif op == "all_gather":
+        inp, out = torch.empty(share, device=dev), torch.empty(numel, device=dev)
+
+        def call():
+            _all_gather(out, inp)
+
+        def check():
+            col.fill_pattern(inp, r); out.fill_(nan); call(); me.sync()
+            return sum(col.count_wrong(out[j * share:(j + 1) * share], lambda s, e, j=j: col.pattern(s, e, j, dev))
+                       for j in range(n))
+    elif op == "reduce_scatter":
+        inp, out = torch.empty(numel, device=dev), torch.empty(share, device=dev)
+
+        def call():
+            _reduce_scatter(out, inp)
+
+        def check():
+            col.fill_pattern(inp, r); out.fill_(nan); call(); me.sync()
+            return col.count_wrong(out, lambda s, e: col.pattern_sum(s, e, n, dev), offset=r * share)
+    elif op == "sendrecv":
+        send, recv = torch.empty(numel, device=dev), torch.empty(numel, device=dev)
+
+        def call():
+            ops = [dist.P2POp(dist.isend, send, me.right), dist.P2POp(dist.irecv, recv, me.left)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+
+        def check():
+            col.fill_pattern(send, r); recv.fill_(nan); call(); me.sync()
+            return col.count_wrong(recv, lambda s, e: col.pattern(s, e, me.left, dev))
+    else:
+        raise ValueError(f"unknown operation '{op}'")
+    return call, check, numel
+
+
+def worker_task(me, params: dict) -> dict:
+    ops = list(params["ops"]) + (["ring_allreduce"] if params["ours"] else [])
+    out = []
+    for size in params["sizes_bytes"]:
+        for op in ops:
+            me.stage(f"{op} {size} bytes")
+            call, check, numel = _setup(me, op, size, params)
+            wrong = sum(me.gather(check()))
+            entry = {"op": op, "size_bytes": col.elements_for(op, size, me.world)[0] * 4, "wrong": wrong,
+                     "elements": numel * (1 if op in ("all_gather", "reduce_scatter") else me.world)}
+            if wrong == 0:                      # the same total on every rank: all time, or none
+                warmup, iters = col.iterations(size, params)
+                entry.update(warmup=warmup, per_rank_samples_ms=me.gather(col.time_calls(call, warmup, iters, me.device)))
+            out.append(entry)
+            del call, check
+        if me.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": out}
+
+
+def probe_task(me, params: dict) -> dict:
+    """Each NCCL collective once per size, so NCCL logs the algorithm it picks (see the docstring)."""
+    for size in params["sizes_bytes"]:
+        for op in params["ops"]:
+            if op in col.NCCL_FUNC:
+                me.stage(f"probe {op} {size} bytes")
+                call, _, _ = _setup(me, op, size, params)
+                call()
+                me.sync()
+                del call
+        torch.cuda.empty_cache()
+    return {"probed": True}
+
+
+# ------------------------------------------------------------------------------ in the lab process
+ALGO_SOURCE = ("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING lines of rank 0, from a separate untimed probe job "
+               "running the same collectives and sizes")
+
+
+def rows_from(result: dict, n: int, backend: str, roofs, algos: dict | None) -> list[dict]:
+    method = col.timing_method(backend)
+    rows, nccl = [], {}
+    for m in result["rows"]:
+        op, size = m["op"], m["size_bytes"]
+        p = {"world_size": n, "backend": backend, "size_bytes": size, "op": op, "dtype": "fp32"}
+        r = col.collective_row(op, "all_reduce" if op == "ring_allreduce" else op, p, n, m, roofs, method)
+        if backend == "nccl" and op in col.NCCL_FUNC:
+            seen = (algos or {}).get(col.nccl_log_key(op, size, n))
+            r["metrics"].update(algo=seen["algo"] if seen else None, proto=seen["proto"] if seen else None,
+                                channels=seen["channels"] if seen else None,
+                                algo_source=ALGO_SOURCE if seen else "not observed: no NCCL TUNING line for this "
+                                                                      "collective and size")
+        elif op == "sendrecv":
+            r["metrics"].update(algo="P2P", algo_source="point-to-point: no collective algorithm")
+        elif op == "ring_allreduce":
+            r["metrics"].update(algo="ours: ring", algo_source="ring.py")
+        else:
+            r["metrics"].update(algo=None, algo_source="gloo does not report its algorithm")
+        if r["status"] == "ok" and op == "all_reduce":
+            nccl[size] = r["metrics"]["busbw_gbps"]
+        if r["status"] == "ok" and op == "ring_allreduce" and nccl.get(size):
+            r["metrics"]["ours_over_nccl_busbw"] = r["metrics"]["busbw_gbps"] / nccl[size]
+        rows.append(r)
+    return rows
+
+
+def _goal(rows: list[dict], n: int) -> dict:
+    """The issue's goal for NCCL all-reduce: busbw from 1 GiB up, >= 355 GB/s on 4 H200s, 340 on 2."""
+    big = [r["metrics"]["busbw_gbps"] for r in rows if r["variant"] == "all_reduce" and r["status"] == "ok"
+           and r["params"]["world_size"] == n and r["params"]["size_bytes"] >= GOAL_MIN_SIZE]
+    goal = GOAL_GBPS.get(n)
+    best = max(big) if big else None
+    return {"world_size": n, "best_busbw_gbps_from_1gib": best, "goal_gbps": goal,
+            "met": (best >= goal) if (best is not None and goal) else None}
+
+
+GOAL_GBPS, GOAL_MIN_SIZE = {2: 340.0, 4: 355.0}, 2**30
+
+
+def run(ctx, params):
+    pl = plan(ctx, params)
+    rows = pl.skip_rows()
+    if not pl.world_sizes:
+        return rows, {"backend": pl.backend}
+    roofs = link_roofs(ctx, pl.backend)
+    summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {}, "goals": [],
+               "link_roof": {"gbps": roofs.bandwidth_gbps, "source": roofs.source,
+                             "bandwidth_source": roofs.bandwidth_source},
+               "size_convention": "nccl-tests: all_reduce/sendrecv = per-rank buffer; all_gather = gathered "
+                                  "output; reduce_scatter = input (each rank holds size/n of the result)",
+               "nccl_env": {k: os.environ.get(k) for k in ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE",
+                                                           "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+               "algo_probe": {}, "goal_ring_over_nccl": RING_GOAL_RATIO,
+               "goal_ring_min_size_bytes": RING_GOAL_MIN_SIZE}
+    for n in ctx.track(pl.world_sizes, "interconnect world sizes"):
+        label = f"phase4.interconnect on {n} ranks"
+        algos = None
+        if pl.backend == "nccl" and params["probe_algorithms"]:
+            probe = launch("probe", n, pl.backend, params, params["timeout_s"], label + " (algorithm probe)",
+                           nccl_debug=True)
+            algos = col.parse_nccl_tuning(line for log in probe["_nccl_logs"] for line in log.splitlines())
+            summary["algo_probe"][str(n)] = {"tuning_lines_parsed": len(algos), "launch_s": probe["_launch_s"]}
+        res = launch("sweep", n, pl.backend, params, params["timeout_s"], label)
+        summary["launch_s"][str(n)] = res["_launch_s"]
+        new = rows_from(res, n, pl.backend, roofs, algos)
+        summary["goals"].append(_goal(new, n))
+        rows += new
+    return rows, summary
+
+
+SIZES_GPU = [2**k for k in range(15, 33)]            # 32 KiB ... 4 GiB
+EXERCISE = Exercise(
+    id="phase4.interconnect", title="Interconnect sweep, nccl-tests style: all-reduce, all-gather, "
+                                    "reduce-scatter, send/recv, and our ring, 32 KiB to 4 GiB",
+    run=run,
+    params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
+            "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
+            "ours": True, "ring_depth": 4, "ring_min_subchunk_bytes": 32 * 2**20, "probe_algorithms": True,
+            "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
+    cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,
+                "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
+                "timeout_s": 180, "pg_timeout_s": 60},
+    quick_params={"sizes_bytes": [2**15 + 12, 2**17], "warmup_iters": 1, "min_iters": 3, "max_iters": 3},
+)

@@ -1,0 +1,453 @@
+"""Phase 4's README blocks and plots, written from records only.
+
+Blocks (phases/phase4_distributed/README.md): phase4.goals, phase4.allreduce, phase4.sweep,
+phase4.plots, phase4.ring, phase4.ddp, phase4.findings.
+Plots: results/plots/phase4_busbw_<hardware>_<n>gpu.png (NCCL's all-reduce and ours, busbw
+against size, with the other collectives and the link's one-way bandwidth), one per world size.
+
+Records are grouped by (hardware, GPUs on the machine, world size): a 4-GPU machine's run holds
+2-rank and 4-rank rows, a 2-GPU machine's run 2-rank rows, and all of them are shown, each from
+the newest record of its group. Plots and findings use, per world size, the machine with exactly
+that many GPUs when there is one. The seed's figures appear only labelled with seed.CITATION.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.report import NO_RECORDS, View, markdown, num, pct, size_bytes
+
+from . import seed
+
+EX_DDP, EX_RING, EX_SWEEP = "phase4.ddp", "phase4.ring_allreduce", "phase4.interconnect"
+OP_ORDER = ["all_reduce", "ring_allreduce", "all_gather", "reduce_scatter", "sendrecv"]
+OP_LABEL = {"all_reduce": "all-reduce (NCCL)", "ring_allreduce": "all-reduce (ours: ring)",
+            "all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "sendrecv": "send/recv shift"}
+
+
+# ------------------------------------------------------------------------------ grouping records
+@dataclass
+class Group:
+    hw: str
+    hw_name: str
+    machine_gpus: int | None
+    n: int
+    rec: dict
+
+    @property
+    def rows(self) -> list[dict]:
+        return [r for r in self.rec["rows"] if r["params"].get("world_size") == self.n]
+
+    @property
+    def gpu(self) -> bool:
+        return self.rec["hardware"].get("device") == "cuda"
+
+    @property
+    def label(self) -> str:
+        if not self.gpu:
+            return f"{self.n} CPU processes (gloo)"
+        machine = f", on a {self.machine_gpus}-GPU machine" if self.machine_gpus and self.machine_gpus != self.n else ""
+        return f"{self.n} x {self.hw_name}{machine}"
+
+    def row(self, variant: str, **params):
+        for r in self.rows:
+            if r["variant"] == variant and all(r["params"].get(k) == v for k, v in params.items()):
+                return r
+        return None
+
+
+def groups(records: list[dict], exercise: str) -> list[Group]:
+    newest: dict = {}
+    for rec in records:                        # oldest first: the newest record of a group wins
+        if rec["exercise"]["id"] != exercise or rec["status"] == "skipped" or \
+                rec.get("source", {}).get("kind", "measured") != "measured":
+            continue
+        gpus = (rec["hardware"].get("gpu") or {}).get("count")
+        name = (rec["hardware"].get("spec") or {}).get("name") or rec["hardware"].get("name") or rec["hardware"]["key"]
+        for n in {r["params"].get("world_size") for r in rec["rows"]} - {None}:
+            newest[(rec["hardware"]["key"], gpus or 0, n)] = Group(rec["hardware"]["key"], name, gpus, n, rec)
+    return [newest[k] for k in sorted(newest)]
+
+
+def preferred(records: list[dict], exercise: str) -> list[Group]:
+    """One group per (hardware, world size): the machine with exactly n GPUs if any, else the newest run."""
+    best: dict = {}
+    for g in groups(records, exercise):
+        key, cur = (g.hw, g.n), best.get((g.hw, g.n))
+        exact_fit = g.machine_gpus == g.n
+        if cur is None or (exact_fit and cur.machine_gpus != cur.n) or \
+                (exact_fit == (cur.machine_gpus == cur.n) and
+                 g.rec["provenance"]["started_utc"] > cur.rec["provenance"]["started_utc"]):
+            best[key] = g
+    return [best[k] for k in sorted(best)]
+
+
+def _run(v: View, rec: dict) -> str:
+    prov = rec["provenance"]
+    return f"[{(prov.get('started_utc') or '')[:10]} {(prov.get('commit') or '')[:7]}]({v.link(rec['_path'])})"
+
+
+def _m(r, key, default=None):
+    return default if r is None else r["metrics"].get(key, default)
+
+
+def _us(ms) -> str:
+    return "-" if ms is None else num(ms * 1e3)
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _ok(r) -> bool:
+    return r is not None and r["status"] == "ok"
+
+
+# ------------------------------------------------------------------------------ the sweep
+def t_allreduce(v: View) -> str:
+    gs = groups(v.records, EX_SWEEP)
+    if not gs:
+        return NO_RECORDS.format(ex=EX_SWEEP)
+    out = []
+    for g in gs:
+        sizes = sorted({r["params"]["size_bytes"] for r in g.rows if r["params"].get("op") == "all_reduce"})
+        rows = []
+        for s in sizes:
+            a, o = g.row("all_reduce", size_bytes=s), g.row("ring_allreduce", size_bytes=s)
+            algo = f"{_m(a, 'algo')} / {_m(a, 'proto')}" if _m(a, "proto") else (_m(a, "algo") or "-")
+            rows.append([size_bytes(s), _us(_m(a, "ms")) if _ok(a) else a["status"] if a else "-",
+                         num(_m(a, "busbw_gbps")), pct(_m(a, "pct_of_link")), algo,
+                         _us(_m(o, "ms")) if _ok(o) else o["status"] if o else "-", num(_m(o, "busbw_gbps")),
+                         _ratio(_m(o, "ours_over_nccl_busbw")),
+                         f"{_m(a, 'wrong', '-')} / {_m(o, 'wrong', '-')}",
+                         num(((a or {}).get("prediction") or {}).get("measured_over_predicted"))])
+        link = _m(next((r for r in g.rows if _ok(r)), None), "link_gbps")
+        lib = "NCCL" if g.gpu else "gloo"
+        roof = "one way per GPU (hardware.yaml)" if g.gpu else "(this machine's copy bandwidth: gloo moves bytes through memory)"
+        out.append(f"**{g.label}** ({_run(v, g.rec)}); link roof {num(link)} GB/s {roof}")
+        out.append("")
+        out.append(markdown(rows, ["size", f"{lib} µs", f"{lib} busbw GB/s", "% of link", f"{lib} algo / proto",
+                                   "ours µs", "ours busbw GB/s", f"ours / {lib}", f"#wrong {lib} / ours",
+                                   f"{lib} measured/predicted"]))
+        out.append("")
+    return "\n".join(out)
+
+
+def t_sweep(v: View) -> str:
+    gs = groups(v.records, EX_SWEEP)
+    if not gs:
+        return NO_RECORDS.format(ex=EX_SWEEP)
+    out = []
+    for g in gs:
+        rows = []
+        for r in sorted(g.rows, key=lambda r: (r["params"]["size_bytes"], OP_ORDER.index(r["params"]["op"])
+                                               if r["params"].get("op") in OP_ORDER else 99)):
+            if "op" not in r["params"]:
+                continue
+            ok = _ok(r)
+            algo = _m(r, "algo") or "-"
+            if _m(r, "proto"):
+                algo += f" / {_m(r, 'proto')}"
+            label = OP_LABEL.get(r["params"]["op"], r["params"]["op"])
+            rows.append([size_bytes(r["params"]["size_bytes"]), label if g.gpu else label.replace("NCCL", "gloo"),
+                         _us(_m(r, "ms")) if ok else r["status"], num(_m(r, "algbw_gbps")), num(_m(r, "busbw_gbps")),
+                         num(_m(r, "busbw_factor"), 3), pct(_m(r, "pct_of_link")),
+                         str(_m(r, "wrong", (r.get("check") or {}).get("wrong_elements", "-"))), algo,
+                         num((r.get("prediction") or {}).get("measured_over_predicted"))])
+        out += [f"<details><summary>{g.label}: every collective and size ({len(rows)} rows)</summary>", "",
+                markdown(rows, ["size", "collective", "µs", "algbw GB/s", "busbw GB/s", "factor", "% of link",
+                                "#wrong", "algo", "measured/predicted"]),
+                "", f"From {_run(v, g.rec)}.", "</details>", ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ plots
+def _plot_path(results: Path, g: Group) -> Path:
+    return Path(results) / "plots" / f"phase4_busbw_{g.hw}_{g.n}{'gpu' if g.gpu else 'proc'}.png"
+
+
+def expected(records, results: Path) -> list[Path]:
+    return [_plot_path(results, g) for g in preferred(records, EX_SWEEP)]
+
+
+def draw(records, results: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for g in preferred(records, EX_SWEEP):
+        path = _plot_path(results, g)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig, ax = plt.subplots(figsize=(8, 5))
+        styles = {"all_reduce": ("o-", "tab:blue", 2.0), "ring_allreduce": ("s-", "tab:red", 2.0),
+                  "all_gather": ("^--", "tab:green", 1.0), "reduce_scatter": ("v--", "tab:purple", 1.0),
+                  "sendrecv": ("d:", "tab:gray", 1.0)}
+        for op in OP_ORDER:
+            pts = sorted((r["params"]["size_bytes"], r["metrics"]["busbw_gbps"]) for r in g.rows
+                         if r["params"].get("op") == op and _ok(r))
+            if pts:
+                style, color, width = styles[op]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, lw=width, ms=4,
+                        label=OP_LABEL[op])
+        link = next((_m(r, "link_gbps") for r in g.rows if _ok(r)), None)
+        if link and g.gpu:
+            ax.axhline(link, color="black", ls="--", lw=1, label=f"link, one way: {link:,.0f} GB/s (hardware.yaml)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes, nccl-tests convention)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"Bus bandwidth vs size: {g.label}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def t_plots(v: View) -> str:
+    gs = preferred(v.records, EX_SWEEP)
+    if not gs:
+        return NO_RECORDS.format(ex=EX_SWEEP)
+    lines = []
+    for g in gs:
+        rel = v.link(_plot_path(Path("."), g).as_posix())
+        lines.append(f"![busbw vs size, {g.label}]({rel})")
+    return "\n\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ the ring
+def t_ring(v: View) -> str:
+    gs = groups(v.records, EX_RING)
+    if not gs:
+        return NO_RECORDS.format(ex=EX_RING)
+    out = []
+    for g in gs:
+        checks = [r for r in g.rows if r["variant"].startswith("check_d")]
+        depths = sorted({r["params"]["depth"] for r in checks})
+        crow = []
+        for d in depths:
+            rs = [r for r in checks if r["params"]["depth"] == d]
+            crow.append([str(d), ", ".join(f"{r['params']['numel']:,}" for r in rs),
+                         "yes" if all(_m(r, "integers_exact") for r in rs) else "NO",
+                         num(max((r["check"] or {}).get("max_abs_error") or 0 for r in rs)),
+                         num(max((r["check"] or {}).get("rel_l2_error") or 0 for r in rs)),
+                         "passed" if all(r["status"] == "ok" for r in rs) else "FAILED"])
+        out += [f"**{g.label}** ({_run(v, g.rec)})", "",
+                markdown(crow, ["depth", "sizes checked (elements)", "integer data: exact, = dist.all_reduce",
+                                "random fp32: max |ours - NCCL|", "relative error", "check"]), ""]
+        timed = [r for r in g.rows if r["variant"] == "nccl" or r["variant"].startswith("ring_d")]
+        sizes = sorted({r["params"]["size_bytes"] for r in timed})
+        tdepths = sorted({r["params"]["depth"] for r in timed if r["params"].get("depth") is not None})
+        trows = []
+        for s in sizes:
+            nc = g.row("nccl", size_bytes=s)
+            cells = [size_bytes(s), num(_m(nc, "busbw_gbps"))]
+            for d in tdepths:
+                r = g.row(f"ring_d{d}", size_bytes=s)
+                cells.append(f"{num(_m(r, 'busbw_gbps'))} ({_ratio(_m(r, 'ours_over_nccl_busbw'))}, "
+                             f"{_m(r, 'effective_depth', r['params'].get('effective_depth') if r else '-')} pieces)"
+                             if _ok(r) else (r["status"] if r else "-"))
+            trows.append(cells)
+        out += [markdown(trows, ["size", "NCCL busbw GB/s"] + [f"ring, depth {d}: busbw (of NCCL, pieces run)"
+                                                               for d in tdepths]), ""]
+        naive = g.row("naive_blocking")
+        if naive is not None:
+            out.append(f"Naive blocking order ({naive['params'].get('order')}), {size_bytes(naive['params']['size_bytes'])} "
+                       f"per rank on {g.n} ranks: **{_m(naive, 'outcome') or naive['status'] + ': ' + str(naive['reason'])}**"
+                       + (f"; {_m(naive, 'ranks_returned')} ranks had returned when it was killed." if _m(naive, "killed") else "."))
+            out.append("")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ DDP
+def t_ddp(v: View) -> str:
+    gs = groups(v.records, EX_DDP)
+    if not gs:
+        return NO_RECORDS.format(ex=EX_DDP)
+    out = []
+    for g in gs:
+        b, a = g.row("checksum_broadcast"), g.row("checksum_after_steps")
+        p = (b or a or g.rows[0])["params"]
+        count = g.rec["summary"].get("params_count")
+        out.append(f"**{g.label}** ({_run(v, g.rec)}): {p.get('n_layers')} MLP blocks, d = {p.get('d_model')}, "
+                   f"{num(count / 1e6) + 'M parameters' if count else ''}, {p.get('tokens_per_rank')} tokens per rank, "
+                   f"{p.get('dtype')}.")
+        out.append("")
+        if b is not None and a is not None:
+            before = _m(b, "checksum_before_ddp") or []
+            out.append(f"Parameter checksums: {_m(b, 'distinct_before')} distinct values across {g.n} ranks before "
+                       f"DDP (each rank seeded its own init); after DDP's broadcast "
+                       f"{'identical on every rank' if _m(b, 'identical') else 'NOT identical'} "
+                       f"({(_m(b, 'checksum_after_broadcast') or [None])[0]!r}); after {a['params'].get('steps')} steps on "
+                       f"different data per rank ({_m(a, 'distinct_first_losses')} distinct first-step losses) "
+                       f"{'identical' if _m(a, 'identical') else 'NOT identical'} ({(_m(a, 'checksum_after_steps') or [None])[0]!r})."
+                       if before else "")
+            out.append("")
+        rows = []
+        for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")),
+                        key=lambda r: r["params"]["bucket_cap_mb"]):
+            if not _ok(r):
+                rows.append([num(r["params"]["bucket_cap_mb"]), f"{r['status']}: {r['reason']}"] + ["-"] * 10)
+                continue
+            pr = r.get("prediction") or {}
+            rows.append([num(r["params"]["bucket_cap_mb"]), str(_m(r, "buckets")), num(_m(r, "compute_ms")),
+                         num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), num(_m(r, "exposed_comm_ms")),
+                         pct(100 * _m(r, "hidden_fraction")), num(_m(r, "tflops")),
+                         pct(100 * _m(r, "mfu_vs_peak")) if _m(r, "mfu_vs_peak") is not None else "-",
+                         pct(100 * _m(r, "mfu_vs_phase1_ceiling")) if _m(r, "mfu_vs_phase1_ceiling") is not None else "-",
+                         num(pr.get("predicted_ms")), num(pr.get("measured_over_predicted"))])
+        out += [markdown(rows, ["bucket cap MB", "buckets", "compute ms (no_sync)", "comm ms (buckets alone)",
+                                "DDP step ms", "exposed comm ms", "hidden", "TFLOP/s", "MFU (spec peak)",
+                                "MFU (phase-1 ceiling)", "predicted ms (perfect overlap)", "measured/predicted"]), ""]
+        prow = []
+        for variant, what in (("per_rank_steps", "no straggler"), ("per_rank_steps_straggler", "last rank sleeps")):
+            r = g.row(variant)
+            if r is None:
+                continue
+            extra = f" {num(r['params'].get('straggler_ms'))} ms" if r["params"].get("straggler_ms") else ""
+            prow.append([f"{what}{extra}: local work (no_sync)"] + [num(x) for x in _m(r, "per_rank_local_ms")])
+            prow.append([f"{what}{extra}: DDP step"] + [num(x) for x in _m(r, "per_rank_ddp_ms")])
+        if prow:
+            out += [markdown(prow, ["wall-clock ms per step (median)"] + [f"rank {k}" for k in range(g.n)]), ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ goals and findings
+def _ring_ratio(g: Group, min_size: int, variants) -> float | None:
+    """The smallest, over sizes >= min_size, of the best ours/NCCL busbw among `variants`."""
+    per_size: dict = {}
+    for r in g.rows:
+        if r["variant"] in variants and _ok(r) and r["params"]["size_bytes"] >= min_size and \
+                _m(r, "ours_over_nccl_busbw") is not None:
+            s = r["params"]["size_bytes"]
+            per_size[s] = max(per_size.get(s, 0.0), _m(r, "ours_over_nccl_busbw"))
+    return min(per_size.values()) if per_size else None
+
+
+def t_goals(v: View) -> str:
+    rows = []
+    for g in [g for g in preferred(v.records, EX_SWEEP) if g.gpu]:
+        goal = next((x for x in g.rec["summary"].get("goals", []) if x.get("world_size") == g.n), None)
+        if goal:
+            rows.append([g.label, "NCCL all-reduce busbw, best at >= 1 GiB", f">= {num(goal['goal_gbps'])} GB/s",
+                         f"{num(goal['best_busbw_gbps_from_1gib'])} GB/s", _met(goal.get("met")), _run(v, g.rec)])
+        s = g.rec["summary"]
+        if s.get("goal_ring_over_nccl"):
+            x = _ring_ratio(g, s["goal_ring_min_size_bytes"], ("ring_allreduce",))
+            rows.append([g.label, f"our ring / NCCL busbw, worst size >= {size_bytes(s['goal_ring_min_size_bytes'])} (sweep)",
+                         f">= {_ratio(s['goal_ring_over_nccl'])}", _ratio(x),
+                         _met(None if x is None else x >= s["goal_ring_over_nccl"]), _run(v, g.rec)])
+    for g in [g for g in preferred(v.records, EX_RING) if g.gpu]:
+        s = g.rec["summary"]
+        if s.get("goal_ours_over_nccl_busbw"):
+            variants = {r["variant"] for r in g.rows if r["variant"].startswith("ring_d")}
+            x = _ring_ratio(g, s["goal_min_size_bytes"], variants)
+            rows.append([g.label, f"our ring / NCCL busbw, best depth, worst size >= {size_bytes(s['goal_min_size_bytes'])}",
+                         f">= {_ratio(s['goal_ours_over_nccl_busbw'])}", _ratio(x),
+                         _met(None if x is None else x >= s["goal_ours_over_nccl_busbw"]), _run(v, g.rec)])
+    for g in [g for g in preferred(v.records, EX_DDP) if g.gpu]:
+        s = g.rec["summary"]
+        best = next((x for x in s.get("best", []) if x.get("world_size") == g.n), None)
+        if best:
+            rows.append([g.label, f"DDP: gradient communication hidden under backward (best bucket: "
+                                  f"{num(best['bucket_cap_mb'])} MB)", f">= {_ratio(s.get('goal_hidden_fraction'))}",
+                         _ratio(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
+    if not rows:
+        return "_No phase 4 records yet: run `lab run 4` on 2 or more GPUs, then `lab report`._"
+    return markdown(rows, ["ranks", "goal", "target", "measured", "met", "run"])
+
+
+def _met(x) -> str:
+    return "-" if x is None else ("yes" if x else "**no**")
+
+
+def _largest(g: Group, op: str):
+    ok = [r for r in g.rows if r["params"].get("op") == op and _ok(r)]
+    return max(ok, key=lambda r: r["params"]["size_bytes"]) if ok else None
+
+
+def _half_size(g: Group, op: str):
+    """The smallest size at which busbw reaches half of its best."""
+    ok = sorted((r for r in g.rows if r["params"].get("op") == op and _ok(r)), key=lambda r: r["params"]["size_bytes"])
+    if not ok:
+        return None
+    best = max(_m(r, "busbw_gbps") for r in ok)
+    return next(r["params"]["size_bytes"] for r in ok if _m(r, "busbw_gbps") >= best / 2)
+
+
+def t_findings(v: View) -> str:
+    paras = []
+    for g in preferred(v.records, EX_SWEEP):
+        if not g.gpu:
+            continue
+        ar, sr, ours = _largest(g, "all_reduce"), _largest(g, "sendrecv"), _largest(g, "ring_allreduce")
+        if ar is None:
+            continue
+        smallest = min((r for r in g.rows if r["params"].get("op") == "all_reduce" and _ok(r)),
+                       key=lambda r: r["params"]["size_bytes"])
+        link = _m(ar, "link_gbps")
+        s = [f"**{g.label}.** NCCL's all-reduce of {size_bytes(ar['params']['size_bytes'])} reached "
+             f"{num(_m(ar, 'busbw_gbps'))} GB/s of bus bandwidth ({_m(ar, 'algo') or 'algorithm not observed'}"
+             f"{' / ' + _m(ar, 'proto') if _m(ar, 'proto') else ''}): {pct(_m(ar, 'pct_of_link'))} of the "
+             f"{num(link)} GB/s one-way link figure in hardware.yaml."]
+        if sr is not None:
+            s.append(f"A plain send/recv shift, where every GPU only sends to one neighbour and receives from the other, "
+                     f"moved {num(_m(sr, 'busbw_gbps'))} GB/s at {size_bytes(sr['params']['size_bytes'])} "
+                     f"({pct(_m(sr, 'pct_of_link'))} of the link): that is what the transport delivers with no "
+                     f"reduction and no step-to-step synchronization, so of the gap between the link figure and the "
+                     f"all-reduce, {pct(100 - _m(sr, 'pct_of_link'))} of the link is lost before any algorithm runs "
+                     f"and the all-reduce keeps {_ratio(_m(ar, 'busbw_gbps') / _m(sr, 'busbw_gbps'))} of what "
+                     f"send/recv achieves.")
+        half = _half_size(g, "all_reduce")
+        s.append(f"Small messages never see the link: the {size_bytes(smallest['params']['size_bytes'])} all-reduce "
+                 f"took {_us(_m(smallest, 'ms'))} µs ({num(_m(smallest, 'busbw_gbps'))} GB/s), and busbw first reached "
+                 f"half of its best at {size_bytes(half)}; below that, the fixed cost of a call sets the time.")
+        if ours is not None and _m(ours, "ours_over_nccl_busbw") is not None:
+            small = min((r for r in g.rows if r["params"].get("op") == "ring_allreduce" and _ok(r)
+                         and _m(r, "ours_over_nccl_busbw") is not None), key=lambda r: r["params"]["size_bytes"])
+            s.append(f"Our ring, built from isend/irecv in Python, reached {num(_m(ours, 'busbw_gbps'))} GB/s at "
+                     f"{size_bytes(ours['params']['size_bytes'])}: {_ratio(_m(ours, 'ours_over_nccl_busbw'))} of NCCL in "
+                     f"the same run; at {size_bytes(small['params']['size_bytes'])} it managed "
+                     f"{_ratio(_m(small, 'ours_over_nccl_busbw'))}, paying a launch per transfer where NCCL runs "
+                     f"the whole ring in one kernel.")
+        paras.append(" ".join(s))
+    for g in preferred(v.records, EX_DDP):
+        if not g.gpu:
+            continue
+        timed = [r for r in g.rows if r["variant"].startswith("bucket_") and _ok(r)]
+        if not timed:
+            continue
+        best = max(timed, key=lambda r: _m(r, "hidden_fraction"))
+        worst = min(timed, key=lambda r: _m(r, "hidden_fraction"))
+        s = [f"**DDP on {g.label}.** With {num(best['params']['bucket_cap_mb'])} MB buckets, "
+             f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
+             f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
+             f"with no communication at all. With {num(worst['params']['bucket_cap_mb'])} MB buckets only "
+             f"{_ratio(_m(worst, 'hidden_fraction'))} hid."]
+        if _m(best, "mfu_vs_peak") is not None:
+            s.append(f"The step ran at {num(_m(best, 'tflops'))} TFLOP/s of model FLOPs: MFU {_ratio(_m(best, 'mfu_vs_peak'))} "
+                     f"of the {num(_m(best, 'peak_tflops'))} TFLOP/s spec peak"
+                     + (f", {_ratio(_m(best, 'mfu_vs_phase1_ceiling'))} of the {num(_m(best, 'phase1_ceiling_tflops'))} "
+                        f"TFLOP/s best matmul phase 1 measured." if _m(best, "mfu_vs_phase1_ceiling") is not None else "."))
+        st = g.row("per_rank_steps_straggler")
+        if st is not None:
+            s.append(f"With the last rank sleeping {num(st['params']['straggler_ms'])} ms per step, local work spread "
+                     f"{num(_m(st, 'local_spread_ms'))} ms across ranks but DDP steps only {num(_m(st, 'ddp_spread_ms'))} ms: "
+                     f"every rank waited in the all-reduce for the slowest.")
+        paras.append(" ".join(s))
+    if not paras:
+        return "_No GPU records yet: run `lab run 4` on 2 or more GPUs, then `lab report`._"
+    top = max(b for _, _, b in seed.ALLREDUCE)
+    from common.hardware import load_hardware
+    a100 = load_hardware().get(seed.HARDWARE_KEY)
+    one_way = a100.figure("interconnect_one_way_gbps").value if a100 else None
+    if one_way:
+        paras.append(f"For comparison, quoted from the {seed.CITATION}: its all-reduce peaked at {num(top)} GB/s busbw and "
+                     f"was reported as {pct(100 * top / seed.RATED_GBPS_USED)} of {seed.RATED_GBPS_USED} GB/s. That "
+                     f"figure counts both directions, while busbw counts one: against the A100's {num(one_way)} GB/s one "
+                     f"way (hardware.yaml) the same number is {pct(100 * top / one_way)}.")
+    return "\n\n".join(paras)
+
+
+TABLES = {"phase4.goals": t_goals, "phase4.allreduce": t_allreduce, "phase4.sweep": t_sweep,
+          "phase4.plots": t_plots, "phase4.ring": t_ring, "phase4.ddp": t_ddp, "phase4.findings": t_findings}

@@ -1,0 +1,143 @@
+"""What every rank runs under torchrun: join the group, run one task, hand rank 0's result back.
+
+    python -m torch.distributed.run --standalone --nproc_per_node N \
+        -m phases.phase4_distributed.worker <task> '<job json>' <result file>
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; the job says the backend, the params
+and a work folder. With NCCL, rank r drives GPU LOCAL_RANK. The process group gets a timeout
+(`pg_timeout_s`), so a collective whose peer never arrives fails instead of waiting forever.
+
+Files each rank writes in the work folder (launch.py reads them):
+    pid.<rank>     its pid, so the parent can kill a rank that outlives torchrun
+    stage.<rank>   what it is doing now (named in the error when a job hangs)
+    error.<rank>   one line, when it raises
+Rank 0 writes the task's result (JSON) to the result file, atomically.
+
+Several tasks may share one job and one process group: task "ring+sweep" runs both, in order,
+each with job["params"][its name], and the result is {name: result}. The CPU tests use it to
+start 4 ranks once instead of three times (starting processes is most of their cost).
+
+A test hook, never set in real runs: LAB_PHASE4_FAULT=crash:R makes rank R exit at once with code 3
+(no Python error, as a segfault would), hang:R makes it sleep instead of working.
+"""
+import datetime
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class Rank:
+    """This process's place in the group, and the few helpers every task needs."""
+
+    def __init__(self, backend: str, work_dir: str):
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.backend = backend
+        self.dir = Path(work_dir)
+        self.device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+
+    @property
+    def left(self) -> int:
+        return (self.rank - 1) % self.world
+
+    @property
+    def right(self) -> int:
+        return (self.rank + 1) % self.world
+
+    def mark(self, name: str, text: str) -> None:
+        path = self.dir / f"{name}.{self.rank}"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    def stage(self, text: str) -> None:
+        self.mark("stage", text)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def init(self, timeout_s: float) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+        dist.barrier()
+
+
+def _fault(me: Rank) -> None:
+    spec = os.environ.get("LAB_PHASE4_FAULT")
+    if not spec:
+        return
+    kind, _, who = spec.partition(":")
+    if who and int(who) != me.rank:
+        return
+    me.stage(f"fault injected: {kind}")
+    if kind == "crash":
+        os._exit(3)
+    if kind == "hang":
+        time.sleep(3600)
+
+
+def _tasks() -> dict:
+    from . import ddp, ring, sweep
+    return {"ring": ring.worker_task, "naive": ring.naive_task, "sweep": sweep.worker_task,
+            "probe": sweep.probe_task, "ddp": ddp.worker_task}
+
+
+def main(argv: list[str]) -> int:
+    task, job_json, result_path = argv[1], argv[2], Path(argv[3])
+    job = json.loads(job_json)
+    me = Rank(job["backend"], job["work_dir"])
+    me.mark("pid", str(os.getpid()))
+    try:
+        me.stage("init_process_group")
+        me.init(job["params"].get("pg_timeout_s", 300))
+        _fault(me)
+        names = task.split("+")
+        if len(names) == 1:
+            me.stage(task)
+            out = _tasks()[task](me, job["params"])
+        else:
+            out = {}
+            for name in names:
+                me.stage(name)
+                out[name] = _tasks()[name](me, job["params"][name])
+        if me.rank == 0:
+            tmp = result_path.with_name(".result.tmp")
+            tmp.write_text(json.dumps(out))
+            os.replace(tmp, result_path)
+        del out
+        gc.collect()                  # DDP wrappers and pending works go before the group does
+        me.stage("done")
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)                   # skip interpreter teardown: background threads of c10d may abort it
+    except BaseException as exc:  # noqa: BLE001 - reported in one line, then the rank leaves
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        me.mark("error", f"{type(exc).__name__}" + (f": {first}" if first else ""))
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)                   # no teardown: a peer may be gone, and destroy would wait for it
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

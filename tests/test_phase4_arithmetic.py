@@ -1,0 +1,231 @@
+"""Phase 4 without launching anything: nccl-tests arithmetic, #wrong, rows, plans, failure parsing."""
+import importlib
+import math
+
+import pytest
+import torch
+
+from common import roofline
+from common.errors import LabError
+from common.records import problems
+
+col = importlib.import_module("phases.phase4_distributed.collectives")
+launch = importlib.import_module("phases.phase4_distributed.launch")
+ring = importlib.import_module("phases.phase4_distributed.ring")
+ddp = importlib.import_module("phases.phase4_distributed.ddp")
+sweep = importlib.import_module("phases.phase4_distributed.sweep")
+
+LINK = roofline.Roofs(bandwidth_gbps=450.0, peak_tflops={"bf16": 989.5}, source="test link",
+                      bandwidth_source="test link source")
+
+
+# ------------------------------------------------------------------------------ busbw arithmetic
+@pytest.mark.parametrize("op, n, factor", [
+    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75), ("ring_allreduce", 4, 1.5),
+    ("all_gather", 2, 0.5), ("all_gather", 4, 0.75), ("reduce_scatter", 4, 0.75), ("sendrecv", 4, 1.0)])
+def test_busbw_factors(op, n, factor):
+    assert col.busbw_factor(op, n) == pytest.approx(factor)
+
+
+def test_algbw_busbw_and_wire_bytes():
+    size, ms = 2**30, 4.0
+    assert col.algbw_gbps(size, ms) == pytest.approx(2**30 / 4e-3 / 1e9)          # bytes / seconds / 1e9
+    assert col.busbw_gbps("all_reduce", size, ms, 4) == pytest.approx(1.5 * col.algbw_gbps(size, ms))
+    assert col.wire_bytes("all_reduce", size, 4) == 2 * 3 * (size // 4)             # 2(n-1) chunks of S/n
+    assert col.wire_bytes("all_gather", size, 4) == 3 * (size // 4)                # n-1 chunks of S/n
+    assert col.wire_bytes("sendrecv", size, 4) == size
+    with pytest.raises(ValueError):
+        col.busbw_factor("broadcast", 4)
+
+
+def test_sizes_follow_nccl_tests():
+    assert col.elements_for("all_reduce", 32780, 4) == (8195, 8195)
+    assert col.elements_for("all_gather", 32780, 4) == (8192, 2048)               # output; each rank 1/n
+    assert col.elements_for("reduce_scatter", 32780, 2) == (8194, 4097)
+    assert col.iterations(2**32, {"warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 2**33}) == (5, 20)
+    assert col.iterations(2**15, {"warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 2**33}) == (5, 200)
+
+
+# ------------------------------------------------------------------------------ #wrong
+def test_pattern_sums_are_exact_integers():
+    n = 8
+    s = col.pattern_sum(0, 5000, n, "cpu")
+    exact = sum(col.pattern(0, 5000, r, "cpu").double() for r in range(n))
+    assert torch.equal(s.double(), exact)
+    assert s.abs().max() <= 30 * n and torch.equal(s, s.round())
+    assert len(set(col.pattern(0, 64, 0, "cpu").tolist())) > 20                    # not constant, never all zero
+
+
+def test_count_wrong_catches_a_corrupted_result(monkeypatch):
+    monkeypatch.setattr(col, "CHUNK_ELEMENTS", 1000)                                # walk the tensor in chunks
+    n, numel = 4, 4097
+    want = lambda s, e: col.pattern_sum(s, e, n, "cpu")                            # noqa: E731
+    good = col.pattern_sum(0, numel, n, "cpu")
+    assert col.count_wrong(good, want) == 0
+    bad = good.clone()
+    bad[7] += 1
+    bad[4000] = float("nan")                                                        # an unwritten element
+    assert col.count_wrong(bad, want) == 2
+    swapped = torch.cat([good[1024:2048], good[:1024], good[2048:]])                # chunks in the wrong place
+    assert col.count_wrong(swapped, want) > 1000
+    assert col.count_wrong(good[100:200], want, offset=100) == 0
+
+
+def test_a_row_with_wrong_elements_fails_and_is_not_timed():
+    meas = {"size_bytes": 4096, "wrong": 3, "elements": 2048}
+    r = col.collective_row("all_reduce", "all_reduce", {"world_size": 2}, 2, meas, LINK, "m")
+    assert r["status"] == "failed" and r["timing"] is None and "#wrong = 3 of 2048" in r["reason"]
+    assert r["check"]["wrong_elements"] == 3 and not r["check"]["passed"]
+
+
+def test_a_timed_row_carries_busbw_link_and_prediction():
+    size, n = 2**28, 4
+    meas = {"size_bytes": size, "wrong": 0, "elements": n * size // 4, "warmup": 5,
+            "per_rank_samples_ms": [[1.0, 1.1, 1.2], [1.4, 1.5, 1.6], [1.0, 1.0, 1.0], [1.2, 1.2, 1.2]]}
+    r = col.collective_row("all_reduce", "all_reduce", {"world_size": n}, n, meas, LINK, "m")
+    m, p = r["metrics"], r["prediction"]
+    assert r["status"] == "ok" and m["slowest_rank"] == 1 and m["ms"] == pytest.approx(1.5)
+    assert m["busbw_gbps"] == pytest.approx(1.5 * size / 1.5e6)
+    assert m["pct_of_link"] == pytest.approx(100 * m["busbw_gbps"] / 450)
+    assert p["bytes"] == col.wire_bytes("all_reduce", size, n) and p["flops"] == 0
+    assert p["predicted_ms"] == pytest.approx(p["bytes"] / 450e6)
+    assert p["measured_over_predicted"] == pytest.approx(1.5 / p["predicted_ms"])
+    assert m["per_rank_median_ms"] == [1.1, 1.5, 1.0, 1.2]
+
+
+# ------------------------------------------------------------------------------ the ring's plan
+def test_bounds_and_depth():
+    assert ring.bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert ring.bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]                    # empty chunks are fine
+    assert ring.pipeline_depth(2**24, 4, 8, 0) == 8
+    assert ring.pipeline_depth(2**24, 4, 8, 32 * 2**20) == 2                         # 64 MiB chunk, 32 MiB pieces
+    assert ring.pipeline_depth(100, 4, 8, 2**20) == 1
+
+
+# ------------------------------------------------------------------------------ NCCL's log
+def test_parse_nccl_tuning_lines():
+    log = ["host:1:2 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}",
+           "host:1:2 [0] NCCL INFO AllGather: 262144 Bytes -> Algo RING proto LL128 channel{Lo..Hi}={0..15}",
+           "host:1:2 [0] NCCL INFO ReduceScatter: 64 Bytes -> Algo Tree proto LL channel{Lo..Hi}={0..0} comm 0x1",
+           "something else"]
+    got = col.parse_nccl_tuning(log)
+    assert got[("AllReduce", 1048576)] == {"algo": "RING", "proto": "SIMPLE", "channels": 32}
+    assert got[("ReduceScatter", 64)]["algo"] == "TREE"
+    assert col.nccl_log_key("all_gather", 2**20, 4) == ("AllGather", 2**18)           # NCCL logs the per-rank count
+    assert col.nccl_log_key("all_reduce", 2**20, 4) == ("AllReduce", 2**20)
+    assert col.nccl_log_key("sendrecv", 2**20, 4) is None
+
+
+def test_sweep_rows_use_the_probe_and_compare_ours_with_nccl():
+    mk = lambda op, ms: {"op": op, "size_bytes": 2**20, "wrong": 0, "elements": 2**18 * 2, "warmup": 1,  # noqa: E731
+                         "per_rank_samples_ms": [[ms], [ms]]}
+    res = {"rows": [mk("all_reduce", 1.0), mk("ring_allreduce", 2.0), mk("sendrecv", 0.5)]}
+    algos = col.parse_nccl_tuning(["NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..3}"])
+    rows = sweep.rows_from(res, 2, "nccl", LINK, algos)
+    by = {r["variant"]: r["metrics"] for r in rows}
+    assert by["all_reduce"]["algo"] == "RING" and by["all_reduce"]["proto"] == "SIMPLE"
+    assert by["ring_allreduce"]["ours_over_nccl_busbw"] == pytest.approx(0.5)
+    assert by["sendrecv"]["algo"] == "P2P"
+    assert sweep._goal(rows, 2)["best_busbw_gbps_from_1gib"] is None                  # nothing >= 1 GiB here
+
+
+# ------------------------------------------------------------------------------ DDP arithmetic
+def test_ddp_flops_and_hidden_fraction():
+    assert ddp.matmul_params(2048, 6) == 6 * 8 * 2048**2
+    assert sum(p.numel() for n_, p in ddp.make_model(32, 2).named_parameters() if n_.endswith("weight")
+               and p.dim() == 2) == ddp.matmul_params(32, 2)
+    assert ddp.step_flops(64, 2, 10) == 6 * 10 * 2 * 8 * 64**2
+    assert ddp.hidden_fraction(10.0, 4.0, 11.0) == (pytest.approx(0.75), pytest.approx(0.75))
+    assert ddp.hidden_fraction(10.0, 4.0, 15.0)[0] == 0.0                             # clipped, raw kept
+    assert ddp.hidden_fraction(10.0, 4.0, 15.0)[1] == pytest.approx(-0.25)
+    assert ddp.hidden_fraction(10.0, 4.0, 9.0)[0] == 1.0
+
+
+# ------------------------------------------------------------------------------ which backend, which sizes
+class FakeCtx:
+    def __init__(self, gpus):
+        self.is_cuda, self.gpu_count = gpus > 0, gpus
+
+
+@pytest.mark.parametrize("gpus, params, backend, sizes, why", [
+    (0, {}, None, [], "no GPU in this run"),
+    (0, {"backend": "nccl"}, "nccl", [], "needs CUDA GPUs"),
+    (0, {"backend": "gloo"}, "gloo", [2, 4], None),
+    (1, {}, "nccl", [], "needs 2 GPUs for NCCL; this machine has 1"),
+    (2, {}, "nccl", [2], None),
+    (4, {}, "nccl", [2, 4], None),
+    (8, {"world_sizes": [2, 4]}, "nccl", [2, 4], None),
+    (4, {"world_sizes": [2, 8]}, "nccl", [2], "8 ranks need 8 GPUs; this machine has 4"),
+    (4, {"backend": "gloo"}, "gloo", [], "add --device cpu"),
+])
+def test_plan(gpus, params, backend, sizes, why):
+    p = launch.plan(FakeCtx(gpus), {"backend": "auto", "world_sizes": "auto", **params})
+    assert p.backend == backend and p.world_sizes == sizes
+    if why:
+        assert any(why in w for _, w in p.skipped)
+        assert all(r["status"] == "skipped" and r["reason"] for r in p.skip_rows())
+    else:
+        assert not p.skipped
+
+
+@pytest.mark.parametrize("params, msg", [({"backend": "mpi"}, "backend must be one of"),
+                                         ({"world_sizes": [1]}, "world_sizes must be")])
+def test_plan_rejects_bad_params(params, msg):
+    with pytest.raises(LabError, match=msg):
+        launch.plan(FakeCtx(4), {"backend": "auto", "world_sizes": "auto", **params})
+
+
+def test_run_on_a_cpu_without_gloo_is_a_one_line_skip(spec_ctx):
+    for mod in (ddp, ring, sweep):
+        rows, _ = mod.run(spec_ctx(), mod.EXERCISE.resolve_params(True, True, {}))
+        [r] = rows
+        assert r["status"] == "skipped" and "--param backend=gloo" in r["reason"] and "\n" not in r["reason"]
+
+
+def test_link_roof_comes_from_hardware_yaml(spec_ctx):
+    roofs = launch.link_roofs(spec_ctx(), "nccl", "bf16")
+    assert roofs.bandwidth_gbps == 450 and "interconnect_one_way_gbps" in roofs.source
+    assert roofs.peak("bf16") == pytest.approx(989.5)
+
+
+# ------------------------------------------------------------------------------ failures, diagnosed
+TORCHRUN_ERR = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+phases.phase4_distributed.worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-21_12:51:16
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 19361)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 19361
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_12:51:16
+  host      : localhost
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 19362)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 19362
+======================================================="""
+
+
+def test_diagnose_names_the_rank_that_died():
+    msg = launch.diagnose(TORCHRUN_ERR, {}, 4, "phase4.x on 4 ranks", 1)
+    assert msg.startswith("phase4.x on 4 ranks: rank 2 of 4 died with exit code -9, SIGKILL")
+    msg = launch.diagnose(TORCHRUN_ERR.replace("-9 (pid: 19362)  (SIGKILL)", "1 (pid: 19362)"),
+                          {2: "ValueError: bad"}, 4, "x", 1)
+    assert msg == "x: rank 2 of 4 raised ValueError: bad; torchrun stopped the other ranks"
+    assert "torchrun exited with code 2: boom" in launch.diagnose("boom\n", {}, 2, "x", 2)
+
+
+def test_records_from_rows_are_valid(spec_ctx, static_for):
+    """A phase-4 record built by the runner from skip rows passes the schema (no launch needed)."""
+    from common.runner import run_one
+    ctx = spec_ctx()
+    rec = run_one(ring.EXERCISE, ctx, {}, static_for(ctx), None, None)
+    assert rec["status"] == "skipped" and problems(rec) == []
+    assert not math.isnan(rec["provenance"]["duration_s"])

@@ -1,0 +1,245 @@
+"""Phase 4 for real, over gloo on CPU processes launched by torchrun: the ring, the sweep's #wrong,
+the DDP checksums, with 2 and 4 ranks; `lab run 4` end to end; a rank that crashes or hangs.
+
+Starting ranks is most of the cost (every process imports torch), so ranks are started few times:
+one `lab run 4 --quick` with 2 ranks, and one 4-rank job running all three tasks in one group.
+"""
+import importlib
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common import roofline
+from common.errors import LabError
+from common.records import load_records, problems
+from conftest import cpu_only, json_files, run_lab
+
+col = importlib.import_module("phases.phase4_distributed.collectives")
+launch = importlib.import_module("phases.phase4_distributed.launch")
+ring = importlib.import_module("phases.phase4_distributed.ring")
+ddp = importlib.import_module("phases.phase4_distributed.ddp")
+sweep = importlib.import_module("phases.phase4_distributed.sweep")
+tables = importlib.import_module("phases.phase4_distributed.tables")
+
+ROOFS = roofline.Roofs(bandwidth_gbps=10.0, peak_tflops={"fp32": 1.0}, source="test roofs")
+
+
+def cpu_params(mod, **overrides):
+    return {**mod.EXERCISE.resolve_params(True, True, {}), "backend": "gloo", **overrides}
+
+
+# ------------------------------------------------------------------------------ `lab run 4`, 2 ranks
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("phase4") / "results"
+    t0 = time.monotonic()
+    proc = run_lab("run", "4", "--quick", "--device", "cpu", "--param", "backend=gloo",
+                   "--param", "world_sizes=[2]", "--results", results, timeout=300)
+    return {"proc": proc, "results": results, "records": load_records(results), "s": time.monotonic() - t0}
+
+
+def _rec(run, ex):
+    [rec] = [r for r in run["records"] if r["exercise"]["id"] == ex]
+    return rec
+
+
+def test_lab_run_4_over_gloo_exits_0_with_valid_records(gloo_run):
+    proc = gloo_run["proc"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(r["exercise"]["id"] for r in gloo_run["records"]) == \
+        ["phase4.ddp", "phase4.interconnect", "phase4.ring_allreduce"]
+    for rec in gloo_run["records"]:
+        path = rec.pop("_path")
+        assert problems(rec) == [], path
+        rec["_path"] = path
+        assert rec["status"] == "ok", (rec["exercise"]["id"], rec["reason"])
+        assert rec["summary"]["backend"] == "gloo" and rec["summary"]["world_sizes"] == [2]
+
+
+def test_naive_blocking_order_deadlocks_and_is_killed(gloo_run):
+    [r] = [r for r in _rec(gloo_run, "phase4.ring_allreduce")["rows"] if r["variant"] == "naive_blocking"]
+    m = r["metrics"]
+    assert m["deadlocked"] and m["killed"] and m["ranks_returned"] == 0
+    assert m["outcome"].startswith("deadlocked as predicted after ")
+    assert m["waited_s"] >= 1.0                    # quick params wait 1.5 s once every rank is inside dist.send
+
+
+def test_ring_records_checks_before_timing(gloo_run):
+    rows = _rec(gloo_run, "phase4.ring_allreduce")["rows"]
+    checks = [r for r in rows if r["variant"].startswith("check_d")]
+    assert checks and all(r["status"] == "ok" and r["metrics"]["integers_exact"] for r in checks)
+    timed = [r for r in rows if r["variant"].startswith("ring_d")]
+    assert timed and all(r["status"] == "ok" and r["metrics"]["ours_over_nccl_busbw"] > 0 for r in timed)
+    assert all(r["check"]["wrong_elements"] == 0 for r in timed)
+
+
+def test_sweep_rows_follow_nccl_tests(gloo_run):
+    rows = _rec(gloo_run, "phase4.interconnect")["rows"]
+    assert {r["params"]["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "sendrecv",
+                                                  "ring_allreduce"}
+    for r in rows:
+        m, op = r["metrics"], r["params"]["op"]
+        assert r["status"] == "ok" and m["wrong"] == 0 and r["check"]["checked_elements"] > 0
+        factor = col.busbw_factor(op, 2)
+        assert m["busbw_factor"] == factor
+        assert m["busbw_gbps"] == pytest.approx(m["algbw_gbps"] * factor)
+        assert m["algbw_gbps"] == pytest.approx(r["params"]["size_bytes"] / (m["ms"] * 1e6))
+        assert r["prediction"]["bytes"] == pytest.approx(factor * r["params"]["size_bytes"])
+    sizes = {r["params"]["op"]: r["params"]["size_bytes"] for r in rows if r["params"]["size_bytes"] < 2**16}
+    assert sizes["all_reduce"] == 2**15 + 12 and sizes["all_gather"] == 2**15 + 8    # rounded to n elements
+
+
+def test_ddp_checksums_identical_after_broadcast_and_steps(gloo_run):
+    by = {r["variant"]: r for r in _rec(gloo_run, "phase4.ddp")["rows"]}
+    b, a = by["checksum_broadcast"]["metrics"], by["checksum_after_steps"]["metrics"]
+    assert b["distinct_before"] == 2 and len(set(b["checksum_after_broadcast"])) == 1
+    assert len(set(a["checksum_after_steps"])) == 1 and a["distinct_first_losses"] == 2
+    assert a["checksum_after_steps"] != b["checksum_after_broadcast"]                  # the steps did train
+    buckets = [r for r in by.values() if r["variant"].startswith("bucket_")]
+    assert buckets and all(0 <= r["metrics"]["hidden_fraction"] <= 1 for r in buckets)
+    st = by["per_rank_steps_straggler"]["metrics"]
+    assert st["per_rank_local_ms"][1] > st["per_rank_local_ms"][0] + 10                 # rank 1 slept 20 ms
+    assert min(st["per_rank_ddp_ms"]) > 10                                              # rank 0 waited for it
+
+
+def test_tables_and_plot_from_records(gloo_run, tmp_path):
+    from common import report
+    recs = gloo_run["records"]
+    v = report.View(report.frame(recs), recs, tmp_path / "README.md", gloo_run["results"])
+    for block, build in tables.TABLES.items():
+        text = build(v)
+        assert text.strip(), block
+    assert "deadlocked as predicted" in tables.t_ring(v)
+    assert "2 CPU processes (gloo)" in tables.t_allreduce(v)
+    made = tables.draw(recs, tmp_path)
+    assert [p.name for p in made] == ["phase4_busbw_cpu_2proc.png"]
+    assert made == tables.expected(recs, tmp_path) and made[0].stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------ 4 ranks, one job
+@pytest.fixture(scope="module")
+def four_ranks():
+    p = {"pg_timeout_s": 60,
+         "ring": cpu_params(ring, depths=[1, 2, 3], check_numels=[1, 3, 1031, 100_003]),
+         "sweep": cpu_params(sweep), "ddp": cpu_params(ddp)}
+    res = launch.launch("ring+sweep+ddp", 4, "gloo", p, 240, "4 ranks")
+    return p, res
+
+
+def test_ring_equals_all_reduce_on_4_ranks(four_ranks):
+    p, res = four_ranks
+    rows = ring.rows_from(res["ring"], 4, "gloo", ROOFS, p["ring"])
+    checks = [r for r in rows if r["variant"].startswith("check_d")]
+    assert len(checks) == 3 * 4 and all(r["status"] == "ok" for r in checks)
+    for r in checks:
+        assert r["check"]["wrong_elements"] == 0 and r["metrics"]["integers_exact"]
+        assert r["check"]["rel_l2_error"] < 1e-6                   # random floats: only the order of sums differs
+    assert {r["params"]["numel"] for r in checks} == {1, 3, 1031, 100_003}
+    assert all(r["status"] == "ok" for r in rows if r["variant"].startswith("ring_d"))
+
+
+def test_sweep_counts_zero_wrong_on_4_ranks(four_ranks):
+    p, res = four_ranks
+    rows = sweep.rows_from(res["sweep"], 4, "gloo", ROOFS, None)
+    assert len(rows) == 5 * len(p["sweep"]["sizes_bytes"])
+    for r in rows:
+        assert r["status"] == "ok" and r["metrics"]["wrong"] == 0
+        assert r["metrics"]["busbw_factor"] == col.busbw_factor(r["params"]["op"], 4)
+
+
+def test_ddp_checksums_on_4_ranks(four_ranks):
+    p, res = four_ranks
+    assert len(set(res["ddp"]["checksum_before_ddp"])) == 4
+    assert len(set(res["ddp"]["checksum_after_broadcast"])) == 1
+    assert len(set(res["ddp"]["checksum_after_steps"])) == 1 and res["ddp"]["steps"] == 20
+    rows = ddp.rows_from(res["ddp"], 4, "gloo", p["ddp"], ROOFS, None)
+    assert all(r["status"] == "ok" for r in rows)
+    assert all(len(r["metrics"]["per_rank_ddp_ms"]) == 4 for r in rows if r["variant"].startswith("bucket_"))
+
+
+# ------------------------------------------------------------------------------ failures never hang
+def _alive(marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_a_crashing_rank_is_named_and_the_others_stop(monkeypatch):
+    marker = f"crash-{uuid.uuid4().hex}"
+    monkeypatch.setenv("LAB_PHASE4_FAULT", "crash:1")
+    t0 = time.monotonic()
+    with pytest.raises(LabError) as err:
+        launch.launch("sweep", 2, "gloo", {**cpu_params(sweep), "test_marker": marker}, 60, "phase4.interconnect on 2 ranks")
+    msg = str(err.value)
+    assert msg.startswith("phase4.interconnect on 2 ranks: rank 1 of 2 died with exit code 3") and "\n" not in msg
+    assert time.monotonic() - t0 < 45
+    assert _alive(marker) == []
+
+
+def test_a_hanging_rank_is_killed_after_the_timeout(monkeypatch):
+    marker = f"hang-{uuid.uuid4().hex}"
+    monkeypatch.setenv("LAB_PHASE4_FAULT", "hang:1")
+    t0 = time.monotonic()
+    with pytest.raises(LabError, match=r"no result after 10 s, so the 2 ranks were killed; last progress: ") as err:
+        launch.launch("sweep", 2, "gloo", {**cpu_params(sweep, pg_timeout_s=300), "test_marker": marker}, 10,
+                      "phase4.interconnect on 2 ranks")
+    assert time.monotonic() - t0 < 30
+    if "fault injected" in str(err.value):
+        assert "rank 1 at 'fault injected: hang'" in str(err.value)
+    time.sleep(0.5)
+    assert _alive(marker) == []
+
+
+# ------------------------------------------------------------------------------ no GPU, no gloo asked
+@cpu_only
+def test_no_gpu_and_no_gloo_is_a_clear_skip(lab, tmp_path):
+    rc, out, err = lab("run", "4", "--quick", "--results", tmp_path)
+    assert rc == 3
+    assert [ln for ln in err.splitlines() if ln.strip()] == \
+        ["lab: nothing ran: every selected exercise was skipped (reasons above)"]
+    for ex in ("phase4.ddp", "phase4.ring_allreduce", "phase4.interconnect"):
+        assert f"skip {ex}: no GPU in this run" in out
+    assert len(json_files(tmp_path)) == 3                  # skipped records, saying why
+    rc, out, _ = lab("run", "phase4.ring_allreduce", "--param", "backend=nccl", "--results", tmp_path)
+    assert rc == 3 and "needs CUDA GPUs" in out
+    assert os.environ.get("LAB_PHASE4_FAULT") is None
+
+
+# ------------------------------------------------------------------------------ on GPUs (pytest -m gpu)
+def _need_gpus(n: int):
+    import torch
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs")
+
+
+@pytest.mark.gpu
+def test_quick_run_on_two_gpus(tmp_path):
+    _need_gpus(2)
+    proc = run_lab("run", "4", "--quick", "--param", "world_sizes=[2]", "--results", tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["exercise"]["id"]: r for r in load_records(tmp_path)}
+    assert all(r["status"] == "ok" and r["summary"]["backend"] == "nccl" for r in recs.values())
+    naive = [r for r in recs["phase4.ring_allreduce"]["rows"] if r["variant"] == "naive_blocking"]
+    assert naive and naive[0]["metrics"]["deadlocked"]
+    assert all(r["metrics"]["wrong"] == 0 for r in recs["phase4.interconnect"]["rows"])
+
+
+@pytest.mark.gpu
+def test_nccl_algorithm_is_observed(tmp_path):
+    _need_gpus(2)
+    proc = run_lab("run", "phase4.interconnect", "--quick", "--param", "world_sizes=[2]", "--results", tmp_path,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = load_records(tmp_path)
+    assert rec["summary"]["algo_probe"]["2"]["tuning_lines_parsed"] > 0
+    assert all(r["metrics"]["algo"] for r in rec["rows"] if r["params"]["op"] == "all_reduce")
