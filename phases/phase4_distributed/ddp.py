@@ -321,7 +321,9 @@ EXERCISE = Exercise(
     id="phase4.ddp", title="DDP: broadcast and sync checked by checksums; communication hidden under backward",
     run=run,
     params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 240,
-            "d_model": 2048, "n_layers": 6, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
+            # 201M parameters as 24 blocks of d=1024 (not 6 of 2048): the gradients computed last
+            # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
+            "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [1, 5, 25, 100, 400], "gradient_as_bucket_view": True,
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32",

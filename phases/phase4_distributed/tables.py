@@ -250,10 +250,10 @@ def t_ring(v: View) -> str:
             trows.append(cells)
         out += [markdown(trows, ["size", "NCCL busbw GB/s"] + [f"ring, depth {d}: busbw (of NCCL, pieces run)"
                                                                for d in tdepths]), ""]
-        naive = g.row("naive_blocking")
-        if naive is not None:
+        for naive in [r for r in g.rows if r["variant"] == "naive_blocking"]:
             out.append(f"Naive blocking order ({naive['params'].get('order')}), {size_bytes(naive['params']['size_bytes'])} "
-                       f"per rank on {g.n} ranks: **{_m(naive, 'outcome') or naive['status'] + ': ' + str(naive['reason'])}**"
+                       f"per rank on {g.n} ranks over {naive['params'].get('backend')}: "
+                       f"**{_m(naive, 'outcome') or naive['status'] + ': ' + str(naive['reason'])}**"
                        + (f"; {_m(naive, 'ranks_returned')} ranks had returned when it was killed." if _m(naive, "killed") else "."))
             out.append("")
     return "\n".join(out)
