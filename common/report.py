@@ -62,7 +62,7 @@ def num(x, digits: int = 3) -> str:
     x = float(x)
     if x == 0:
         return "0"
-    if abs(x) >= 1000:
+    if abs(x) >= 999.5:                 # also 999.5..999.99, which "g" would print as 1e+03
         return f"{x:,.0f}"
     return f"{x:.{digits}g}"
 

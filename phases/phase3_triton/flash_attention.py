@@ -1,0 +1,642 @@
+"""Exercise 3.4: flash attention forward, and the kernels of its backward (exercise 3.5).
+
+    lab run phase3.flash_attention [--param sizes=[16384] --param dtypes=[bf16] --param head_dims=[128]]
+
+Attention O = softmax(Q K^T / sqrt(D)) V for B batches, H heads, N tokens, head dim D. Written
+naively it materializes the N x N score matrix S and the probabilities P of every head: B·H·N²
+elements written and read back (twice), so at N = 4096 and beyond the N² traffic, not the FLOPs,
+sets the time, and memory runs out long before the GPU's compute does.
+
+Flash attention never writes S or P. A program owns BLOCK_M query rows (its Q tile stays on chip)
+and walks the keys in BLOCK_N blocks: S_blk = Q K_blk^T, then the *online softmax*: keep, per row,
+the running max m and running sum l of exp(s - m); when a new block raises the max, rescale what
+was accumulated so far by alpha = exp(m_old - m_new):
+
+    m_new = max(m, rowmax(S_blk));  P_blk = exp(S_blk - m_new);  alpha = exp(m - m_new)
+    l = l·alpha + rowsum(P_blk);    acc = acc·alpha + P_blk V_blk;  ...;  O = acc / l
+
+HBM traffic falls to Q, K, V read and O written, 4·B·H·N·D elements (K and V are re-read by each
+query block, from L2), while the FLOPs stay 4·B·H·N²·D (two matmuls of 2·N²·D per head), halved
+when causal. Intensity grows with N: attention becomes compute-bound, and the question becomes
+the matmul question of exercise 3.3, with a softmax squeezed between the two dots.
+
+Choices that matter on Hopper (write them down; the tuner decides between candidates):
+
+* exp2, not exp: the hardware unit computes 2^x; fold log2(e) into the score scale once
+  (qk_scale = log2(e)/sqrt(D)) and every exponential is a single ex2 instruction.
+* Causal in two stages: key blocks left of the diagonal need no mask at all; only the blocks on
+  the diagonal pay for `where`. Programs on the longest rows are launched first, so the short ones
+  fill the tail of the grid.
+* Loads through TMA descriptors (built on the device, one per head) or plain pointers; loops
+  pipelined num_stages deep; Hopper warp specialization (a producer warp group issuing TMA loads,
+  consumer warp groups doing the math) where Triton's compiler supports it.
+* Masks for sequence lengths that are not a multiple of the block exist only when EVEN is false.
+
+The backward pass (Dao's FlashAttention-2 scheme) recomputes P from Q, K and the saved row
+log-sum-exp instead of storing it: a preprocess computes delta = rowsum(dO * O); a dK/dV kernel
+owns a block of keys and loops over queries (dV += P^T dO, dS = P * (dO V^T - delta),
+dK += dS^T Q); a dQ kernel owns a block of queries and loops over keys (dQ += dS K). FLOPs per the
+usual convention: 2.5x the forward (five N² matmuls instead of two).
+"""
+import math
+import warnings
+
+import torch
+
+from common.checks import TORCH_DTYPES, compare
+from common.exercise import Exercise, Needs, measure
+
+from ._support import (LOG2E_VALUE, attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options,
+                       require, skipped, tl, triton, tune, tuning_summary)
+
+
+# ------------------------------------------------------------------------------ forward kernel
+@triton.jit
+def load_rows(src, row0, n_ctx, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr,
+              EVEN: tl.constexpr):
+    """Rows [row0, row0 + ROWS) of one head's (n_ctx, HEAD_DIM) matrix; rows past n_ctx read as 0."""
+    if USE_TMA:
+        block = src.load([row0, 0])                            # bounds-checked by the hardware
+    else:
+        rows = row0 + tl.arange(0, ROWS)
+        ptrs = src + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        if EVEN:
+            block = tl.load(ptrs)
+        else:
+            block = tl.load(ptrs, mask=rows[:, None] < n_ctx, other=0.0)
+    return block
+
+
+@triton.jit
+def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr,
+                   USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Key blocks [lo, hi): the online-softmax update. MASK only on the diagonal and the tail."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        s = tl.dot(q, tl.trans(k))                             # raw scores, fp32 accumulate
+        if MASK:
+            cols = start_n + offs_n
+            keep = (cols[None, :] < n_ctx) & ((cols[None, :] <= offs_m[:, None]) | (causal == 0))
+            s = tl.where(keep, s * qk_scale, -1.0e6)          # finite: a masked row never makes NaN
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            s = s - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            s = s * qk_scale - m_new[:, None]                  # one FMA per score
+        p = tl.math.exp2(s)
+        alpha = tl.math.exp2(m_i - m_new)                      # rescales what came before
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        acc = tl.dot(p.to(v.dtype), v, acc)                    # P in the input dtype for the tensor cores
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["causal"])
+def attn_fwd_kernel(Q, K, V, O, LSE, qk_scale, n_ctx, causal,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    EVEN: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Grid (query blocks, batch x heads). Q, K, V, O contiguous (B, H, N, D); LSE (B, H, N) fp32
+    receives each row's log2-sum-exp2 of the scaled scores, which the backward pass needs.
+    WARP_SPECIALIZE configs are only used non-causal with N a multiple of the blocks: the kernel is
+    then one unmasked loop with no runtime branch around it, which Triton's Hopper warp
+    specialization pass requires (with two loops it does not apply, or the compiler aborts)."""
+    start_m = tl.program_id(0)
+    if not WARP_SPECIALIZE:
+        if causal:                               # the longest rows first: they set the tail
+            start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
+    bh = tl.program_id(1).to(tl.int64)
+    base = bh * n_ctx * HEAD_DIM
+    if USE_TMA:
+        q_src = tl.make_tensor_descriptor(Q + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                          block_shape=[BLOCK_M, HEAD_DIM])
+        k_src = tl.make_tensor_descriptor(K + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(V + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        o_dst = tl.make_tensor_descriptor(O + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                          block_shape=[BLOCK_M, HEAD_DIM])
+    else:
+        q_src, k_src, v_src, o_dst = Q + base, K + base, V + base, O + base
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = load_rows(q_src, start_m * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, USE_TMA, EVEN)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if WARP_SPECIALIZE:
+        acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, 0, n_ctx, n_ctx, causal, qk_scale,
+                                       HEAD_DIM, BLOCK_N, False, EVEN, USE_TMA, WARP_SPECIALIZE)
+    else:
+        # Stage 1: key blocks every row of this tile sees whole (left of the diagonal, or all but a
+        # ragged tail): no mask. Stage 2: the diagonal blocks (causal) or the tail (N % BLOCK_N).
+        full_end = (n_ctx // BLOCK_N) * BLOCK_N
+        end = n_ctx
+        if causal:
+            full_end = start_m * BLOCK_M
+            end = min((start_m + 1) * BLOCK_M, n_ctx)
+        acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, 0, full_end, n_ctx, causal,
+                                       qk_scale, HEAD_DIM, BLOCK_N, False, EVEN, USE_TMA, WARP_SPECIALIZE)
+        acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, full_end, end, n_ctx, causal,
+                                       qk_scale, HEAD_DIM, BLOCK_N, True, EVEN, USE_TMA, WARP_SPECIALIZE)
+    acc = acc / l_i[:, None]
+    lse_ptrs = LSE + bh * n_ctx + offs_m
+    if EVEN:
+        tl.store(lse_ptrs, m_i + tl.math.log2(l_i))
+    else:
+        tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=offs_m < n_ctx)
+    out = acc.to(O.dtype.element_ty)
+    if USE_TMA:
+        o_dst.store([start_m * BLOCK_M, 0], out)              # rows past n_ctx are not written
+    else:
+        o_ptrs = o_dst + offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        if EVEN:
+            tl.store(o_ptrs, out)
+        else:
+            tl.store(o_ptrs, out, mask=offs_m[:, None] < n_ctx)
+
+
+# ------------------------------------------------------------------------------ backward kernels
+@triton.jit
+def attn_bwd_preprocess(O, DO, DELTA, n_ctx, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN: tl.constexpr):
+    """delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij: the row term of the softmax gradient."""
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    o = load_rows(O + bh * n_ctx * HEAD_DIM, tl.program_id(0) * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+    do = load_rows(DO + bh * n_ctx * HEAD_DIM, tl.program_id(0) * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if EVEN:
+        tl.store(DELTA + bh * n_ctx + rows, delta)
+    else:
+        tl.store(DELTA + bh * n_ctx + rows, delta, mask=rows < n_ctx)
+
+
+@triton.jit
+def load_row_stats(LSE, DELTA, rows, n_ctx, EVEN: tl.constexpr):
+    if EVEN:
+        lse = tl.load(LSE + rows)
+        delta = tl.load(DELTA + rows)
+    else:
+        lse = tl.load(LSE + rows, mask=rows < n_ctx, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < n_ctx, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, lo, hi, n_ctx, causal, qk_scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
+    """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+        do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        lse, delta = load_row_stats(lse_src, delta_src, offs_m, n_ctx, EVEN)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])   # P^T, recomputed
+        if MASK:
+            keep = (offs_m[None, :] < n_ctx) & ((offs_m[None, :] >= offs_n[:, None]) | (causal == 0))
+            p_t = tl.where(keep, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do)                     # dV = P^T dO
+        dp_t = tl.dot(v, tl.trans(do))                         # dP^T = V dO^T
+        ds_t = p_t * (dp_t - delta[None, :])                   # dS = P * (dP - delta)
+        dk += tl.dot(ds_t.to(q.dtype), q)                      # dK = dS^T Q (scale applied at the end)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["causal"])
+def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, n_ctx, causal,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """Grid (key blocks, batch x heads): dK and dV for BLOCK_N keys, looping over the queries that
+    see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1).to(tl.int64)
+    base = bh * n_ctx * HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = load_rows(K + base, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+    v = load_rows(V + base, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    q_src, do_src, lse_src, delta_src = Q + base, DO + base, LSE + bh * n_ctx, DELTA + bh * n_ctx
+    full_start = 0
+    if causal:                                   # the diagonal band: masked
+        full_start = start_n + BLOCK_N
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, start_n,
+                                     min(full_start, n_ctx), n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, True, EVEN)
+    full_end = (n_ctx // BLOCK_M) * BLOCK_M
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, full_start, full_end,
+                                 n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, False, EVEN)
+    if not EVEN:                                 # ragged last query block
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n,
+                                     max(full_start, full_end), n_ctx, n_ctx, causal, qk_scale,
+                                     HEAD_DIM, BLOCK_M, True, EVEN)
+    dk *= sm_scale                               # S = sm_scale Q K^T: the chain rule's factor
+    ptrs = offs_n[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    if EVEN:
+        tl.store(DK + base + ptrs, dk.to(DK.dtype.element_ty))
+        tl.store(DV + base + ptrs, dv.to(DV.dtype.element_ty))
+    else:
+        tl.store(DK + base + ptrs, dk.to(DK.dtype.element_ty), mask=offs_n[:, None] < n_ctx)
+        tl.store(DV + base + ptrs, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < n_ctx)
+
+
+@triton.jit
+def attn_bwd_dq_inner(dq, q, do, lse, delta, k_src, v_src, offs_m, lo, hi, n_ctx, causal, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if MASK:
+            cols = start_n + offs_n
+            keep = (cols[None, :] < n_ctx) & ((cols[None, :] <= offs_m[:, None]) | (causal == 0))
+            p = tl.where(keep, p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)                        # dQ = dS K (scale applied at the end)
+    return dq
+
+
+@triton.jit(do_not_specialize=["causal"])
+def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, n_ctx, causal,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """Grid (query blocks, batch x heads): dQ for BLOCK_M queries, looping over the keys they see.
+    BLOCK_M must be a multiple of BLOCK_N."""
+    start_m = tl.program_id(0)
+    if causal:
+        start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
+    bh = tl.program_id(1).to(tl.int64)
+    base = bh * n_ctx * HEAD_DIM
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = load_rows(Q + base, start_m * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+    do = load_rows(DO + base, start_m * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+    lse, delta = load_row_stats(LSE + bh * n_ctx, DELTA + bh * n_ctx, offs_m, n_ctx, EVEN)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    full_end = (n_ctx // BLOCK_N) * BLOCK_N
+    end = n_ctx
+    if causal:
+        full_end = start_m * BLOCK_M
+        end = min((start_m + 1) * BLOCK_M, n_ctx)
+    dq = attn_bwd_dq_inner(dq, q, do, lse, delta, K + base, V + base, offs_m, 0, full_end, n_ctx, causal, qk_scale,
+                           HEAD_DIM, BLOCK_N, False, EVEN)
+    dq = attn_bwd_dq_inner(dq, q, do, lse, delta, K + base, V + base, offs_m, full_end, end, n_ctx, causal, qk_scale,
+                           HEAD_DIM, BLOCK_N, True, EVEN)
+    dq *= sm_scale
+    ptrs = DQ + base + offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    if EVEN:
+        tl.store(ptrs, dq.to(DQ.dtype.element_ty))
+    else:
+        tl.store(ptrs, dq.to(DQ.dtype.element_ty), mask=offs_m[:, None] < n_ctx)
+
+
+# ------------------------------------------------------------------------------ configs
+def _fwd(bm, bn, warps, stages, tma, ws=False):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "tma": tma, "ws": ws}
+
+
+def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_specialize: bool = True,
+                       n: int | None = None) -> list[dict]:
+    """Hopper candidates, best guesses first (all compile for sm_90 without spills: see
+    compile_check.py). 128-row query tiles keep two 64-row wgmma groups busy; the key block trades
+    registers (the BLOCK_M x BLOCK_N score tile) against loop overhead and shared memory."""
+    if dtype == torch.float32:                    # the seed's case: tf32 dots, twice the bytes per tile
+        return [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
+    if head_dim <= 64:
+        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 4, 3, True), _fwd(128, 64, 4, 3, False)]
+        ws = [_fwd(128, 128, 4, 3, True, ws=True), _fwd(128, 64, 4, 3, True, ws=True)]
+    else:
+        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False)]
+        ws = [_fwd(128, 128, 4, 2, True, ws=True), _fwd(128, 64, 4, 2, True, ws=True)]
+    # Warp specialization (num_warps=4 becomes one producer + two consumer warp groups, 12 warps):
+    # non-causal only, N a multiple of 128 (one unmasked loop; see attn_fwd_kernel).
+    if warp_specialize and not causal and (n is None or n % 128 == 0):
+        out += ws
+    return out
+
+
+INTERPRETER_FWD = [_fwd(32, 16, 4, 1, False), _fwd(32, 32, 4, 1, True)]
+INTERPRETER_FWD_WS = _fwd(32, 32, 4, 1, True, ws=True)     # non-causal, N % 32 == 0 only
+
+
+def _bwd(bm1, bn1, w1, s1, bm2, bn2, w2, s2):
+    return {"dkdv": {"BLOCK_M": bm1, "BLOCK_N": bn1, "num_warps": w1, "num_stages": s1},
+            "dq": {"BLOCK_M": bm2, "BLOCK_N": bn2, "num_warps": w2, "num_stages": s2}}
+
+
+def dkdv_candidates(head_dim: int) -> list[dict]:
+    if head_dim <= 64:
+        return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+                {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
+    return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+            {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+
+
+def dq_candidates(head_dim: int) -> list[dict]:
+    if head_dim <= 64:
+        return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
+    return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+            {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+
+
+def backward_candidates(dtype: torch.dtype, head_dim: int) -> list[dict]:
+    """Pairs for compile_check; the exercise tunes the two kernels separately."""
+    return [{"dkdv": a, "dq": b} for a, b in zip(dkdv_candidates(head_dim), dq_candidates(head_dim))]
+
+
+INTERPRETER_BWD = _bwd(32, 64, 4, 1, 64, 32, 4, 1)
+
+
+# ------------------------------------------------------------------------------ wrappers
+def _shape_check(*ts: torch.Tensor) -> tuple[int, int, int, int]:
+    q = ts[0]
+    assert q.ndim == 4 and all(t.shape == q.shape and t.dtype == q.dtype for t in ts), "q, k, v: one (B, H, N, D) shape"
+    assert all(t.is_contiguous() for t in ts), "attention kernels take contiguous (B, H, N, D) tensors"
+    assert q.shape[-1] in (16, 32, 64, 128, 256), "head dim must be a power of two from 16 to 256"
+    return q.shape
+
+
+def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = None, config: dict | None = None,
+                      out: torch.Tensor | None = None):
+    """O and the row log2-sum-exp2 (for the backward). q, k, v: contiguous (B, H, N, D)."""
+    require(q, k, v)
+    B, H, N, D = _shape_check(q, k, v)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    cfg = config or (INTERPRETER_FWD[0] if interpreting() else forward_candidates(q.dtype, D, causal)[0])
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    if cfg["tma"]:
+        ensure_allocator(q.device)
+    even = N % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0
+    if cfg["ws"] and (causal or not even):
+        raise ValueError("warp-specialized configs run only non-causal attention with N a multiple of the blocks")
+    grid = (triton.cdiv(N, cfg["BLOCK_M"]), B * H)
+    attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale * LOG2E_VALUE, N, int(causal),
+                          HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                          EVEN=even, USE_TMA=cfg["tma"], WARP_SPECIALIZE=cfg["ws"], **launch_options(cfg))
+    return out, lse
+
+
+def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None = None,
+                       config: dict | None = None, grads=None, parts=("dkdv", "dq")):
+    """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time."""
+    require(q, k, v, o, do)
+    B, H, N, D = _shape_check(q, k, v, o, do)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    cfg = config or (INTERPRETER_BWD if interpreting() else
+                     {"dkdv": dkdv_candidates(D)[0], "dq": dq_candidates(D)[0]})
+    dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    delta = torch.empty_like(lse)
+    pre_block = 64
+    attn_bwd_preprocess[(triton.cdiv(N, pre_block), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=pre_block,
+                                                             EVEN=N % pre_block == 0, num_warps=4)
+    qk_scale = sm_scale * LOG2E_VALUE
+    if "dkdv" in parts:
+        c = cfg["dkdv"]
+        assert c["BLOCK_N"] % c["BLOCK_M"] == 0
+        attn_bwd_dkdv_kernel[(triton.cdiv(N, c["BLOCK_N"]), B * H)](
+            q, k, v, do, lse, delta, dk, dv, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
+            **launch_options(c))
+    if "dq" in parts:
+        c = cfg["dq"]
+        assert c["BLOCK_M"] % c["BLOCK_N"] == 0
+        attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]), B * H)](
+            q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
+            **launch_options(c))
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Differentiable flash attention: forward saves O and the row LSE, never P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = attention_forward(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
+    return FlashAttention.apply(q, k, v, causal, sm_scale)
+
+
+# ------------------------------------------------------------------------------ references and baselines
+def naive_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
+    """Materializes the B·H·N·N scores and probabilities: the seed's baseline."""
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = (q @ k.transpose(-2, -1)) * sm_scale
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION"}
+
+
+def sdpa_context(variant: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[variant])])
+
+
+def sdpa(q, k, v, causal: bool) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def sdpa_unsupported(variant: str, q, k, v, causal: bool) -> str | None:
+    """Why this SDPA backend refuses these inputs on this machine, or None if it runs them."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with sdpa_context(variant):
+                sdpa(q[:1, :1], k[:1, :1], v[:1, :1], causal)
+        return None
+    except (RuntimeError, AttributeError) as exc:
+        return f"{SDPA_BACKENDS[variant]} unavailable for these inputs: {str(exc).splitlines()[0][:160].rstrip('.')}"
+
+
+def fallback_forward_config(head_dim: int) -> dict:
+    """A pointer-based forward config (no TMA, no warp specialization) for when none was tuned."""
+    if interpreting():
+        return INTERPRETER_FWD[0]
+    return _fwd(128, 64, 8, 3, False) if head_dim > 64 else _fwd(128, 64, 4, 3, False)
+
+
+def check_heads(b: int, h: int) -> list[tuple[int, int]]:
+    """The heads a check compares at full size: the first and the last (all of them if few)."""
+    if b * h <= 4:
+        return [(i, j) for i in range(b) for j in range(h)]
+    return [(0, 0), (b - 1, h - 1)]
+
+
+def reference_forward(q, k, v, causal, sm_scale, heads) -> torch.Tensor:
+    """float64 naive attention of the selected heads, stacked (len(heads), N, D)."""
+    return torch.stack([naive_attention(q[b, h].double(), k[b, h].double(), v[b, h].double(), causal, sm_scale)
+                        for b, h in heads])
+
+
+def check_forward(fill, q, k, v, causal, sm_scale, precision: str, ref=None, heads=None) -> dict:
+    """Poison O, let `fill(out)` compute it, compare the selected heads with float64 attention."""
+    heads = heads or check_heads(q.shape[0], q.shape[1])
+    ref = reference_forward(q, k, v, causal, sm_scale, heads) if ref is None else ref
+    out = torch.full_like(q, float("nan"))
+    fill(out)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    got = torch.stack([out[b, h] for b, h in heads])
+    return compare(got, ref, precision, f"float64 naive attention, heads {heads}")
+
+
+PRECISION = {torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def attention_flops(b, h, n, d, causal: bool) -> float:
+    return 4 * b * h * n * n * d * (0.5 if causal else 1.0)    # two matmuls of 2·N²·D per head
+
+
+def attention_bytes(b, h, n, d, itemsize: int) -> int:
+    return 4 * b * h * n * d * itemsize                          # Q, K, V read and O written once
+
+
+def naive_bytes(b, h, n, d, itemsize: int) -> int:
+    """Q, K, V, O once, plus the N x N scores written then read by softmax, and the probabilities
+    written then read by the second matmul."""
+    return (4 * b * h * n * d + 4 * b * h * n * n) * itemsize
+
+
+# ------------------------------------------------------------------------------ the exercise
+def problems(params) -> list[dict]:
+    """The seed's fp32 case, then the main sweep at a fixed token count and model width."""
+    out = [{"group": "seed", "n": n, "batch": params["seed_batch"], "heads": params["seed_heads"],
+            "head_dim": params["seed_head_dim"], "dtype": "fp32", "causal": False} for n in params["seed_sizes"]]
+    for dtype in params["dtypes"]:
+        for d in params["head_dims"]:
+            for causal in params["causal"]:
+                for n in params["sizes"]:
+                    out.append({"group": "main", "n": n, "batch": max(1, params["tokens"] // n),
+                                "heads": max(1, params["model_dim"] // d), "head_dim": d, "dtype": dtype,
+                                "causal": causal})
+    return out
+
+
+_WINNERS: dict = {}                 # (head_dim, causal, n) -> bf16's winning config, reused for fp16
+
+
+def run(ctx, params):
+    rows, tuning = [], {}
+    for p in ctx.track(problems(params), "attention problems"):
+        t = TORCH_DTYPES[p["dtype"]]
+        b, h, n, d, causal = p["batch"], p["heads"], p["n"], p["head_dim"], p["causal"]
+        g = torch.Generator(device=ctx.device).manual_seed(n * 1000 + d)
+        q, k, v = (torch.randn(b, h, n, d, device=ctx.device, generator=g).to(t) for _ in range(3))
+        sm_scale = 1.0 / math.sqrt(d)
+        precision = PRECISION[t]
+        heads = check_heads(b, h)
+        ref = reference_forward(q, k, v, causal, sm_scale, heads)
+        cost = {"flops": attention_flops(b, h, n, d, causal), "dtype": "tf32" if t == torch.float32 else p["dtype"]}
+        here = []
+        timing = None if ctx.quick else {"target_ms": 100.0}   # many rows: 100 ms of samples each
+
+        def check(fill, prec=precision):
+            return check_forward(fill, q, k, v, causal, sm_scale, prec, ref=ref, heads=heads)
+
+        def naive_row():
+            before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("highest")   # strict fp32, as the seed's PyTorch ran it
+            try:
+                r = measure(ctx, "naive", p, fn=lambda: naive_attention(q, k, v, causal, sm_scale),
+                            check=lambda: check(lambda o: o.copy_(naive_attention(q, k, v, causal, sm_scale)), "fp32"),
+                            flops=cost["flops"], bytes_moved=naive_bytes(b, h, n, d, t.itemsize), dtype="fp32",
+                            timing=timing)
+            finally:
+                torch.set_float32_matmul_precision(before)
+            r["metrics"]["bytes_formula"] = ("(4·B·H·N·D + 4·B·H·N²)·bytes (Q, K, V, O; scores and probabilities "
+                                             "written and read)")
+            return r
+
+        def sdpa_row(variant):
+            why = sdpa_unsupported(variant, q, k, v, causal)
+            if why:
+                return skipped(variant, p, why)
+            try:
+                with sdpa_context(variant):
+                    return measure(ctx, variant, p, fn=lambda: sdpa(q, k, v, causal),
+                                   check=lambda: check(lambda o: o.copy_(sdpa(q, k, v, causal))),
+                                   bytes_moved=attention_bytes(b, h, n, d, t.itemsize), timing=timing, **cost)
+            except RuntimeError as exc:               # a library path that refuses this size: not our failure
+                return skipped(variant, p, f"{SDPA_BACKENDS[variant]} raised: {str(exc).splitlines()[0][:160]}")
+
+        def triton_row():
+            key = (d, causal, n)
+            cands = forward_candidates(t, d, causal, params.get("warp_specialize", True), n)
+            reuse = t == torch.float16 and key in _WINNERS and not interpreting()
+            if interpreting():
+                cands = INTERPRETER_FWD
+            elif reuse:                           # fp16 runs bf16's winner (same tiles, same code path),
+                cands = [_WINNERS[key]] + [c for c in cands if c != _WINNERS[key]]   # the rest as fallbacks
+
+            def fill(c):
+                return lambda o: attention_forward(q, k, v, causal, sm_scale, c, out=o)
+
+            cfg, trials = tune(ctx, ("attn_fwd", p["dtype"], b, h, n, d, causal, ctx.device.type), cands,
+                               launch=lambda c: attention_forward(q, k, v, causal, sm_scale, c),
+                               check=lambda c: check(fill(c)), first_good=reuse)
+            if t == torch.bfloat16:
+                _WINNERS[key] = cfg
+            tuning[f"{p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
+            r = measure(ctx, "triton", p, fn=lambda: attention_forward(q, k, v, causal, sm_scale, cfg),
+                        check=lambda: check(fill(cfg)), bytes_moved=attention_bytes(b, h, n, d, t.itemsize),
+                        timing=timing, **cost)
+            r["metrics"]["config"] = label(cfg)
+            r["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize     # what naive would write
+            return r
+
+        if p["group"] == "seed" and ctx.wants("naive"):
+            here.append(attempt("naive", p, naive_row))
+            here[-1]["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize
+        for variant in SDPA_BACKENDS:
+            if ctx.wants(variant):
+                here.append(attempt(variant, p, lambda variant=variant: sdpa_row(variant)))
+        if ctx.wants("triton"):
+            here.append(attempt("triton", p, triton_row))
+        for r in here:
+            r["metrics"]["flops_formula"] = "4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
+            r["metrics"].setdefault("bytes_formula", "4·B·H·N·D·bytes (Q, K, V read, O written)")
+        compare_to_library(here, "triton", tuple(SDPA_BACKENDS))
+        naive = next((r for r in here if r["variant"] == "naive" and r["status"] == "ok"), None)
+        ours = next((r for r in here if r["variant"] == "triton" and r["status"] == "ok"), None)
+        if naive and ours:
+            ours["metrics"]["speedup_vs_naive"] = naive["metrics"]["ms"] / ours["metrics"]["ms"]
+        rows += here
+    return rows, {"tuning": tuning, "flops_convention": "4·B·H·N²·D per forward (two N² matmuls), halved when causal",
+                  "naive_matmul_precision": "highest (strict fp32, no TF32)",
+                  "triton_fp32_dots": "tf32 (tl.dot's default input precision)"}
+
+
+EXERCISE = Exercise(
+    id="phase3.flash_attention",
+    title="Flash attention forward: the seed's fp32 case vs naive, then bf16/fp16 vs SDPA's fastest backend",
+    run=run, needs=Needs(cuda=True, modules=("triton",)),
+    params={"seed_sizes": [512, 1024, 2048, 4096], "seed_batch": 2, "seed_heads": 4, "seed_head_dim": 64,
+            "sizes": [1024, 2048, 4096, 8192, 16384], "dtypes": ["bf16", "fp16"], "head_dims": [128, 64],
+            "causal": [False, True], "tokens": 16384, "model_dim": 2048, "warp_specialize": True},
+    cpu_params={"seed_sizes": [256], "sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [False],
+                "tokens": 512, "model_dim": 128},
+    quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
+                  "tokens": 2048, "model_dim": 256},
+    variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"))

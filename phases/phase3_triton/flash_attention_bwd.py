@@ -1,0 +1,165 @@
+"""Exercise 3.5: flash attention backward, checked against autograd through naive attention and
+timed against the library's backward.
+
+    lab run phase3.flash_attention_bwd [--param sizes=[4096] --param head_dims=[128]]
+
+The kernels are in flash_attention.py: a preprocess (delta = rowsum(dO * O)), a dK/dV kernel that
+owns a block of keys and loops over queries, and a dQ kernel that owns a block of queries and
+loops over keys. Both recompute P = exp2(S·log2 e - lse) from the forward's saved row statistics,
+so the backward, like the forward, never writes an N x N matrix.
+
+Work: the forward's two N² matmuls become five (recompute S, dV = P^T dO, dP = dO V^T,
+dQ = dS K, dK = dS^T Q): by the usual convention 2.5 x the forward's 4·B·H·N²·D FLOPs, halved when
+causal. These two kernels actually do seven (S and dP are recomputed in both, which avoids
+atomic adds on dQ); the record counts the conventional five, so our TFLOP/s is comparable with
+every published figure and understates the arithmetic we do. Bytes: Q, K, V, O and dO read, dQ,
+dK and dV written, 8·B·H·N·D elements.
+
+Correctness: dQ, dK and dV of the first and last head are compared with float64 autograd through
+naive attention on the same inputs and the same dO; the check reports the worst of the three.
+"""
+import math
+
+import torch
+
+from common.checks import TORCH_DTYPES, compare
+from common.exercise import Exercise, Needs, measure
+
+from . import flash_attention as fa
+from ._support import attempt, compare_to_library, interpreting, label, skipped, tune, tuning_summary
+
+
+def reference_grads(q, k, v, do, causal, sm_scale, heads) -> dict:
+    """float64 autograd through naive attention, per selected head: {'dq': (len(heads), N, D), ...}."""
+    out = {"dq": [], "dk": [], "dv": []}
+    for b, h in heads:
+        qq, kk, vv = (x[b, h].double().requires_grad_() for x in (q, k, v))
+        o = fa.naive_attention(qq, kk, vv, causal, sm_scale)
+        dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), do[b, h].double())
+        out["dq"].append(dq)
+        out["dk"].append(dk)
+        out["dv"].append(dv)
+        del qq, kk, vv, o
+    return {name: torch.stack(x) for name, x in out.items()}
+
+
+def check_grads(fill, shape_like, ref: dict, heads, precision: str, which=("dq", "dk", "dv")) -> dict:
+    """Poison dQ, dK, dV; `fill(dq, dk, dv)` writes them; compare each selected gradient with the
+    float64 reference. The verdict is the worst of them, with every gradient's error attached."""
+    grads = {name: torch.full_like(shape_like, float("nan")) for name in ("dq", "dk", "dv")}
+    fill(grads["dq"], grads["dk"], grads["dv"])
+    if shape_like.is_cuda:
+        torch.cuda.synchronize(shape_like.device)
+    verdicts = {name: compare(torch.stack([grads[name][b, h] for b, h in heads]), ref[name], precision,
+                              "float64 autograd through naive attention") for name in which}
+    name, worst = max(verdicts.items(), key=lambda kv: (not kv[1]["passed"], kv[1]["rel_l2_error"] or 0.0))
+    out = dict(worst)
+    out["reference"] = f"float64 autograd through naive attention ({', '.join(which)}), heads {heads}"
+    out["reason"] = None if worst["passed"] else f"{name}: {worst['reason']}"
+    out["rel_l2_by_gradient"] = {n: v["rel_l2_error"] for n, v in verdicts.items()}
+    return out
+
+
+def backward_bytes(b, h, n, d, itemsize: int) -> int:
+    return 8 * b * h * n * d * itemsize
+
+
+def run(ctx, params):
+    rows, tuning = [], {}
+    p_all = [{"n": n, "batch": max(1, params["tokens"] // n), "heads": max(1, params["model_dim"] // d),
+              "head_dim": d, "dtype": dtype, "causal": causal}
+             for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
+             for n in params["sizes"]]
+    for p in ctx.track(p_all, "attention backward problems"):
+        t = TORCH_DTYPES[p["dtype"]]
+        b, h, n, d, causal = p["batch"], p["heads"], p["n"], p["head_dim"], p["causal"]
+        g = torch.Generator(device=ctx.device).manual_seed(n * 1000 + d + 7)
+        q, k, v, do = (torch.randn(b, h, n, d, device=ctx.device, generator=g).to(t) for _ in range(4))
+        sm_scale = 1.0 / math.sqrt(d)
+        heads = fa.check_heads(b, h)
+        ref = reference_grads(q, k, v, do, causal, sm_scale, heads)
+        precision = fa.PRECISION[t]
+        cost = {"flops": 2.5 * fa.attention_flops(b, h, n, d, causal),
+                "bytes_moved": backward_bytes(b, h, n, d, t.itemsize), "dtype": p["dtype"]}
+        here = []
+        timing = None if ctx.quick else {"target_ms": 100.0}   # many rows: 100 ms of samples each
+
+        def sdpa_row(variant):
+            why = fa.sdpa_unsupported(variant, q, k, v, causal)
+            if why:
+                return skipped(variant, p, why)
+            qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+            with fa.sdpa_context(variant):
+                try:
+                    out = fa.sdpa(qg, kg, vg, causal)
+                    torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+                except RuntimeError as exc:           # a backend whose forward runs but backward does not
+                    return skipped(variant, p, f"backward unavailable: {str(exc).splitlines()[0][:160]}")
+
+                def grad():
+                    return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+                def fill(dq, dk, dv):
+                    for dst, src in zip((dq, dk, dv), grad()):
+                        dst.copy_(src)
+
+                try:
+                    return measure(ctx, variant, p, fn=grad, check=lambda: check_grads(fill, q, ref, heads, precision),
+                                   timing=timing, **cost)
+                except RuntimeError as exc:           # a library path that refuses this size: not our failure
+                    return skipped(variant, p, f"{fa.SDPA_BACKENDS[variant]} raised: {str(exc).splitlines()[0][:160]}")
+
+        def triton_row():
+            fwd_cfg = fa._WINNERS.get((d, causal, n)) if t == torch.bfloat16 else None   # tuned by 3.4 in this run
+            o, lse = fa.attention_forward(q, k, v, causal, sm_scale, fwd_cfg or fa.fallback_forward_config(d))
+            picked = {}
+            for part, cands in (("dkdv", fa.dkdv_candidates(d)), ("dq", fa.dq_candidates(d))):
+                cands = [fa.INTERPRETER_BWD[part]] if interpreting() else cands
+                which = ("dk", "dv") if part == "dkdv" else ("dq",)
+
+                def cfg_for(c, part=part):                # only this part's kernel runs while tuning
+                    return {part: c}
+
+                picked[part], trials = tune(
+                    ctx, ("attn_bwd", part, p["dtype"], b, h, n, d, causal, ctx.device.type), cands,
+                    launch=lambda c, part=part: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale,
+                                                                      cfg_for(c), parts=(part,)),
+                    check=lambda c, part=part, which=which: check_grads(
+                        lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg_for(c),
+                                                                 grads=(dq, dk, dv), parts=(part,)),
+                        q, ref, heads, precision, which))
+                tuning[f"{part} {p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
+            cfg = {"dkdv": picked["dkdv"], "dq": picked["dq"]}
+            r = measure(ctx, "triton", p,
+                        fn=lambda: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg),
+                        check=lambda: check_grads(
+                            lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg,
+                                                                     grads=(dq, dk, dv)),
+                            q, ref, heads, precision), timing=timing, **cost)
+            r["metrics"]["config"] = f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}"
+            return r
+
+        for variant in fa.SDPA_BACKENDS:
+            if ctx.wants(variant):
+                here.append(attempt(variant, p, lambda variant=variant: sdpa_row(variant)))
+        if ctx.wants("triton"):
+            here.append(attempt("triton", p, triton_row))
+        for r in here:
+            r["metrics"]["flops_formula"] = "2.5 · 4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
+            r["metrics"]["bytes_formula"] = "8·B·H·N·D·bytes (Q, K, V, O, dO read; dQ, dK, dV written)"
+        compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS))
+        rows += here
+    return rows, {"tuning": tuning,
+                  "flops_convention": "2.5 x the forward's 4·B·H·N²·D (five N² matmuls), halved when causal"}
+
+
+EXERCISE = Exercise(
+    id="phase3.flash_attention_bwd",
+    title="Flash attention backward: dQ, dK, dV vs autograd, timed against SDPA's backward",
+    run=run, needs=Needs(cuda=True, modules=("triton",)),
+    params={"sizes": [1024, 4096, 16384], "dtypes": ["bf16"], "head_dims": [128, 64], "causal": [False, True],
+            "tokens": 16384, "model_dim": 2048},
+    cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
+                "model_dim": 128},
+    quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
+    variants=("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"))

@@ -1,0 +1,244 @@
+"""Exercise 3.3: a tiled, autotuned Triton matmul against cuBLAS, fp16 and bf16, N = 1024 to 8192.
+
+    lab run phase3.matmul [--param sizes=[8192] --param dtypes=[bf16]]
+
+C = A @ B with N x N matrices costs 2 N^3 FLOPs and must move at least 3 N^2 x 2 bytes (read A and
+B, write C once): intensity N/3 FLOP/byte, far right of the ridge for N >= 1024. The whole game is
+to keep the tensor cores fed, and that is a data-movement problem one level down:
+
+* Tiling. A program computes a BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps; each step
+  loads (BLOCK_M + BLOCK_N) x BLOCK_K elements and does 2·BLOCK_M·BLOCK_N·BLOCK_K FLOPs on them,
+  2·BLOCK_M·BLOCK_N / (BLOCK_M + BLOCK_N) FLOPs per element loaded: 171 for a 128 x 256 tile, or
+  85 FLOP per byte of bf16. That is still left of a Hopper's ridge (about 200 FLOP/byte from HBM),
+  so the tiles must mostly come from L2, not HBM: hence the program order below.
+* Pipelining (num_stages). While the tensor cores work on step k, the loads of steps k+1 ... k+s-1
+  are already in flight; Hopper's wgmma reads its operands straight from shared memory.
+* Grouped program order (GROUP_M). Programs run roughly in id order. Row-major order would sweep
+  a whole row of C tiles, re-reading all of B for every tile row; grouping GROUP_M tile rows per
+  column band makes concurrent programs share A and B tiles, so L2, not HBM, serves most reads.
+* TMA and persistence (the second variant). Hopper's Tensor Memory Accelerator copies a whole tile
+  from a descriptor (base, shape, strides), bounds-checked and zero-filled by hardware, so no
+  thread computes addresses or masks. A persistent grid (one program per SM, looping over tiles)
+  pays the program start-up once and lets the next tile's loads overlap this tile's epilogue.
+
+Both kernels are autotuned in the run (see _support.tune: every candidate is checked, then timed);
+the record keeps the winner and every candidate's time.
+"""
+import torch
+
+from common.checks import TORCH_DTYPES, compare, poison
+from common.exercise import Exercise, Needs, measure
+
+from ._support import (attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options, require,
+                       sm_count, tl, triton, tune, tuning_summary)
+
+
+# ------------------------------------------------------------------------------ kernels
+@triton.jit
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M tile rows go down one column band together before moving right."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_m = (tile // tiles_per_group) * GROUP_M
+    rows_here = min(num_pid_m - first_m, GROUP_M)           # the last group may be shorter
+    pid_m = first_m + (tile % tiles_per_group) % rows_here
+    pid_n = (tile % tiles_per_group) // rows_here
+    return pid_m, pid_n
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  EVEN_MN: tl.constexpr, EVEN_K: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of C per program. EVEN_* drop the masks when the tiles divide
+    the matrix exactly (every benchmark size); otherwise the edges and the K tail are masked."""
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_MN and EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K                        # the K tail: zeros add nothing to the dot
+            a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c = acc.to(c_ptr.dtype.element_ty)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if EVEN_MN:
+        tl.store(c_ptrs, c)
+    else:
+        tl.store(c_ptrs, c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      NUM_PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Persistent: program p computes tiles p, p + NUM_PROGRAMS, ... Loads and stores go through
+    TMA descriptors built on the device; out-of-range rows and columns read as zeros and are not
+    written, so no masks. SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if SPLIT_EPILOGUE:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS,
+                         flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            b = b_desc.load([ki * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc)
+        if SPLIT_EPILOGUE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            c0, c1 = tl.split(halves)
+            c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+# ------------------------------------------------------------------------------ configs and wrappers
+def _cfg(bm, bn, bk, warps, stages, **extra):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": stages, **extra}
+
+
+# Hopper-friendly tiles: 128-row tiles for the 4-warp wgmma groups, BLOCK_K 64 (128 bytes of
+# fp16/bf16: one TMA/swizzle line), 3-4 stages so loads run ahead of the tensor cores.
+CONFIGS = [_cfg(128, 256, 64, 8, 3), _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 64, 4, 4), _cfg(64, 128, 64, 4, 4)]
+TMA_CONFIGS = [_cfg(128, 256, 64, 8, 3, split=True, flatten=True, ws=False),
+               _cfg(128, 128, 64, 8, 4, split=False, flatten=True, ws=False)]
+# Hopper warp specialization: with num_warps=4 Triton 3.6 builds one producer warp group (TMA
+# loads) and two consumer warp groups (wgmma), 12 warps in all. It does not apply to a flattened
+# loop nest, and the split epilogue makes the compiler fail, hence these settings.
+WS_CONFIGS = [_cfg(128, 256, 64, 4, 3, split=False, flatten=False, ws=True),
+              _cfg(128, 128, 64, 4, 4, split=False, flatten=False, ws=True)]
+INTERPRETER_CONFIG = _cfg(64, 64, 32, 4, 1)
+INTERPRETER_TMA_CONFIG = _cfg(32, 32, 32, 4, 1, split=True, flatten=True, ws=False)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
+    """C = A @ B for 2-D tensors of one dtype (any strides), accumulated in fp32."""
+    require(a, b)
+    assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
+    (M, K), N = a.shape, b.shape[1]
+    out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
+    cfg = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[0])
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                        out.stride(0), out.stride(1),
+                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+                        EVEN_MN=M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0, EVEN_K=K % cfg["BLOCK_K"] == 0,
+                        **launch_options(cfg))
+    return out
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs row-major tensors with 16-byte aligned rows and base addresses."""
+    return all(t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+               and t.stride(0) == t.shape[1] for t in tensors)
+
+
+def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
+    """C = A @ B through TMA descriptors in a persistent kernel (row-major, 16-byte aligned rows)."""
+    require(a, b)
+    assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
+    (M, K), N = a.shape, b.shape[1]
+    out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
+    if not tma_ok(a, b, out):
+        raise ValueError("matmul_tma needs contiguous row-major tensors whose rows are multiples of 16 bytes")
+    cfg = config or (INTERPRETER_TMA_CONFIG if interpreting() else TMA_CONFIGS[0])
+    ensure_allocator(a.device)
+    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    programs = min(sm_count(a.device), tiles)
+    matmul_tma_kernel[(programs,)](a, b, out, M, N, K,
+                                   BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                                   GROUP_M=cfg["GROUP_M"], NUM_PROGRAMS=programs, SPLIT_EPILOGUE=cfg["split"],
+                                   FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"], **launch_options(cfg))
+    return out
+
+
+# ------------------------------------------------------------------------------ reference and check
+def check_matmul(impl, a, b, out, ref, precision: str) -> dict:
+    """Poison C, let `impl(a, b, out)` fill it, compare with the float64 product."""
+    poison(out)
+    impl(a, b, out)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return compare(out, ref, precision, "float64 matmul of the same inputs")
+
+
+def flops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
+
+
+def bytes_moved(m: int, n: int, k: int, itemsize: int) -> int:
+    return (m * k + k * n + m * n) * itemsize       # read A and B, write C, once each
+
+
+# ------------------------------------------------------------------------------ the exercise
+def run(ctx, params):
+    rows, tuning = [], {}
+    work = [(n, d) for d in params["dtypes"] for n in params["sizes"]]
+    for n, dtype in ctx.track(work, "matmul sizes"):
+        t = TORCH_DTYPES[dtype]
+        g = torch.Generator(device=ctx.device).manual_seed(n)
+        a = torch.randn(n, n, device=ctx.device, generator=g).to(t)
+        b = torch.randn(n, n, device=ctx.device, generator=g).to(t)
+        c = torch.empty(n, n, device=ctx.device, dtype=t)
+        ref = a.double() @ b.double()
+        size = {"n": n, "dtype": dtype}
+        cost = {"flops": flops(n, n, n), "bytes_moved": bytes_moved(n, n, n, t.itemsize), "dtype": dtype}
+        here = []
+        if ctx.wants("cublas"):
+            here.append(attempt("cublas", size, lambda: measure(
+                ctx, "cublas", size, fn=lambda: torch.matmul(a, b, out=c),
+                check=lambda: check_matmul(lambda x, y, o: torch.matmul(x, y, out=o), a, b, c, ref, dtype), **cost)))
+        tma_cands = TMA_CONFIGS + (WS_CONFIGS if params.get("warp_specialize", True) else [])
+        for variant, impl, cands in (("triton", matmul, [INTERPRETER_CONFIG] if interpreting() else CONFIGS),
+                                     ("triton_tma", matmul_tma, [INTERPRETER_TMA_CONFIG] if interpreting() else tma_cands)):
+            if not ctx.wants(variant):
+                continue
+
+            def triton_row(variant=variant, impl=impl, cands=cands):
+                cfg, trials = tune(ctx, (variant, n, dtype, ctx.device.type), cands,
+                                   launch=lambda k: impl(a, b, c, k),
+                                   check=lambda k: check_matmul(lambda x, y, o: impl(x, y, o, k), a, b, c, ref, dtype))
+                tuning[f"{variant} {dtype} {n}"] = tuning_summary(trials)
+                r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
+                            check=lambda: check_matmul(lambda x, y, o: impl(x, y, o, cfg), a, b, c, ref, dtype),
+                            **cost)
+                r["metrics"]["config"] = label(cfg)
+                return r
+
+            here.append(attempt(variant, size, triton_row))
+        compare_to_library(here, "triton", ("cublas",))
+        compare_to_library(here, "triton_tma", ("cublas",))
+        rows += here
+    return rows, {"tuning": tuning}
+
+
+EXERCISE = Exercise(
+    id="phase3.matmul", title="Tiled, autotuned Triton matmul (plain and TMA-persistent) vs cuBLAS, fp16 and bf16",
+    run=run, needs=Needs(cuda=True, modules=("triton",)),
+    params={"sizes": [1024, 2048, 4096, 8192], "dtypes": ["bf16", "fp16"], "warp_specialize": True},
+    cpu_params={"sizes": [256], "dtypes": ["fp16"]},
+    quick_params={"sizes": [256], "dtypes": ["bf16"]},
+    variants=("cublas", "triton", "triton_tma"))

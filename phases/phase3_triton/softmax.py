@@ -1,0 +1,262 @@
+"""Exercise 3.2: fused softmax. One read and one write per element, against five kernels that
+move four times the bytes.
+
+    lab run phase3.softmax [--param cols=[2048,65536]]
+
+Row-wise softmax y = exp(x - max(x)) / sum(exp(x - max(x))) written as five PyTorch operations
+(the seed's "unfused" version) launches five kernels, and each one goes back to memory:
+
+    max:      read x                 write m (one per row)
+    subtract: read x, m              write z
+    exp:      read z                 write e
+    sum:      read e                 write s (one per row)
+    divide:   read e, s              write y
+    total:    5 reads + 3 writes of M x N elements, plus 4 row vectors = (8·M·N + 4·M) x 4 bytes
+
+A fused kernel keeps the row on chip between the steps and moves 2·M·N x 4 bytes: one read of x
+and one write of y. Softmax is memory-bound either way (about 5 FLOPs per element against 8 bytes,
+0.6 FLOP/byte), so the roofline predicts the fused kernel is four times faster than the unfused
+chain and exactly as fast as a copy of the same tensor.
+
+Two kernels cover every row length:
+
+* `softmax_kernel`: a program loads whole rows into registers (several short rows at once, so a
+  program has enough bytes in flight), reduces, and writes. Registers hold a row up to about
+  32K fp32 elements per program; past that the compiler would spill to local memory, which is
+  the "collapse at long rows" to avoid.
+* `softmax_online_kernel`: for long rows. A persistent program walks a row in chunks keeping a
+  running max and a running sum (when the max grows, the old sum is rescaled by exp(old - new):
+  the same online softmax flash attention uses), then walks it again to write the output. The
+  second pass re-reads x, but from L2: the grid is sized to keep the rows in flight inside the
+  L2, the first pass marks its lines evict-last and the second pass reads the row backwards, so
+  the chunks it wants first are the ones read most recently. HBM still sees one read and one write.
+
+The autotuner (see _support.tune) times the candidates of both kernels at each row length and
+keeps the fastest that passes the check; the record says which one won.
+"""
+import torch
+
+from common.checks import compare, exact, poison
+from common.exercise import Exercise, Needs, measure
+
+from ._support import (LOG2E, attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
+                       next_pow2, require, sm_count, tl, triton, tune, tuning_summary)
+
+
+# ------------------------------------------------------------------------------ kernels
+@triton.jit
+def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ROWS whole rows per program, each padded to BLOCK_N (a power of two) with -inf."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    rows = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
+    x = x.to(tl.float32) * LOG2E                   # exp(v) = exp2(v * log2 e): one multiply, then ex2
+    x_max = tl.max(x, axis=1)                      # subtracting the max keeps exp2 from overflowing
+    e = tl.math.exp2(x - x_max[:, None])           # padding: exp2(-inf) = 0, so it adds nothing
+    inv = 1.0 / tl.sum(e, axis=1)                  # one division per row, then multiplies
+    y = e * inv[:, None]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_online_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_programs,
+                          CHUNK: tl.constexpr, EVEN: tl.constexpr, KEEP: tl.constexpr, STREAM: tl.constexpr):
+    """Persistent: program p handles rows p, p + n_programs, ... Two passes over each row."""
+    cols = tl.arange(0, CHUNK)
+    n_chunks = tl.cdiv(n_cols, CHUNK)
+    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)   # offsets past 2^31 elements
+    for row in range(tl.program_id(0), n_rows, n_programs):
+        x_row = x_ptr + row * stride_x
+        y_row = y_ptr + row * stride_y
+        # Pass 1: a running max and sum per lane (no cross-lane reduction inside the loop).
+        m = tl.full([CHUNK], float("-inf"), tl.float32)
+        s = tl.zeros([CHUNK], tl.float32)
+        for c in range(0, n_chunks):
+            offs = c * CHUNK + cols
+            if EVEN:
+                x = tl.load(x_row + offs, eviction_policy=KEEP)
+            else:
+                x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy=KEEP)
+            x = x.to(tl.float32) * LOG2E
+            m_new = tl.maximum(m, x)
+            ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # a lane that has seen nothing yet
+            s = s * tl.math.exp2(m - ref) + tl.math.exp2(x - ref)  # rescale the old sum to the new max
+            m = m_new
+        row_max = tl.max(m, axis=0)
+        inv = 1.0 / tl.sum(s * tl.math.exp2(m - row_max), axis=0)
+        # Pass 2, backwards: the chunks pass 1 read last are the likeliest to still be in L2.
+        for c in range(0, n_chunks):
+            offs = (n_chunks - 1 - c) * CHUNK + cols
+            if EVEN:
+                x = tl.load(x_row + offs, eviction_policy=STREAM)
+                y = tl.math.exp2(x.to(tl.float32) * LOG2E - row_max) * inv
+                tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=STREAM)
+            else:
+                mask = offs < n_cols
+                x = tl.load(x_row + offs, mask=mask, other=float("-inf"), eviction_policy=STREAM)
+                y = tl.math.exp2(x.to(tl.float32) * LOG2E - row_max) * inv
+                tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=STREAM)
+
+
+# ------------------------------------------------------------------------------ configs and wrapper
+def candidates(n_cols: int) -> list[dict]:
+    """Configs worth timing at this row length (the tuner keeps the fastest correct one)."""
+    block = next_pow2(n_cols)
+    out = []
+    if block <= 32768:                             # whole rows in registers
+        for tile in sorted({max(block, 4096), max(block, 8192)}):
+            rows = tile // block
+            for per_thread in (16, 32):            # fp32 elements each thread holds
+                warps = max(4, min(32, tile // (32 * per_thread)))
+                cfg = {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
+                if cfg not in out:
+                    out.append(cfg)
+    if n_cols >= 8192:                             # long rows: chunked, two passes, L2-resident
+        for chunk in (4096, 8192):
+            for per_sm in (1, 2, 4):
+                out.append({"kind": "online", "CHUNK": chunk, "programs_per_sm": per_sm,
+                            "hints": True, "num_warps": chunk // 512, "num_stages": 2})
+        out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
+                    "num_warps": 8, "num_stages": 2})
+    return out
+
+
+def interpreter_configs(n_cols: int) -> list[dict]:
+    return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
+            {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4}]
+
+
+def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """Row-wise softmax of a 2-D tensor whose rows are contiguous."""
+    require(x)
+    assert x.ndim == 2 and x.stride(1) == 1
+    out = torch.empty_like(x) if out is None else out
+    n_rows, n_cols = x.shape
+    cfg = config or candidates(n_cols)[0]
+    if cfg["kind"] == "rows":
+        grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
+        softmax_kernel[grid](x, out, n_rows, n_cols, x.stride(0), out.stride(0),
+                             ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], **launch_options(cfg))
+    else:
+        programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
+        keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
+        softmax_online_kernel[(programs,)](x, out, n_rows, n_cols, x.stride(0), out.stride(0), programs,
+                                           CHUNK=cfg["CHUNK"], EVEN=n_cols % cfg["CHUNK"] == 0,
+                                           KEEP=keep, STREAM=stream, **launch_options(cfg))
+    return out
+
+
+# ------------------------------------------------------------------------------ reference and baselines
+def reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.double(), dim=1)
+
+
+def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
+    """The seed's five-operation softmax: five kernels, each a round trip to memory."""
+    m = x.max(dim=1, keepdim=True).values
+    z = x - m
+    e = torch.exp(z)
+    s = e.sum(dim=1, keepdim=True)
+    return e / s
+
+
+def bytes_fused(m: int, n: int, itemsize: int = 4) -> int:
+    return 2 * m * n * itemsize                    # read x, write y
+
+
+def bytes_unfused(m: int, n: int, itemsize: int = 4) -> int:
+    return (8 * m * n + 4 * m) * itemsize          # 5 reads + 3 writes of M·N, 4 row vectors
+
+
+FORMULA = {"triton": "2·M·N·4 (read x, write y)", "torch": "2·M·N·4 (read x, write y)",
+           "unfused": "(8·M·N + 4·M)·4 (5 kernels: 5 reads and 3 writes of M·N, 4 row vectors)",
+           "copy": "2·M·N·4 (read x, write a copy)"}
+
+
+def check_softmax(impl, x, out, ref) -> dict:
+    """Poison `out`, let `impl(x, out)` fill it, compare with the float64 softmax."""
+    poison(out)
+    impl(x, out)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return compare(out, ref, "fp32", "float64 torch.softmax of the same inputs")
+
+
+# ------------------------------------------------------------------------------ the exercise
+def shapes(params) -> list[tuple[int, int, str]]:
+    out = [(*params["seed_shape"], "seed")]
+    for n in params["cols"]:
+        out.append((max(1, params["total_elements"] // n), n, "sweep"))
+    return out
+
+
+def run(ctx, params):
+    rows, tuning, copy_gbps = [], {}, {}
+    for m, n, group in ctx.track(shapes(params), "softmax shapes"):
+        g = torch.Generator(device=ctx.device).manual_seed(m * 100003 + n)
+        x = torch.randn(m, n, device=ctx.device, generator=g) * 4    # spread: exp() spans many decades
+        out = torch.empty_like(x)
+        ref = reference(x)
+        size = {"rows": m, "cols": n, "dtype": "fp32", "group": group, "working_set_bytes": bytes_fused(m, n)}
+        flops = 5 * m * n                          # max, subtract, exp, add, divide per element
+        here = []
+
+        def check_copy():
+            poison(out); out.copy_(x); ctx.synchronize()
+            return exact(out, x, "the source tensor")
+
+        if ctx.wants("copy") and m * n not in copy_gbps:   # the ceiling, once per tensor size
+            r = measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy, flops=0,
+                        bytes_moved=bytes_fused(m, n), dtype=None)
+            here.append(r)
+            copy_gbps[m * n] = r["metrics"].get("gbps")
+        if ctx.wants("torch"):
+            here.append(attempt("torch", size, lambda: measure(
+                ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1),
+                check=lambda: check_softmax(lambda a, o: o.copy_(torch.softmax(a, dim=1)), x, out, ref),
+                flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")))
+        if ctx.wants("unfused"):
+            here.append(attempt("unfused", size, lambda: measure(
+                ctx, "unfused", size, fn=lambda: softmax_unfused(x),
+                check=lambda: check_softmax(lambda a, o: o.copy_(softmax_unfused(a)), x, out, ref),
+                flops=flops, bytes_moved=bytes_unfused(m, n), dtype="fp32")))
+        def triton_row():
+            cands = interpreter_configs(n) if interpreting() else candidates(n)
+            cfg, trials = tune(ctx, ("softmax", m, n, ctx.device.type), cands,
+                               launch=lambda c: softmax(x, out, c),
+                               check=lambda c: check_softmax(lambda a, o: softmax(a, o, c), x, out, ref))
+            tuning[f"{m}x{n}"] = tuning_summary(trials)
+            r = measure(ctx, "triton", size, fn=lambda: softmax(x, out, cfg),
+                        check=lambda: check_softmax(lambda a, o: softmax(a, o, cfg), x, out, ref),
+                        flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")
+            r["metrics"]["config"] = label(cfg)
+            r["metrics"]["kernel"] = "softmax_kernel" if cfg["kind"] == "rows" else "softmax_online_kernel"
+            return r
+
+        if ctx.wants("triton"):
+            here.append(attempt("triton", size, triton_row))
+
+        for r in here:
+            r["metrics"]["bytes_formula"] = FORMULA[r["variant"]]
+            if r["status"] == "ok":                # every variant against the fewest bytes: 2·M·N·4
+                r["metrics"]["effective_gbps"] = bytes_fused(m, n) / (r["metrics"]["ms"] * 1e6)
+        compare_to_copy([r for r in here if r["variant"] != "copy"], copy_gbps.get(m * n))
+        for r in here:                             # the copy ceiling as effective bandwidth, too
+            if r["status"] == "ok" and r["variant"] != "copy" and copy_gbps.get(m * n):
+                r["metrics"]["pct_of_copy_effective"] = 100 * r["metrics"]["effective_gbps"] / copy_gbps[m * n]
+        compare_to_library(here, "triton", ("torch",))
+        rows += here
+    return rows, {"tuning": tuning}
+
+
+EXERCISE = Exercise(
+    id="phase3.softmax", title="Fused softmax: Triton vs the 5-op unfused chain vs torch.softmax, rows up to 65,536",
+    run=run, needs=Needs(cuda=True, modules=("triton",)),
+    params={"seed_shape": [1024, 2048], "cols": [32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
+            "total_elements": 2**27},
+    cpu_params={"cols": [128, 4096], "total_elements": 2**20},
+    quick_params={"seed_shape": [64, 2048], "cols": [1537], "total_elements": 2**14},
+    variants=("copy", "torch", "unfused", "triton"))

@@ -1,0 +1,354 @@
+"""Phase 3 without a GPU and without the interpreter: registration, skip reasons, the bytes and
+FLOPs each record claims, the tuner's bookkeeping, the README blocks and plots, and that every
+kernel compiles for the H200 (sm_90) with the installed Triton.
+
+The kernels' correctness on a CPU is in test_phase3_interpreter.py; at real sizes on a GPU in
+test_phase3_gpu.py (marked gpu).
+"""
+import copy
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import report, roofline
+from common.exercise import Needs, row, throughput_metrics
+from common.records import SCHEMA_VERSION, problems
+from common.registry import all_exercises
+from common.timing import summarize
+from conftest import REPO, clean_env, cpu_only, json_files
+from phases.phase3_triton import _support, tables
+from phases.phase3_triton import flash_attention as fa
+from phases.phase3_triton import flash_attention_bwd as fab
+from phases.phase3_triton import matmul as mm
+from phases.phase3_triton import softmax as sm
+from phases.phase3_triton import vector_add as va
+
+IDS = ["phase3.vector_add", "phase3.softmax", "phase3.matmul", "phase3.flash_attention", "phase3.flash_attention_bwd"]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+# ------------------------------------------------------------------------------ registration and skips
+def test_phase3_exercises_are_registered_in_order_and_need_cuda_and_triton():
+    got = [ex for ex in all_exercises() if ex.phase == 3]
+    assert [ex.id for ex in got] == IDS
+    for ex in got:
+        assert ex.needs == Needs(cuda=True, modules=("triton",))
+        assert "triton" in ex.variants and ex.quick_params and ex.cpu_params
+
+
+@cpu_only
+def test_lab_list_shows_phase3_skipping_on_a_cpu(lab):
+    rc, out, _ = lab("list")
+    assert rc == 0
+    for ex_id in IDS:
+        assert ex_id in out
+    assert "skips" in out
+
+
+@cpu_only
+def test_lab_run_3_on_a_cpu_skips_each_exercise_with_one_line(lab, tmp_path):
+    rc, out, err = lab("run", "3", "--quick", "--results", tmp_path)
+    assert rc == 3, out + err                                 # nothing ran
+    assert len(json_files(tmp_path)) == 5
+    for ex_id in IDS:
+        assert re.search(rf"skip {re.escape(ex_id)}: needs a CUDA GPU", out), out
+
+
+def test_phase3_imports_and_lists_without_triton():
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import phases.phase3_triton as p, torch\n"
+            "from phases.phase3_triton import vector_add as va\n"
+            "assert len(p.EXERCISES) == 5 and not p._support.HAVE_TRITON\n"
+            "try:\n    va.add(torch.ones(4), torch.ones(4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+            "from common.cli import main\nsys.exit(main(['list']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "LabError needs the Python package `triton`" in proc.stdout
+    assert "phase3.softmax" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ bytes and FLOPs
+def test_bytes_and_flops_each_exercise_records():
+    assert va.bytes_moved(98432) == 3 * 98432 * 4
+    assert sm.bytes_fused(1024, 2048) == 2 * 1024 * 2048 * 4
+    assert sm.bytes_unfused(1024, 2048) == (8 * 1024 * 2048 + 4 * 1024) * 4
+    assert sm.bytes_unfused(1024, 2048) / sm.bytes_fused(1024, 2048) == pytest.approx(4, rel=1e-3)
+    assert (mm.flops(8192, 8192, 8192), mm.bytes_moved(8192, 8192, 8192, 2)) == (2 * 8192**3, 3 * 8192**2 * 2)
+    b, h, n, d = 2, 4, 4096, 64
+    assert fa.attention_flops(b, h, n, d, False) == 4 * b * h * n * n * d
+    assert fa.attention_flops(b, h, n, d, True) == 2 * b * h * n * n * d
+    assert fa.attention_bytes(b, h, n, d, 2) == 4 * b * h * n * d * 2
+    assert fa.naive_bytes(b, h, n, d, 4) == (4 * b * h * n * d + 4 * b * h * n * n) * 4
+    assert fab.backward_bytes(b, h, n, d, 2) == 8 * b * h * n * d * 2
+    # the seed's 537 MB attention matrix at N = 4096 (batch 2, 4 heads, fp32)
+    assert b * h * n * n * 4 == 536_870_912
+
+
+def test_softmax_shapes_hold_the_total_and_start_with_the_seed_case():
+    shapes = sm.shapes(sm.EXERCISE.params)
+    assert shapes[0] == (1024, 2048, "seed")
+    assert {m * n for m, n, grp in shapes if grp == "sweep"} == {2**27}
+    assert max(n for _, n, _ in shapes) == 65536
+
+
+def test_attention_problems_follow_the_token_budget():
+    probs = fa.problems(fa.EXERCISE.params)
+    seed = [p for p in probs if p["group"] == "seed"]
+    assert [p["n"] for p in seed] == [512, 1024, 2048, 4096]
+    assert all((p["batch"], p["heads"], p["head_dim"], p["dtype"]) == (2, 4, 64, "fp32") for p in seed)
+    main = [p for p in probs if p["group"] == "main"]
+    assert all(p["batch"] * p["n"] == 16384 and p["heads"] * p["head_dim"] == 2048 for p in main)
+    assert {(p["dtype"], p["head_dim"], p["causal"]) for p in main} >= {("bf16", 128, False), ("fp16", 64, True)}
+    assert max(p["n"] for p in main) == 16384
+
+
+# ------------------------------------------------------------------------------ candidate configs
+def test_candidate_configs_respect_the_kernels_constraints():
+    for n in (32, 1537, 2048, 16384, 32768, 65536):
+        cands = sm.candidates(n)
+        assert cands
+        for c in cands:
+            assert c["num_warps"] in (4, 8, 16, 32)
+            if c["kind"] == "rows":
+                assert c["BLOCK_N"] >= n and c["ROWS"] * c["BLOCK_N"] <= 32768
+    assert all(c["kind"] == "online" for c in sm.candidates(65536))
+    for c in mm.WS_CONFIGS:                 # what Triton 3.6's Hopper warp specialization accepts
+        assert c["ws"] and c["num_warps"] == 4 and not c["split"] and not c["flatten"]
+    assert not any(c["ws"] for c in mm.TMA_CONFIGS)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            for causal in (False, True):
+                for c in fa.forward_candidates(dt, d, causal, n=4096):
+                    assert c["BLOCK_M"] % c["BLOCK_N"] == 0          # the causal diagonal stage steps BLOCK_N
+                    assert not (c["ws"] and causal)
+    assert not any(c["ws"] for c in fa.forward_candidates(torch.bfloat16, 128, False, n=1000))
+    assert not any(c["ws"] for c in fa.forward_candidates(torch.bfloat16, 128, False, warp_specialize=False))
+    for d in (64, 128):
+        assert all(c["BLOCK_N"] % c["BLOCK_M"] == 0 for c in fa.dkdv_candidates(d))
+        assert all(c["BLOCK_M"] % c["BLOCK_N"] == 0 for c in fa.dq_candidates(d))
+
+
+# ------------------------------------------------------------------------------ tuner and bookkeeping
+class _FakeCtx:
+    def __init__(self, times):
+        self.times = times
+
+    def time(self, fn, **kwargs):
+        fn()
+        return summarize([self.times.pop(0)], "fake", 0, False)
+
+
+def test_tuner_drops_configs_that_fail_to_compile_or_check_and_keeps_the_fastest(monkeypatch):
+    monkeypatch.setattr(_support, "interpreting", lambda: False)
+    launched = []
+
+    def check(cfg):
+        if cfg["k"] == "crash":
+            raise RuntimeError("out of resource: shared memory\nRequired: 300000")
+        return {"passed": cfg["k"] != "wrong", "reason": None if cfg["k"] != "wrong" else "relative error 1e+00 > 2e-02"}
+
+    cands = [{"k": "crash"}, {"k": "wrong"}, {"k": "slow"}, {"k": "fast"}]
+    best, trials = _support.tune(_FakeCtx([2.0, 1.0]), ("test-key", id(cands)), cands,
+                                 launch=lambda c: launched.append(c["k"]), check=check)
+    assert best == {"k": "fast"}
+    assert [t["ms"] for t in trials] == [None, None, 2.0, 1.0]
+    assert trials[0]["error"].startswith("RuntimeError") and trials[1]["error"].startswith("check:")
+    summary = _support.tuning_summary(trials)
+    assert summary["k=fast"] == 1.0 and "RuntimeError" in summary["k=crash"]
+
+
+def test_tuner_raises_a_lab_error_when_nothing_runs(monkeypatch):
+    from common.errors import LabError
+    monkeypatch.setattr(_support, "interpreting", lambda: False)
+    with pytest.raises(LabError, match="no candidate config ran correctly"):
+        _support.tune(_FakeCtx([]), ("nothing", 1), [{"k": 1}], launch=lambda c: None,
+                      check=lambda c: {"passed": False, "reason": "NaN"})
+
+
+def test_attempt_turns_an_exception_into_a_failed_row():
+    r = _support.attempt("triton", {"n": 1}, lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory\nmore")))
+    assert r["status"] == "failed" and r["reason"] == "RuntimeError: CUDA out of memory" and r["timing"] is None
+
+
+def test_library_and_copy_ratios():
+    rows = [{"variant": v, "status": "ok", "params": {"n": 1}, "metrics": {"ms": ms, "gbps": 12 / ms}}
+            for v, ms in (("triton", 2.0), ("sdpa_flash", 3.0), ("sdpa_cudnn", 1.0))]
+    _support.compare_to_library(rows, "triton", ("sdpa_flash", "sdpa_cudnn"))
+    m = rows[0]["metrics"]
+    assert (m["library"], m["library_ms"], m["pct_of_library"]) == ("sdpa_cudnn", 1.0, 50.0)
+    _support.compare_to_copy(rows[:1], 12.0)
+    assert rows[0]["metrics"]["pct_of_copy_bandwidth"] == pytest.approx(50.0)
+
+
+def test_check_heads_covers_first_and_last():
+    assert fa.check_heads(1, 2) == [(0, 0), (0, 1)]
+    assert fa.check_heads(16, 16) == [(0, 0), (15, 15)]
+
+
+# ------------------------------------------------------------------------------ README blocks and plots
+H200 = {"name": "NVIDIA H200 SXM", "memory_bandwidth_gbps": 4800, "peak_tflops": {"fp32": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}}
+ROOFS = roofline.Roofs(bandwidth_gbps=4800, peak_tflops=H200["peak_tflops"], source="hardware.yaml:h200_sxm")
+
+
+def _row(variant, params, ms, flops, nbytes, dtype, **metrics):
+    t = summarize([ms * 0.99, ms, ms * 1.01], "cuda events", 10, True)
+    r = row(variant, params, "ok", None, check={"passed": True, "reason": None}, timing=t,
+            metrics=throughput_metrics(ms, flops, nbytes, ROOFS, dtype, ms * 0.99),
+            prediction=roofline.predict(flops, nbytes, ROOFS, dtype, ms))
+    r["metrics"].update(metrics)
+    return r
+
+
+def _record(ex_id, rows, stamp="2026-11-22T10:00:00Z"):
+    return {"schema_version": SCHEMA_VERSION, "exercise": {"id": ex_id, "phase": 3, "name": ex_id.split(".")[1],
+                                                           "title": ex_id, "bench_version": 1},
+            "status": "ok", "reason": None, "params": {}, "rows": rows, "summary": {"tuning": {}},
+            "source": {"kind": "measured", "citation": None},
+            "conditions": {"gpu_after_run": {"sm_clock_mhz": 1500, "power_draw_w": 690,
+                                             "clock_event_reasons": ["sw_power_cap"]}},
+            "hardware": {"key": "h200_sxm", "device": "cuda", "name": "NVIDIA H200", "spec": H200},
+            "software": {"python": "3.11", "torch": "2.11.0", "triton": "3.6.0"},
+            "provenance": {"commit": "abcdef0123456", "dirty": False, "command": "lab run 3", "started_utc": stamp,
+                           "duration_s": 1.0},
+            "cost": {"usd_per_hour": None, "usd": None}}
+
+
+def synthetic_records() -> list[dict]:
+    """One plausible H200 record per exercise, built with the exercises' own bookkeeping."""
+    add = []
+    for n, copy_gbps, torch_gbps, triton_gbps in ((98432, 600, 700, 690), (2**28, 4300, 4250, 4200)):
+        size = {"n": n, "dtype": "fp32", "working_set_bytes": va.bytes_moved(n)}
+        here = [_row("copy", size, 2 * n * 4 / copy_gbps / 1e6, 0, 2 * n * 4, None),
+                _row("torch", size, 12 * n / torch_gbps / 1e6, n, 12 * n, "fp32"),
+                _row("triton", size, 12 * n / triton_gbps / 1e6, n, 12 * n, "fp32", config="BLOCK=4096 num_warps=8")]
+        _support.compare_to_copy(here[1:], here[0]["metrics"]["gbps"])
+        _support.compare_to_library(here, "triton", ("torch",))
+        add += here
+    soft = []
+    for m, n, grp, gb in ((1024, 2048, "seed", 2500), (2**27 // 65536, 65536, "sweep", 3900), (2**22, 32, "sweep", 4000)):
+        size = {"rows": m, "cols": n, "dtype": "fp32", "group": grp, "working_set_bytes": sm.bytes_fused(m, n)}
+        fused = sm.bytes_fused(m, n)
+        here = [_row("copy", size, fused / 4200 / 1e6, 0, fused, None),
+                _row("torch", size, fused / (gb * 0.9) / 1e6, 5 * m * n, fused, "fp32"),
+                _row("unfused", size, sm.bytes_unfused(m, n) / 4000 / 1e6, 5 * m * n, sm.bytes_unfused(m, n), "fp32"),
+                _row("triton", size, fused / gb / 1e6, 5 * m * n, fused, "fp32", config="kind=online CHUNK=4096",
+                     kernel="softmax_online_kernel" if n > 32768 else "softmax_kernel")]
+        for r in here:
+            r["metrics"]["bytes_formula"] = sm.FORMULA[r["variant"]]
+            r["metrics"]["effective_gbps"] = fused / (r["metrics"]["ms"] * 1e6)
+            if r["variant"] != "copy":
+                r["metrics"]["pct_of_copy_effective"] = 100 * r["metrics"]["effective_gbps"] / 4200
+        _support.compare_to_copy(here[1:], here[0]["metrics"]["gbps"])
+        _support.compare_to_library(here, "triton", ("torch",))
+        soft += here
+    mat = []
+    for n, dtype, cb, tr, tm in ((8192, "bf16", 770, 640, 700), (4096, "fp16", 700, 620, 660)):
+        size = {"n": n, "dtype": dtype}
+        f, nb = mm.flops(n, n, n), mm.bytes_moved(n, n, n, 2)
+        here = [_row("cublas", size, f / cb / 1e9, f, nb, dtype), _row("triton", size, f / tr / 1e9, f, nb, dtype, config="BLOCK_M=128"),
+                _row("triton_tma", size, f / tm / 1e9, f, nb, dtype, config="BLOCK_M=128 ws=True")]
+        _support.compare_to_library(here, "triton", ("cublas",))
+        _support.compare_to_library(here, "triton_tma", ("cublas",))
+        mat += here
+    fwd = []
+    for p, speeds in (({"group": "seed", "n": 4096, "batch": 2, "heads": 4, "head_dim": 64, "dtype": "fp32", "causal": False},
+                       {"naive": 20, "sdpa_efficient": 60, "triton": 150}),
+                      ({"group": "main", "n": 16384, "batch": 1, "heads": 16, "head_dim": 128, "dtype": "bf16", "causal": False},
+                       {"sdpa_flash": 350, "sdpa_cudnn": 610, "sdpa_efficient": 175, "triton": 520})):
+        f = fa.attention_flops(p["batch"], p["heads"], p["n"], p["head_dim"], p["causal"])
+        here = []
+        for v, tf in speeds.items():
+            r = _row(v, p, f / tf / 1e9, f, fa.attention_bytes(p["batch"], p["heads"], p["n"], p["head_dim"], 2),
+                     "bf16" if p["dtype"] == "bf16" else "fp32", config="BLOCK_M=128")
+            r["metrics"]["attn_matrix_bytes"] = p["batch"] * p["heads"] * p["n"] ** 2 * 4
+            here.append(r)
+        if p["group"] == "main":
+            here.append(row("sdpa_efficient_fp8", p, "skipped", "not available"))
+        _support.compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS))
+        tr = next(r for r in here if r["variant"] == "triton")
+        nv = next((r for r in here if r["variant"] == "naive"), None)
+        if nv:
+            tr["metrics"]["speedup_vs_naive"] = nv["metrics"]["ms"] / tr["metrics"]["ms"]
+        fwd += here
+    bwd = []
+    p = {"n": 16384, "batch": 1, "heads": 16, "head_dim": 128, "dtype": "bf16", "causal": False}
+    f = 2.5 * fa.attention_flops(1, 16, 16384, 128, False)
+    bwd = [_row(v, p, f / tf / 1e9, f, fab.backward_bytes(1, 16, 16384, 128, 2), "bf16", config="dkdv: x; dq: y")
+           for v, tf in (("sdpa_flash", 300), ("sdpa_cudnn", 450), ("triton", 330))]
+    bwd.append(row("sdpa_efficient", p, "failed", "relative error 1e+00 > 2e-02", check={"passed": False}))
+    _support.compare_to_library(bwd, "triton", tuple(fa.SDPA_BACKENDS))
+    return [_record(ex, rows) for ex, rows in zip(IDS, (add, soft, mat, fwd, bwd))]
+
+
+def _view(records, tmp_path):
+    recs = []
+    for i, rec in enumerate(records):
+        rec = copy.deepcopy(rec)
+        rec["_path"] = f"phase3/{rec['exercise']['name']}/h200_sxm/2026{i}.json"
+        recs.append(rec)
+    return report.View(report.frame(recs), recs, REPO / "phases" / "phase3_triton" / "README.md", tmp_path), recs
+
+
+def test_synthetic_records_are_valid():
+    for rec in synthetic_records():
+        assert problems(rec) == [], rec["exercise"]["id"]
+
+
+def test_every_block_renders_from_records_and_states_the_goals(tmp_path):
+    v, recs = _view(synthetic_records(), tmp_path)
+    out = {k: fn(v) for k, fn in tables.TABLES.items()}
+    assert "| 256 Mi |" in out["phase3.vector_add"] and "97.7%" in out["phase3.vector_add"]   # 4200 of 4300
+    assert "(8·M·N + 4·M)·4" in out["phase3.softmax"] and "65,536" in out["phase3.softmax"]
+    assert "SDPA cuDNN" in out["phase3.flash_attention"] and "85.2%" in out["phase3.flash_attention"]   # 520/610
+    assert "Not timed: `sdpa_efficient` failed" in out["phase3.flash_attention_bwd"]
+    goals = out["phase3.goals"]
+    assert re.search(r"vector add far beyond L2.*\| 97\.7% .*\| met \|", goals)
+    assert re.search(r"matmul at N = 8,192.*90\.9% \(triton_tma.*\| met \|", goals)          # 700 / 770
+    assert re.search(r"N = 16,384: TFLOP/s \| ≥ 500 \(stretch 600\) \| 520 .*\| met \|", goals)
+    assert re.search(r"every row length \| ≥ 100% \| 111\.1%", goals)                     # triton gb / (0.9 gb)
+    f = out["phase3.findings"]
+    assert f.startswith("On the NVIDIA H200 SXM") and "(4x) and took 2.5x as long" in f    # 4000 GB/s of 4x the bytes
+    assert "sw_power_cap" in f and "7.5x as fast" in f                                      # 150 / 20 TFLOP/s
+    for k in tables.TABLES:
+        assert "Traceback" not in out[k] and out[k].strip()
+
+
+def test_blocks_say_no_records_when_there_are_none(tmp_path):
+    v, _ = _view([], tmp_path)
+    for k, fn in tables.TABLES.items():
+        assert "No " in fn(v) and "records yet" in fn(v)
+
+
+def test_plots_are_drawn_and_expected(tmp_path):
+    _, recs = _view(synthetic_records(), tmp_path)
+    made = tables.draw(recs, tmp_path)
+    assert sorted(p.name for p in made) == ["phase3_attention_h200_sxm.png", "phase3_bandwidth_h200_sxm.png"]
+    assert all(p.is_file() and p.stat().st_size > 10_000 for p in made)
+    assert sorted(tables.expected(recs, tmp_path)) == sorted(made)
+
+
+def test_readme_has_a_block_for_every_builder_and_no_unknown_ones():
+    text = (REPO / "phases" / "phase3_triton" / "README.md").read_text()
+    found = re.findall(r"<!-- lab:begin (phase3\.\w+) -->", text)
+    assert sorted(found) == sorted(tables.TABLES)
+    assert all(f"<!-- lab:end {b} -->" in text for b in found)
+    assert not re.search(r"\d+(\.\d+)? ?(TFLOP/s|GB/s)", re.sub(r"<!-- lab:begin.*?lab:end [\w.]+ -->", "", text, flags=re.S)
+                         .split("## What the original lab measured")[0]), "a measured number typed into the prose"
+
+
+# ------------------------------------------------------------------------------ compile for the H200
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton`")
+def test_kernels_compile_for_sm90_without_spills():
+    """One config per kernel, compiled for sm_90 with no GPU: shared memory within Hopper's limit,
+    no register spills, and the warp-specialized configs really warp-specialized (12 warps)."""
+    proc = subprocess.run([sys.executable, "-m", "phases.phase3_triton.compile_check", "--quick"], cwd=REPO,
+                          capture_output=True, text=True, env=clean_env(PYTHONWARNINGS="ignore"), timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ok", "WARN", "FAIL"))]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    ws = [ln for ln in lines if "ws=True" in ln and "[attn_fwd_kernel]" in ln or "ws=True" in ln and "[matmul_tma_kernel]" in ln]
+    assert ws and all(" 12 warps" in ln for ln in ws), ws

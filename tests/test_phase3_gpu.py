@@ -1,0 +1,130 @@
+"""Phase 3 on a real GPU (marked gpu: `pytest -m gpu tests/test_phase3_gpu.py`): every candidate
+config of every kernel, compiled for this GPU and checked at real sizes with the same checker the
+exercises use, then `lab run 3 --quick` end to end. On the H200 this takes a few minutes, most of
+it compiling."""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from common.checks import TORCH_DTYPES
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")]
+
+if torch.cuda.is_available():
+    from phases.phase3_triton import flash_attention as fa
+    from phases.phase3_triton import flash_attention_bwd as fab
+    from phases.phase3_triton import matmul as mm
+    from phases.phase3_triton import softmax as sm
+    from phases.phase3_triton import vector_add as va
+    from phases.phase3_triton._support import label
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("n", [98432, 2**24 + 3])
+def test_vector_add_every_config(n):
+    x, y = torch.randn(n, device=DEV), torch.randn(n, device=DEV)
+    for cfg in va.CONFIGS:
+        v = va.check_add(lambda a, b, o, c=cfg: va.add(a, b, o, c), x, y, torch.empty_like(x))
+        assert v["passed"], (label(cfg), v)
+
+
+@pytest.mark.parametrize("m, n", [(1024, 2048), (1000, 1537), (1024, 16384), (256, 32768), (256, 65536), (77, 70001)])
+def test_softmax_every_candidate(m, n):
+    x = torch.randn(m, n, device=DEV) * 4
+    ref = sm.reference(x)
+    for cfg in sm.candidates(n):
+        v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+        assert v["passed"], (label(cfg), v)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_matmul_every_config(dtype):
+    t = TORCH_DTYPES[dtype]
+    a, b = torch.randn(2048, 2048, device=DEV).to(t), torch.randn(2048, 2048, device=DEV).to(t)
+    ref = a.double() @ b.double()
+    c = torch.empty(2048, 2048, device=DEV, dtype=t)
+    for impl, cfgs in ((mm.matmul, mm.CONFIGS), (mm.matmul_tma, mm.TMA_CONFIGS + mm.WS_CONFIGS)):
+        for cfg in cfgs:
+            v = mm.check_matmul(lambda x, y, o, c=cfg: impl(x, y, o, c), a, b, c, ref, dtype)
+            assert v["passed"], (impl.__name__, label(cfg), v)
+
+
+def test_matmul_irregular_shapes_on_gpu():
+    a, b = torch.randn(1000, 777, device=DEV).half(), torch.randn(777, 1537, device=DEV).half()
+    v = mm.check_matmul(lambda x, y, o: mm.matmul(x, y, o, mm.CONFIGS[0]), a, b,
+                        torch.empty(1000, 1537, device=DEV, dtype=torch.half), a.double() @ b.double(), "fp16")
+    assert v["passed"], v
+    a, b = torch.randn(1000, 776, device=DEV).half(), torch.randn(776, 1544, device=DEV).half()
+    for cfg in mm.TMA_CONFIGS + mm.WS_CONFIGS:
+        v = mm.check_matmul(lambda x, y, o, c=cfg: mm.matmul_tma(x, y, o, c), a, b,
+                            torch.empty(1000, 1544, device=DEV, dtype=torch.half), a.double() @ b.double(), "fp16")
+        assert v["passed"], (label(cfg), v)
+
+
+@pytest.mark.parametrize("dtype, d", [(torch.bfloat16, 128), (torch.bfloat16, 64), (torch.float16, 128),
+                                      (torch.float32, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_every_candidate(dtype, d, causal):
+    n = 4096 if dtype != torch.float32 else 1024
+    b, h = 2, 1024 // d
+    q, k, v = (torch.randn(b, h, n, d, device=DEV).to(dtype) for _ in range(3))
+    heads = fa.check_heads(b, h)
+    ref = fa.reference_forward(q, k, v, causal, 1 / math.sqrt(d), heads)
+    for cfg in fa.forward_candidates(dtype, d, causal, n=n):
+        verdict = fa.check_forward(lambda o, c=cfg: fa.attention_forward(q, k, v, causal, None, c, out=o),
+                                   q, k, v, causal, 1 / math.sqrt(d), fa.PRECISION[dtype], ref=ref, heads=heads)
+        assert verdict["passed"], (label(cfg), verdict)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_ragged_length(causal):
+    q, k, v = (torch.randn(1, 4, 1000, 128, device=DEV).bfloat16() for _ in range(3))
+    for cfg in fa.forward_candidates(torch.bfloat16, 128, causal, n=1000):
+        verdict = fa.check_forward(lambda o, c=cfg: fa.attention_forward(q, k, v, causal, None, c, out=o),
+                                   q, k, v, causal, 1 / math.sqrt(128), "bf16")
+        assert verdict["passed"], (label(cfg), verdict)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [2048, 1000])
+def test_attention_backward_every_candidate(d, causal, n):
+    b, h = 1, 512 // d
+    q, k, v, do = (torch.randn(b, h, n, d, device=DEV).bfloat16() for _ in range(4))
+    scale = 1 / math.sqrt(d)
+    heads = fa.check_heads(b, h)
+    ref = fab.reference_grads(q, k, v, do, causal, scale, heads)
+    o, lse = fa.attention_forward(q, k, v, causal, scale)
+    for dkdv, dq in zip(fa.dkdv_candidates(d), fa.dq_candidates(d)):
+        cfg = {"dkdv": dkdv, "dq": dq}
+        verdict = fab.check_grads(lambda gq, gk, gv, c=cfg: fa.attention_backward(q, k, v, o, lse, do, causal, scale, c,
+                                                                                  grads=(gq, gk, gv)),
+                                  q, ref, heads, "bf16")
+        assert verdict["passed"], (cfg, verdict)
+
+
+def test_lab_run_3_quick_on_the_gpu(lab, tmp_path):
+    from common.records import load_records
+    rc, out, err = lab("run", "3", "--quick", "--results", tmp_path)
+    records = load_records(tmp_path)
+    assert rc == 0, out + err
+    assert sorted(r["exercise"]["id"] for r in records) == sorted(
+        ["phase3.vector_add", "phase3.softmax", "phase3.matmul", "phase3.flash_attention", "phase3.flash_attention_bwd"])
+    for rec in records:
+        assert rec["status"] == "ok", (rec["exercise"]["id"], rec["reason"])
+        for r in rec["rows"]:
+            assert r["status"] in ("ok", "skipped"), (rec["exercise"]["id"], r["variant"], r["reason"])
+            if r["status"] == "ok":
+                assert r["prediction"]["measured_over_predicted"] and r["check"]["passed"]
+        tri = [r for r in rec["rows"] if r["variant"].startswith("triton") and r["status"] == "ok"]
+        assert tri and all("pct_of_library" in r["metrics"] for r in tri), rec["exercise"]["id"]

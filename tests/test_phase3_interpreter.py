@@ -1,0 +1,274 @@
+"""Phase 3's Triton kernels, correct on a CPU through Triton's interpreter.
+
+Triton decides between compiling and interpreting when a kernel is *defined* (at import), from
+TRITON_INTERPRET. The rest of the suite may import phase 3 normally first, so the interpreter
+tests run in a child pytest with TRITON_INTERPRET=1 set before anything imports Triton:
+`test_kernels_under_the_interpreter` below starts it; in this (parent) process the other tests
+here skip, and in the child they run. Shapes are small and irregular so every mask is exercised:
+98,432-element vectors, 1000 x 1537 softmax, a 333 x 517 x 129 matmul, attention at N = 200.
+
+Each kernel also meets a deliberately wrong twin (a grid that misses the tail, a softmax without
+max subtraction, a matmul without its K-tail mask, attention without its causal mask, a backward
+with the causal mask dropped) and the same checker the exercises use must reject it.
+
+bf16 is not tested here: the interpreter's tl.dot mishandles bf16 operands (Triton 3.6 to 3.9);
+fp16 and fp32 exercise the same code paths, and the GPU tests cover bf16.
+"""
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child (test_kernels_under_the_interpreter)")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the parent test")
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
+def test_kernels_under_the_interpreter():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
+                           "tests/test_phase3_interpreter.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    unusable = [ln for ln in proc.stdout.splitlines() if "triton interpreter unusable here" in ln]
+    if unusable and " passed" not in proc.stdout:
+        pytest.skip(unusable[0][unusable[0].index("triton interpreter"):])
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout, tail
+
+
+# ------------------------------------------------------------------------------ child-only tests
+if INTERPRETED:
+    import numpy as np
+    import torch
+    import triton
+    import triton.language as tl
+
+    from phases.phase3_triton import flash_attention as fa
+    from phases.phase3_triton import flash_attention_bwd as fab
+    from phases.phase3_triton import matmul as mm
+    from phases.phase3_triton import softmax as sm
+    from phases.phase3_triton import vector_add as va
+
+    def _usable() -> str | None:
+        """Triton <= 3.6's interpreter cannot index with numpy >= 2.3 scalars (fixed in 3.7)."""
+        @triton.jit
+        def probe(x_ptr, n):
+            for i in range(0, n):
+                tl.store(x_ptr + i, i)
+        try:
+            probe[(1,)](torch.zeros(4), 4)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return (f"triton interpreter unusable here (triton {triton.__version__}, numpy {np.__version__}): "
+                    f"{type(exc).__name__}")
+
+    UNUSABLE = _usable()
+
+    @pytest.fixture(autouse=True)
+    def _seed():
+        if UNUSABLE:
+            pytest.skip(UNUSABLE)
+        torch.manual_seed(0)
+
+    # -------------------------------------------------------------------------- vector add
+    @triton.jit
+    def add_missing_tail(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
+
+    @in_child
+    def test_vector_add_seed_case_is_exact():
+        n = 98432                                       # 96 blocks of 1024 and a block of 128
+        x, y = torch.randn(n), torch.randn(n)
+        v = va.check_add(lambda a, b, o: va.add(a, b, o, va.INTERPRETER_CONFIG), x, y, torch.empty(n))
+        assert v["passed"] and v["metric"] == "exact", v
+
+    @in_child
+    def test_vector_add_checker_rejects_a_grid_that_misses_the_tail():
+        n = 98432
+        x, y = torch.randn(n), torch.randn(n)
+
+        def broken(a, b, o):                           # n // BLOCK programs: the last 128 never written
+            add_missing_tail[(n // 1024,)](a, b, o, n, BLOCK=1024)
+
+        v = va.check_add(broken, x, y, torch.empty(n))
+        assert not v["passed"]
+
+    # -------------------------------------------------------------------------- softmax
+    @triton.jit
+    def softmax_without_max(x_ptr, y_ptr, n_cols, stride, BLOCK_N: tl.constexpr):
+        cols = tl.arange(0, BLOCK_N)
+        row = tl.program_id(0)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=float("-inf"))
+        e = tl.exp(x)                                   # no max subtraction: exp(100) overflows fp32
+        tl.store(y_ptr + row * stride + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @in_child
+    def test_softmax_rows_kernel_on_1000_by_1537():
+        x = torch.randn(1000, 1537) * 4
+        cfg = {"kind": "rows", "ROWS": 16, "BLOCK_N": 2048, "num_warps": 4}
+        v = sm.check_softmax(lambda a, o: sm.softmax(a, o, cfg), x, torch.empty_like(x), sm.reference(x))
+        assert v["passed"], v
+
+    @pytest.mark.parametrize("shape", [(37, 1537), (5, 33), (3, 512)])
+    @in_child
+    def test_softmax_both_kernels_on_irregular_rows(shape):
+        x = torch.randn(*shape) * 4
+        ref = sm.reference(x)
+        for cfg in sm.interpreter_configs(shape[1]):    # rows kernel, then the two-pass online kernel
+            v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+            assert v["passed"], (cfg, v)
+
+    @in_child
+    def test_softmax_checker_rejects_a_kernel_without_max_subtraction():
+        x = torch.randn(64, 300) * 30 + 100             # large logits: exp overflows to inf, inf/inf = NaN
+        out = torch.empty_like(x)
+        good = sm.check_softmax(lambda a, o: sm.softmax(a, o, sm.interpreter_configs(300)[0]), x, out, sm.reference(x))
+        bad = sm.check_softmax(lambda a, o: softmax_without_max[(64,)](a, o, 300, a.stride(0), BLOCK_N=512),
+                               x, out, sm.reference(x))
+        assert good["passed"] and not bad["passed"], (good, bad)
+
+    # -------------------------------------------------------------------------- matmul
+    @triton.jit
+    def matmul_without_k_mask(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BK)):              # the last step reads past K, unmasked
+            a = tl.load(a_ptr + offs_m[:, None] * sam + (k * BK + offs_k)[None, :] * sak)
+            b = tl.load(b_ptr + (k * BK + offs_k)[:, None] * sbk + offs_n[None, :] * sbn)
+            acc = tl.dot(a, b, acc)
+        tl.store(c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn, acc.to(c_ptr.dtype.element_ty))
+
+    @pytest.mark.parametrize("dtype, precision, shape", [(torch.float16, "fp16", (333, 517, 129)),
+                                                         (torch.float32, "tf32", (70, 45, 77))])
+    @in_child
+    def test_matmul_on_irregular_shapes(dtype, precision, shape):
+        m, n, k = shape                                  # K = 129: a K tail of one element
+        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+        v = mm.check_matmul(mm.matmul, a, b, torch.empty(m, n, dtype=dtype), a.double() @ b.double(), precision)
+        assert v["passed"], v
+
+    @in_child
+    def test_matmul_on_strided_inputs():
+        a = torch.randn(90, 200).to(torch.float16)[:, 3:150]     # row stride 200, not 147
+        b = torch.randn(147, 66).to(torch.float16).t().contiguous().t()  # column-major B
+        v = mm.check_matmul(mm.matmul, a, b, torch.empty(90, 66, dtype=torch.float16), a.double() @ b.double(), "fp16")
+        assert v["passed"], v
+
+    @in_child
+    def test_tma_persistent_matmul_on_aligned_irregular_shape():
+        m, n, k = 200, 264, 136                          # rows 16-byte aligned, tiles do not divide
+        a, b = torch.randn(m, k).half(), torch.randn(k, n).half()
+        v = mm.check_matmul(mm.matmul_tma, a, b, torch.empty(m, n, dtype=torch.half), a.double() @ b.double(), "fp16")
+        assert v["passed"], v
+        with pytest.raises(ValueError):                  # K = 129: rows of 258 bytes, not TMA-able
+            mm.matmul_tma(torch.randn(8, 129).half(), torch.randn(129, 8).half())
+
+    @in_child
+    def test_matmul_checker_rejects_a_kernel_that_drops_the_k_tail_mask():
+        m, n, k, pad = 64, 64, 129, 64
+        a_buf = torch.full((m, k + pad), 1000.0).half()              # what lies past K is garbage
+        b_buf = torch.full((k + pad, n), 1000.0).half()
+        a_buf[:, :k] = torch.randn(m, k).half()
+        b_buf[:k] = torch.randn(k, n).half()
+        a, b = a_buf[:, :k], b_buf[:k]
+        ref = a.double() @ b.double()
+        out = torch.empty(m, n, dtype=torch.half)
+        good = mm.check_matmul(mm.matmul, a, b, out, ref, "fp16")
+        bad = mm.check_matmul(lambda x, y, o: matmul_without_k_mask[(2, 2)](
+            x, y, o, m, n, k, x.stride(0), x.stride(1), y.stride(0), y.stride(1), o.stride(0), o.stride(1),
+            BM=32, BN=32, BK=32), a, b, out, ref, "fp16")
+        assert good["passed"] and not bad["passed"], (good, bad)
+
+    # -------------------------------------------------------------------------- attention forward
+    def _qkv(b, h, n, d, dtype):
+        return tuple(torch.randn(b, h, n, d).to(dtype) for _ in range(3))
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+    @pytest.mark.parametrize("causal", [False, True])
+    @in_child
+    def test_flash_attention_forward_at_n_200(dtype, causal):
+        q, k, v = _qkv(1, 2, 200, 32, dtype)             # 200 = 6 blocks of 32 and a tail of 8
+        for cfg in fa.INTERPRETER_FWD:                   # pointer loads, then TMA descriptors
+            verdict = fa.check_forward(lambda o, c=cfg: fa.attention_forward(q, k, v, causal, None, c, out=o),
+                                       q, k, v, causal, 1 / math.sqrt(32), fa.PRECISION[dtype])
+            assert verdict["passed"], (cfg, verdict)
+
+    @in_child
+    def test_flash_attention_forward_warp_specialized_path():
+        q, k, v = _qkv(2, 1, 128, 64, torch.float16)     # the single-loop kernel: non-causal, N % 32 == 0
+        cfg = fa.INTERPRETER_FWD_WS
+        verdict = fa.check_forward(lambda o: fa.attention_forward(q, k, v, False, None, cfg, out=o),
+                                   q, k, v, False, 1 / 8, "fp16")
+        assert verdict["passed"], verdict
+        with pytest.raises(ValueError):
+            fa.attention_forward(q, k, v, True, None, cfg)
+
+    @in_child
+    def test_attention_checker_rejects_a_kernel_without_the_causal_mask():
+        q, k, v = _qkv(1, 2, 200, 32, torch.float16)
+        verdict = fa.check_forward(lambda o: fa.attention_forward(q, k, v, False, None, out=o),   # ignores causal
+                                   q, k, v, True, 1 / math.sqrt(32), "fp16")
+        assert not verdict["passed"]
+
+    # -------------------------------------------------------------------------- attention backward
+    @pytest.mark.parametrize("causal", [False, True])
+    @in_child
+    def test_flash_attention_backward_matches_autograd(causal):
+        q, k, v = _qkv(1, 2, 200, 32, torch.float16)
+        do = torch.randn_like(q)
+        scale = 1 / math.sqrt(32)
+        heads = fa.check_heads(1, 2)
+        ref = fab.reference_grads(q, k, v, do, causal, scale, heads)
+        o, lse = fa.attention_forward(q, k, v, causal, scale)
+        verdict = fab.check_grads(lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, scale,
+                                                                           grads=(dq, dk, dv)),
+                                  q, ref, heads, "fp16")
+        assert verdict["passed"], verdict
+        assert set(verdict["rel_l2_by_gradient"]) == {"dq", "dk", "dv"}
+
+    @in_child
+    def test_backward_checker_rejects_gradients_without_the_causal_mask():
+        q, k, v = _qkv(1, 1, 96, 32, torch.float16)
+        do = torch.randn_like(q)
+        heads = fa.check_heads(1, 1)
+        ref = fab.reference_grads(q, k, v, do, True, None, heads)
+        o, lse = fa.attention_forward(q, k, v, True)
+        verdict = fab.check_grads(lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, False,
+                                                                           grads=(dq, dk, dv)),
+                                  q, ref, heads, "fp16")
+        assert not verdict["passed"] and verdict["reason"]
+
+    @in_child
+    def test_autograd_function_runs_forward_and_backward():
+        q, k, v = (t.requires_grad_() for t in _qkv(1, 1, 64, 16, torch.float32))
+        fa.flash_attention(q, k, v, True).sum().backward()
+        qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
+        fa.naive_attention(qq, kk, vv, True).sum().backward()
+        for got, want in ((q, qq), (k, kk), (v, vv)):
+            assert torch.allclose(got.grad.double(), want.grad, atol=1e-4, rtol=1e-3)
+
+    # -------------------------------------------------------------------------- whole exercises
+    @in_child
+    def test_vector_add_and_softmax_exercises_run_end_to_end(spec_ctx):
+        rows, summary = va.run(spec_ctx(), {"sizes": [98432], "copy_bytes": None})
+        by = {r["variant"]: r for r in rows}
+        assert all(r["status"] == "ok" for r in rows), [(r["variant"], r["reason"]) for r in rows]
+        assert by["triton"]["prediction"]["bytes"] == 3 * 98432 * 4
+        assert by["triton"]["metrics"]["library"] == "torch" and "pct_of_copy_bandwidth" in by["triton"]["metrics"]
+        rows, summary = sm.run(spec_ctx(), {"seed_shape": [20, 1537], "cols": [300], "total_elements": 3000})
+        assert all(r["status"] == "ok" for r in rows), [(r["variant"], r["reason"]) for r in rows]
+        unfused = next(r for r in rows if r["variant"] == "unfused" and r["params"]["cols"] == 1537)
+        assert unfused["prediction"]["bytes"] == (8 * 20 * 1537 + 4 * 20) * 4
+        assert summary["tuning"]
