@@ -142,7 +142,16 @@ def phase1(v: View) -> str:
 
 PHASES = [(0, "Environment & tooling", "phase0_environment"), (1, "Roofline & memory hierarchy", "phase1_roofline"),
           (2, "CUDA kernels", None), (3, "Triton kernels", "phase3_triton"), (4, "Distributed primitives", "phase4_distributed"),
-          (5, "Inference & serving", None), (6, "Alternative hardware", None), (7, "A GPT from scratch", None)]
+          (5, "Inference & serving", None), (6, "Alternative hardware", None), (7, "A GPT from scratch", "phase7_gpt")]
+
+
+def _phase_key_result(folder: str, v: View) -> list[str]:
+    import importlib
+    import importlib.util
+    if importlib.util.find_spec(f"phases.{folder}.tables") is None:
+        return []
+    fn = getattr(importlib.import_module(f"phases.{folder}.tables"), "key_result", None)
+    return list(fn(v)) if fn else []
 
 
 def phase_table(v: View) -> str:
@@ -170,6 +179,8 @@ def phase_table(v: View) -> str:
                     parts.append(f"FP16 matmul {num(m['metrics.tflops'])} TFLOP/s ({pct(m['metrics.pct_of_peak_tflops'])})")
                 if parts:
                     key.append(f"{big['hardware_name'] if big is not None else hw}: " + ", ".join(parts))
+        if folder and n > 1:                    # later phases describe themselves (tables.key_result)
+            key += _phase_key_result(folder, v)
         status = "measured" if key else ("built, not yet measured" if folder else "planned")
         rows.append([str(n), link, status, "; ".join(key) or "-"])
     from .report import markdown

@@ -352,3 +352,23 @@ def test_kernels_compile_for_sm90_without_spills():
     assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     ws = [ln for ln in lines if "ws=True" in ln and "[attn_fwd_kernel]" in ln or "ws=True" in ln and "[matmul_tma_kernel]" in ln]
     assert ws and all(" 12 warps" in ln for ln in ws), ws
+
+
+def test_the_lse_check_fails_a_forward_whose_row_statistics_are_wrong():
+    # An O can be right while the stored LSE is wrong (seen with warp-specialized configs on the
+    # H200); the backward then recomputes wrong probabilities, so the forward's gate checks the LSE.
+    import math
+
+    import torch
+
+    from phases.phase3_triton.flash_attention import check_lse, reference_lse
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 70, 16, generator=g), torch.randn(1, 2, 70, 16, generator=g)
+    heads = [(0, 0), (0, 1)]
+    for causal in (False, True):
+        ref = reference_lse(q, k, causal, 0.25, heads)
+        right = torch.zeros(1, 2, 70)
+        right[0] = ref.float()
+        assert check_lse(right, ref, heads)["passed"]
+        assert not check_lse(right * math.log(2.0), ref, heads)["passed"]   # natural log, not log2
+        assert not check_lse(torch.zeros(1, 2, 70), ref, heads)["passed"]   # never written

@@ -1,0 +1,159 @@
+"""Exercise 7.2: the model, counted and checked before it trains.
+
+    lab run phase7.model
+
+Rows:
+  params_30m, params_7m   where the parameters sit (token embedding, position embedding, blocks,
+                          head), counted from the module and from the closed form in model.py;
+                          they must agree exactly. The seed's 30M shape is 6 layers x 6 heads x
+                          384 wide over a 256-token window; at that width the token embedding
+                          (50,257 x 384) is about two thirds of the model.
+  params_30m_untied       the same shape with its own output head: what weight tying saves.
+  init_loss               an untrained model predicts ~uniformly, so its loss is ~ln(50,257) =
+                          10.825; the logits of a (4, 64) batch are (4, 64, 50,257).
+  sdpa_flash, sdpa_math   one forward + backward of the model with attention forced onto the
+                          FlashAttention kernel, then onto the plain math path (which writes the
+                          T x T scores to memory); each checked against a float64 attention first.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import roofline
+from common.checks import compare
+from common.exercise import Exercise, row, throughput_metrics
+
+from . import seed
+from .model import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
+from .train import autocast, clean, setup
+
+
+def _count_row(variant: str, cfg: GPTConfig, compare_seed: bool) -> dict:
+    with torch.device("meta"):                       # shapes only: no memory, no initialization
+        model = GPT(cfg)
+    counted, formula = param_breakdown(model), param_formula(cfg)
+    agree = counted == formula
+    check = {"reference": "closed-form count (model.param_formula)", "metric": "exact", "precision": None,
+             "tolerance": 0, "rel_l2_error": None,
+             "max_abs_error": max(abs(counted[k] - formula[k]) for k in formula), "passed": agree,
+             "reason": None if agree else f"module {counted} != formula {formula}"}
+    metrics = {"counted": counted, "formula": formula, "total": counted["total"],
+               "non_embedding": counted["non_embedding"],
+               "wte_pct_of_total": 100 * counted["wte"] / counted["total"],
+               "per_block": formula["blocks"] // max(1, cfg.n_layer),
+               "tied": cfg.tie_weights}
+    if compare_seed:
+        metrics["seed"] = seed.MODEL_30M
+        metrics["seed_citation"] = seed.CITATION
+    return row(variant, {"model": cfg.as_dict()}, "ok" if agree else "failed", check["reason"],
+               check=check, metrics=metrics)
+
+
+def _attention_check(ctx, backend, shape, dtype) -> dict:
+    """The backend's causal attention against float64 math on the same random q, k, v."""
+    g = torch.Generator(device=ctx.device).manual_seed(7)
+    q, k, v = (torch.randn(*shape, device=ctx.device, generator=g) for _ in range(3))
+    T = shape[2]
+    mask = torch.ones(T, T, dtype=torch.bool, device=ctx.device).tril()
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(shape[-1])
+    ref = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v.double()
+    t = torch.bfloat16 if dtype == "bf16" else torch.float32
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q.to(t), k.to(t), v.to(t), is_causal=True)
+    return compare(out, ref, dtype, f"float64 causal softmax attention, shape {tuple(shape)}")
+
+
+def run(ctx, params):
+    data_dir, splits, _ = setup(ctx, params)
+    rows = []
+    bs, V, seed_bs = params["block_size"], 50257, 256      # the counts use the seed's 256-token window
+    for variant, cfg, cmp in (("params_30m", GPTConfig(block_size=seed_bs, **params["model_30m"]), True),
+                              ("params_7m", GPTConfig(block_size=seed_bs, **params["model_7m"]), False),
+                              ("params_30m_untied", GPTConfig(block_size=seed_bs, tie_weights=False, **params["model_30m"]), False)):
+        if ctx.wants(variant):
+            rows.append(_count_row(variant, cfg, cmp))
+
+    # The model that runs here: the 30M shape on a GPU, a small one on a CPU.
+    cfg = GPTConfig(block_size=bs, vocab_multiple=params["vocab_multiple"], **params["model_run"])
+    torch.manual_seed(params["seed"])
+    model = GPT(cfg).to(ctx.device)
+    val = torch.from_numpy(splits[1].astype("int64")).to(ctx.device)
+    if ctx.wants("init_loss"):
+        B, T = params["init_batch"]
+        T = min(T, bs)
+        starts = torch.arange(B, device=ctx.device) * (T + 1)
+        w = val[starts[:, None] + torch.arange(T + 1, device=ctx.device)]
+        with torch.no_grad(), autocast(ctx.device):
+            logits, loss = model(w[:, :-1], w[:, 1:])
+        loss = float(loss)
+        shape = list(logits[..., :V].shape)
+        want = math.log(V)
+        ok = shape == [B, T, V] and math.isfinite(loss) and abs(loss - want) <= 0.3
+        check = {"reference": f"ln({V}) = {want:.4f} and logits shape [{B}, {T}, {V}]", "metric": "abs_error",
+                 "precision": "bf16" if ctx.is_cuda else "fp32", "tolerance": 0.3, "rel_l2_error": None,
+                 "max_abs_error": abs(loss - want) if math.isfinite(loss) else None, "passed": ok,
+                 "reason": None if ok else f"loss {loss:.4f}, logits {shape}"}
+        rows.append(row("init_loss", {"model": cfg.as_dict(), "batch": [B, T]}, "ok" if ok else "failed",
+                        check["reason"], check=check,
+                        metrics={"initial_loss": loss, "ln_vocab": want, "gap": loss - want, "logits_shape": shape,
+                                 "padded_logits": list(logits.shape),
+                                 "params_total": param_formula(GPTConfig(block_size=bs, **params["model_run"]))["total"],
+                                 "seed_initial_loss": seed.MODEL_30M["initial_loss"], "seed_citation": seed.CITATION}))
+
+    dtype = "bf16" if ctx.is_cuda else "fp32"
+    B = params["sdpa_batch"]
+    x = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(bs, device=ctx.device)]
+    y = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(1, bs + 1, device=ctx.device)]
+    fpt = flops_per_token(cfg)
+    n_params = param_breakdown(model)["total"]
+    for variant, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_math", SDPBackend.MATH)):
+        if not ctx.wants(variant):
+            continue
+        p = {"model": cfg.as_dict(), "batch": [B, bs], "backend": backend.name, "dtype": dtype}
+        try:
+            verdict = _attention_check(ctx, backend, (B, cfg.n_head, bs, cfg.n_embd // cfg.n_head), dtype)
+        except RuntimeError as exc:                  # the backend cannot run here (GPU arch, dtype)
+            rows.append(row(variant, p, "skipped", f"{backend.name} unavailable: {str(exc).splitlines()[0][:200]}"))
+            continue
+        if not verdict["passed"]:
+            rows.append(row(variant, p, "failed", verdict["reason"], check=verdict))
+            continue
+
+        def step(backend=backend):
+            model.zero_grad(set_to_none=True)
+            with sdpa_kernel([backend]), autocast(ctx.device):
+                _, loss = model(x, y)
+            loss.backward()
+
+        t = ctx.time(step, flush_l2=False)
+        # forward + backward FLOPs of B x T tokens; bytes: fp32 weights read twice, grads written
+        # once (12 B/param) plus the int64 batch; activations excluded, as in every phase 7 row
+        flops, nbytes = fpt["total"] * B * bs, 12 * n_params + 16 * B * bs
+        roofs = ctx.roofs(dtype)
+        m = throughput_metrics(t.median_ms, flops, nbytes, roofs, dtype, t.min_ms)
+        m["tokens_per_s"] = B * bs / (t.median_ms / 1e3)
+        m["attention_scores_bytes_if_materialized"] = B * cfg.n_head * bs * bs * (2 if dtype == "bf16" else 4)
+        rows.append(row(variant, p, "ok", None, check=verdict, timing=t, metrics=m,
+                        prediction=roofline.predict(flops, nbytes, roofs, dtype, t.median_ms)))
+    model.zero_grad(set_to_none=True)
+    flash = [r for r in rows if r["variant"] == "sdpa_flash" and r["status"] == "ok"]
+    math_ = [r for r in rows if r["variant"] == "sdpa_math" and r["status"] == "ok"]
+    summary = {"flash_speedup_over_math": (math_[0]["metrics"]["ms"] / flash[0]["metrics"]["ms"]) if flash and math_ else None,
+               "seed": seed.MODEL_30M, "seed_citation": seed.CITATION}
+    return clean(rows), clean(summary)
+
+
+SHAPE_30M = {"n_layer": 6, "n_head": 6, "n_embd": 384}
+SHAPE_7M = {"n_layer": 4, "n_head": 4, "n_embd": 128}
+
+EXERCISE = Exercise(
+    id="phase7.model", title="nanoGPT-style model: parameter breakdown, initial loss, flash attention",
+    run=run,
+    params={"data_dir": None, "seed": 1337, "block_size": 256, "model_30m": SHAPE_30M, "model_7m": SHAPE_7M,
+            "model_run": SHAPE_30M, "vocab_multiple": 64, "init_batch": [4, 64], "sdpa_batch": 32},
+    cpu_params={"model_run": {"n_layer": 2, "n_head": 2, "n_embd": 64}, "block_size": 64, "sdpa_batch": 2},
+    quick_params={"model_run": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "block_size": 32,
+                  "init_batch": [2, 16], "sdpa_batch": 2},
+    variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"))

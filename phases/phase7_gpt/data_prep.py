@@ -1,0 +1,111 @@
+"""Exercise 7.1: from characters to tokens, and why they are stored in two bytes.
+
+    lab run phase7.data_prep                       # the local copy (see data.py for where it looks)
+    lab run phase7.data_prep --param download=true # on a machine with internet: fetch, check, split
+
+TinyShakespeare is 1.1 MB of ASCII. GPT-2's byte-level BPE turns it into about a third as many
+tokens; the ratio matters downstream because attention costs grow with the square of the
+sequence length, so a text 3.3x shorter in tokens costs ~11x less attention than in characters.
+
+The split is 90/10 on the *token stream* (as the seed did): the first 90% of the token ids train,
+the rest validate. nanoGPT's prepare.py splits the *characters* 90/10 and tokenizes each part,
+which gives slightly different counts; both are computed here and recorded.
+
+Storage: every id is below 50,257 < 2^16, so uint16 holds it exactly in 2 bytes, half of int32
+and a quarter of int64 (what embedding lookups take): the file and every copy of it move half
+the bytes.
+
+Checks (gating the row): the token count is exactly the seed's 338,025; decoding the tokens gives
+back the text byte for byte; the stored .u16 split equals a fresh tokenization.
+"""
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.exercise import Exercise, Needs, row
+from common.paths import REPO_ROOT
+
+from . import data as D
+from . import seed
+from .train import clean
+
+
+def _check(passed: bool, reference: str, reason: str | None, err=None) -> dict:
+    return {"reference": reference, "metric": "exact", "precision": None, "tolerance": 0,
+            "rel_l2_error": None, "max_abs_error": err, "passed": passed, "reason": None if passed else reason}
+
+
+def run(ctx, params):
+    if params.get("download"):
+        target = Path(params["data_dir"]).expanduser() if params.get("data_dir") else REPO_ROOT / ".data"
+        D.download(target)
+        params["data_dir"] = D.label_of(target)
+        data_dir = target
+    else:
+        data_dir = D.resolve_data_dir(params.get("data_dir"), need=(D.TEXT, D.ENCODER, D.MERGES, D.TRAIN, D.VAL))
+        if params.get("data_dir"):
+            params["data_dir"] = D.label_of(data_dir)
+    hashes = D.verify(data_dir)
+    text = D.read_text(data_dir)
+    enc = D.encoding(data_dir)
+    rows = []
+
+    t0 = time.perf_counter()
+    ids = np.asarray(enc.encode_ordinary(text), dtype=np.int64)
+    tokenize_s = time.perf_counter() - t0
+    train, val = D.split(ids)
+    stored_train, stored_val = D.load_splits(data_dir)
+    roundtrip = D.decode(ids, data_dir) == text and enc.decode(ids.tolist()) == text
+    # nanoGPT's way: split the characters 90/10, then tokenize each half
+    cut = int(D.TRAIN_FRACTION * len(text))
+    char_split = (len(enc.encode_ordinary(text[:cut])), len(enc.encode_ordinary(text[cut:])))
+    same_split = np.array_equal(train, stored_train) and np.array_equal(val, stored_val)
+
+    if ctx.wants("tokenize"):
+        problems = []
+        if len(ids) != seed.DATA["tokens"]:
+            problems.append(f"{len(ids):,} tokens, the seed counted {seed.DATA['tokens']:,}")
+        if not roundtrip:
+            problems.append("decode(encode(text)) != text")
+        if not same_split:
+            problems.append("the stored .u16 split differs from a fresh tokenization")
+        check = _check(not problems, "the seed's 338,025 tokens; the text itself; the stored split",
+                       "; ".join(problems), err=abs(len(ids) - seed.DATA["tokens"]))
+        metrics = {
+            "chars": len(text), "bytes": len(text.encode()), "distinct_chars": len(set(text)),
+            "tokens": int(len(ids)), "vocab_size": enc.n_vocab, "distinct_tokens_used": int(len(np.unique(ids))),
+            "max_token_id": int(ids.max()), "chars_per_token": len(text) / len(ids),
+            # attention is O(T^2): the same text as tokens instead of characters
+            "attention_cost_ratio_chars_over_tokens": (len(text) / len(ids)) ** 2,
+            "split": "token stream, first 90% train (as the seed)",
+            "train_tokens": int(len(train)), "val_tokens": int(len(val)),
+            "char_split_train_tokens": char_split[0], "char_split_val_tokens": char_split[1],
+            "char_split_note": "nanoGPT's prepare.py: split the characters 90/10, then tokenize each part",
+            "roundtrip_exact": roundtrip, "stored_split_matches": same_split,
+            "tokenize_s": tokenize_s, "tokenizer_tokens_per_s": len(ids) / tokenize_s,
+            "tokenizer": "tiktoken GPT-2 BPE built from the local encoder.json (no network)",
+        }
+        rows.append(row("tokenize", {"data_dir": params.get("data_dir")}, "ok" if check["passed"] else "failed",
+                        check["reason"], check=check, metrics=metrics))
+
+    if ctx.wants("storage"):
+        n = len(stored_train) + len(stored_val)
+        fits = int(max(stored_train.max(), stored_val.max())) < 2**16
+        on_disk = sum((data_dir / name).stat().st_size for name in (D.TRAIN, D.VAL))
+        check = _check(fits and on_disk == 2 * n, "2 bytes per token id, every id < 65,536",
+                       f"{on_disk} bytes on disk for {n} tokens")
+        metrics = {"tokens": n, "bytes_uint16": 2 * n, "bytes_int32": 4 * n, "bytes_int64": 8 * n,
+                   "bytes_on_disk": on_disk, "uint16_over_int32": 0.5, "uint16_over_int64": 0.25,
+                   "max_token_id": int(max(stored_train.max(), stored_val.max())), "uint16_max": 2**16 - 1,
+                   "headroom_ids": 2**16 - D.VOCAB_SIZE}
+        rows.append(row("storage", {"format": "raw little-endian uint16"}, "ok" if check["passed"] else "failed",
+                        check["reason"], check=check, metrics=metrics))
+    summary = {"sha256": hashes, "data_dir": D.label_of(data_dir), "seed": seed.DATA, "seed_citation": seed.CITATION}
+    return clean(rows), clean(summary)
+
+
+EXERCISE = Exercise(
+    id="phase7.data_prep", title="TinyShakespeare -> GPT-2 BPE tokens: counts, split, uint16 storage",
+    run=run, needs=Needs(modules=("tiktoken",)), params={"data_dir": None, "download": False},
+    variants=("tokenize", "storage"))

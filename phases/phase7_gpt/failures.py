@@ -1,0 +1,107 @@
+"""Exercise 7.5: break training on purpose, one part at a time, against a control run.
+
+    lab run phase7.failures
+    lab run phase7.failures --variant control --variant no_residual_no_layernorm
+
+Every run uses the same seed as the control: the same initial weights (where the architecture is
+the same), the same batches in the same order. So any difference in the curves is the switch.
+
+  control                    residuals, LayerNorm, full warmup, base learning rate, clipping at 1.0
+  no_residual                blocks compute x -> mlp(attn(x)): no skip path for the gradient
+  no_layernorm               every LayerNorm replaced by the identity
+  no_residual_no_layernorm   both
+  warmup_none, warmup_short  0 and `warmup_short` warmup steps instead of `warmup_full`
+  lr_x100                    the learning rate times `lr_multiplier`, clipping still on
+  lr_x100_no_clip            the same without clipping
+  no_clip                    the base learning rate without clipping
+
+Each run records the loss and the gradient norm of every step, the fraction of gradient entries
+that are exactly zero on the first step, and the activation RMS after every block at
+initialization: where the signal of a broken network dies (or grows) layer by layer.
+
+A NaN or a frozen loss is this exercise's *result*, not a failure of the exercise: such rows are
+`ok` and their `outcome` says what happened. They still must pass the init-loss gate.
+"""
+import torch
+
+from common.exercise import Exercise
+
+from . import seed
+from .model import GPT
+from .overfit import COMMON
+from .train import clean, model_config, residual_stream_rms, setup, train, train_config, training_row
+
+CONFIGS = {  # variant: (model switches, training overrides as functions of params)
+    "control": ({}, {}),
+    "no_residual": ({"residual": False}, {}),
+    "no_layernorm": ({"layernorm": False}, {}),
+    "no_residual_no_layernorm": ({"residual": False, "layernorm": False}, {}),
+    "warmup_none": ({}, {"warmup_iters": lambda p: 0}),
+    "warmup_short": ({}, {"warmup_iters": lambda p: p["warmup_short"]}),
+    "lr_x100": ({}, {"lr": lambda p: p["lr"] * p["lr_multiplier"]}),
+    "lr_x100_no_clip": ({}, {"lr": lambda p: p["lr"] * p["lr_multiplier"], "grad_clip": lambda p: 0.0}),
+    "no_clip": ({}, {"grad_clip": lambda p: 0.0}),
+}
+
+
+def outcome(m: dict, control: dict | None, frozen_below: float) -> dict:
+    """What happened, in one phrase, and the gap to the control."""
+    first = m["curve"][0][2] if m.get("curve") else None
+    best = m.get("best_val_loss")
+    out = {"outcome": None, "val_drop": (first - best) if (first is not None and best is not None) else None}
+    if m.get("first_nonfinite_step") is not None:
+        out["outcome"] = f"diverged: non-finite loss at step {m['first_nonfinite_step']}"
+    elif out["val_drop"] is not None and abs(out["val_drop"]) < frozen_below:
+        out["outcome"] = f"frozen: best validation loss within {frozen_below} of its initial {first:.3f}"
+    elif out["val_drop"] is not None and out["val_drop"] < 0:
+        out["outcome"] = "got worse than at initialization"
+    else:
+        out["outcome"] = "learned"
+    if control and best is not None and control.get("best_val_loss"):
+        out["best_val_vs_control_pct"] = 100 * (best - control["best_val_loss"]) / control["best_val_loss"]
+    fin, cfin = m.get("final_val_loss"), (control or {}).get("final_val_loss")
+    if fin is not None and cfin:
+        out["final_val_vs_control_pct"] = 100 * (fin - cfin) / cfin
+    return out
+
+
+def run(ctx, params):
+    data_dir, splits, ceiling = setup(ctx, params)
+    rows, control = [], None
+    probe = torch.from_numpy(splits[1][: 4 * params["block_size"]].astype("int64")).view(4, -1).to(ctx.device)
+    todo = [v for v in CONFIGS if ctx.wants(v)]
+    for variant in ctx.track(todo, "failure modes"):
+        switches, overrides = CONFIGS[variant]
+        cfg = model_config(params["model"], params["block_size"], params["vocab_multiple"], **switches)
+        tc = train_config(params, **{"warmup_iters": params["warmup_full"],
+                                     **{k: f(params) for k, f in overrides.items()}})
+        torch.manual_seed(tc.seed)
+        rms = residual_stream_rms(GPT(cfg).to(ctx.device), probe)      # the same init train() builds
+        res = train(cfg, tc, splits, ctx.device)
+        extra = {"activation_rms_at_init": rms, "activation_rms_last_over_first": rms[-1] / rms[0] if rms[0] else None,
+                 "switches": {"residual": cfg.residual, "layernorm": cfg.layernorm, "warmup_iters": tc.warmup_iters,
+                              "lr": tc.lr, "grad_clip": tc.grad_clip},
+                 "seed_result": seed.FAILURES.get(variant if variant != "control" else "control")}
+        r = training_row(ctx, variant, cfg, tc, res, ceiling=ceiling, nan_is_outcome=True, extra=extra)
+        if r["status"] == "ok":
+            r["metrics"].update(outcome(r["metrics"], control, params["frozen_below"]))
+            if variant == "control":
+                control = r["metrics"]
+        rows.append(r)
+    summary = {"seed": seed.FAILURES, "seed_citation": seed.CITATION,
+               "outcomes": {r["variant"]: r["metrics"].get("outcome") for r in rows}}
+    return clean(rows), clean(summary)
+
+
+EXERCISE = Exercise(
+    id="phase7.failures", title="Engineered failures: residuals, LayerNorm, warmup, learning rate, clipping",
+    run=run,
+    params={**COMMON, "model": {"n_layer": 12, "n_head": 4, "n_embd": 128}, "max_iters": 400, "warmup_full": 200,
+            "warmup_short": 50, "lr_multiplier": 100, "eval_every": 25, "compile": False, "frozen_below": 0.1},
+    cpu_params={"model": {"n_layer": 4, "n_head": 2, "n_embd": 32}, "block_size": 32, "batch_size": 4,
+                "max_iters": 60, "warmup_full": 20, "warmup_short": 5, "eval_every": 20, "eval_tokens": 256,
+                "vocab_multiple": 1, "timing_warmup": 3},
+    quick_params={"model": {"n_layer": 3, "n_head": 1, "n_embd": 8}, "block_size": 16, "batch_size": 4,
+                  "max_iters": 8, "warmup_full": 4, "warmup_short": 1, "eval_every": 4, "eval_tokens": 128,
+                  "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2},
+    variants=tuple(CONFIGS))

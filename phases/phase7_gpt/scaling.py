@@ -1,0 +1,100 @@
+"""Exercise 7.4: a scaling law on a fixed dataset, with error bars.
+
+    lab run phase7.scaling
+
+Five models from ~0.1M to ~10.6M non-embedding parameters (the seed's nano, micro, mini and small
+shapes, plus the 30M model of 7.3) train on the same 304K tokens with the same recipe. Each is
+stopped once its validation loss has not improved for `patience` evaluations, and its *best*
+validation loss is its point: a scaling law compares models at their optimum, and on a dataset
+this small every model passes its optimum early.
+
+The fit is L(N) = a N^(-alpha), least squares in log-log space (fit.py), for N = all parameters
+and for N = non-embedding parameters (Kaplan et al.'s choice: the embedding is a lookup table,
+not compute), with a 95% bootstrap interval for alpha and each point's error against the line.
+
+Tokens per parameter, against Chinchilla's ~20 for compute-optimal training:
+  unique: 304,222 training tokens / N        (what the data can offer)
+  seen:   steps to the best point x tokens per step / N   (repeats included)
+  the seed's "x underfed": 20 N_non_embedding / 304,222
+"""
+from common.exercise import Exercise
+
+from . import seed
+from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
+from .model import param_formula
+from .overfit import COMMON
+from .train import clean, model_config, setup, train, train_config, training_row
+
+
+def run(ctx, params):
+    data_dir, splits, ceiling = setup(ctx, params)
+    unique = len(splits[0])
+    rows = []
+    sizes = [s for s in params["sizes"] if ctx.wants(s["name"])]
+    for size in ctx.track(sizes, "scaling-law sizes"):
+        shape = {k: size[k] for k in ("n_layer", "n_head", "n_embd")}
+        cfg = model_config(shape, params["block_size"], params["vocab_multiple"])
+        tc = train_config(params)
+        res = train(cfg, tc, splits, ctx.device)
+        counts = param_formula(model_config(shape, params["block_size"]))     # the real vocabulary, unpadded
+        n_total, n_ne = counts["total"], counts["non_embedding"]
+        seen = (res["best_val_step"] or 0) * res["tokens_per_step"]
+        extra = {"size": size["name"], "n_total": n_total, "n_non_embedding": n_ne,
+                 "unique_train_tokens": unique,
+                 "unique_tokens_per_param": unique / n_total,
+                 "unique_tokens_per_non_embedding_param": unique / n_ne,
+                 "tokens_seen_at_best": seen, "tokens_seen_per_param_at_best": seen / n_total,
+                 "chinchilla_tokens_per_param": CHINCHILLA_TOKENS_PER_PARAM,
+                 "chinchilla_underfed_factor_non_embedding": CHINCHILLA_TOKENS_PER_PARAM * n_ne / unique,
+                 "chinchilla_underfed_factor_total": CHINCHILLA_TOKENS_PER_PARAM * n_total / unique,
+                 "seed_point": list(seed.SCALING[size["name"]]) if size["name"] in seed.SCALING else None}
+        rows.append(training_row(ctx, size["name"], cfg, tc, res, ceiling=ceiling, extra=extra))
+
+    ok = [r for r in rows if r["status"] == "ok" and r["metrics"].get("best_val_loss") is not None]
+    summary = {"kaplan_alpha_n": KAPLAN_ALPHA_N, "chinchilla_tokens_per_param": CHINCHILLA_TOKENS_PER_PARAM,
+               "seed": {"points": seed.SCALING, "fit": seed.SCALING_FIT}, "seed_citation": seed.CITATION,
+               "sizes": [r["variant"] for r in ok]}
+    if len({r["metrics"]["n_total"] for r in ok}) >= 2:
+        loss = [r["metrics"]["best_val_loss"] for r in ok]
+        for key, name in (("n_total", "fit_total"), ("n_non_embedding", "fit_non_embedding")):
+            fit = scaling_fit([r["metrics"][key] for r in ok], loss, params["bootstrap_resamples"], params["seed"])
+            fit["n"] = [r["metrics"][key] for r in ok]
+            fit["loss"] = loss
+            summary[name] = fit
+        for r, e_t, e_ne in zip(ok, summary["fit_total"]["error_pct"], summary["fit_non_embedding"]["error_pct"]):
+            r["metrics"]["fit_error_pct_total"] = e_t
+            r["metrics"]["fit_error_pct_non_embedding"] = e_ne
+        best = min(ok, key=lambda r: r["metrics"]["best_val_loss"])
+        summary["best_size"] = best["variant"]
+        # a size "breaks the law" when a bigger model does worse than a smaller one
+        order = sorted(ok, key=lambda r: r["metrics"]["n_total"])
+        summary["non_monotonic"] = [b["variant"] for a, b in zip(order, order[1:])
+                                    if b["metrics"]["best_val_loss"] > a["metrics"]["best_val_loss"]]
+    return clean(rows), clean(summary)
+
+
+SIZES = [{"name": "nano", "n_layer": 2, "n_head": 2, "n_embd": 64},
+         {"name": "micro", "n_layer": 3, "n_head": 3, "n_embd": 96},
+         {"name": "mini", "n_layer": 4, "n_head": 4, "n_embd": 128},
+         {"name": "small", "n_layer": 6, "n_head": 6, "n_embd": 192},
+         {"name": "base", "n_layer": 6, "n_head": 6, "n_embd": 384}]
+
+EXERCISE = Exercise(
+    id="phase7.scaling", title="Scaling law: five sizes to their best validation loss, power-law fit with bootstrap",
+    run=run,
+    params={**COMMON, "sizes": SIZES, "max_iters": 3000, "warmup_iters": 100, "eval_every": 50, "patience": 6,
+            "compile": False, "bootstrap_resamples": 2000},
+    cpu_params={"sizes": [{"name": "nano", "n_layer": 1, "n_head": 1, "n_embd": 16},
+                          {"name": "micro", "n_layer": 1, "n_head": 2, "n_embd": 32},
+                          {"name": "mini", "n_layer": 2, "n_head": 2, "n_embd": 48},
+                          {"name": "small", "n_layer": 2, "n_head": 2, "n_embd": 64}],
+                "block_size": 32, "batch_size": 4, "max_iters": 120, "warmup_iters": 10, "eval_every": 20,
+                "patience": 3, "eval_tokens": 512, "vocab_multiple": 1, "timing_warmup": 3},
+    quick_params={"sizes": [{"name": "nano", "n_layer": 1, "n_head": 1, "n_embd": 4},
+                            {"name": "micro", "n_layer": 1, "n_head": 1, "n_embd": 8},
+                            {"name": "mini", "n_layer": 1, "n_head": 2, "n_embd": 12},
+                            {"name": "small", "n_layer": 1, "n_head": 2, "n_embd": 16}],
+                  "block_size": 16, "batch_size": 4, "max_iters": 8, "warmup_iters": 2, "eval_every": 4,
+                  "patience": 2, "eval_tokens": 128, "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2,
+                  "bootstrap_resamples": 200},
+    variants=tuple(s["name"] for s in SIZES))
