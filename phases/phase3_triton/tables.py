@@ -496,3 +496,29 @@ def draw(records, results) -> list[Path]:
         plt.close(fig)
         made.append(path)
     return made
+
+
+def key_result(v: View) -> list[str]:
+    """One line per GPU for the main README's phase table: the matmul and attention headlines."""
+    out = []
+    mm, fa = latest(v.df, "phase3.matmul"), latest(v.df, "phase3.flash_attention")
+    hardware = sorted(set(mm["hardware"]) if len(mm) else set()) if len(mm) else []
+    for hw in hardware:
+        parts, name = [], hw
+        m = mm[(mm["hardware"] == hw) & (mm["status"] == "ok") & mm["variant"].str.startswith("triton")
+               & (mm["params.dtype"] == "bf16")]
+        if len(m):
+            top = m[m["params.n"] == m["params.n"].max()]
+            best = top.loc[top["metrics.pct_of_library"].idxmax()]
+            name = best["hardware_name"]
+            parts.append(f"bf16 matmul {pct(best['metrics.pct_of_library'])} of cuBLAS at N = {num(best['params.n'])}")
+        if len(fa):
+            f = fa[(fa["hardware"] == hw) & (fa["status"] == "ok") & (fa["variant"] == "triton")
+                   & (fa["params.dtype"] == "bf16") & (fa["params.head_dim"] == 128) & (fa["params.causal"] == False)]  # noqa: E712
+            if len(f):
+                r = f.loc[f["params.n"].idxmax()]
+                parts.append(f"flash attention fwd {num(r['metrics.tflops'])} TFLOP/s (bf16, d=128, N = {num(r['params.n'])}, "
+                             f"{pct(r['metrics.pct_of_library'])} of {r['metrics.library']})")
+        if parts:
+            out.append(f"{name}: " + ", ".join(parts))
+    return out

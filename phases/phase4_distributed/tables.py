@@ -451,3 +451,20 @@ def t_findings(v: View) -> str:
 
 TABLES = {"phase4.goals": t_goals, "phase4.allreduce": t_allreduce, "phase4.sweep": t_sweep,
           "phase4.plots": t_plots, "phase4.ring": t_ring, "phase4.ddp": t_ddp, "phase4.findings": t_findings}
+
+
+def key_result(v: View) -> list[str]:
+    """One line per GPU kind for the main README's phase table: NCCL busbw at >= 1 GiB per world size."""
+    out = []
+    recs = [r for r in v.records if r["exercise"]["id"] == "phase4.interconnect" and r["status"] != "skipped"
+            and r.get("source", {}).get("kind", "measured") == "measured"]
+    newest = {}
+    for r in recs:                                  # records come oldest first
+        newest[r["hardware"]["key"]] = r
+    for hw, rec in sorted(newest.items()):
+        goals = rec["summary"].get("goals") or []
+        if goals:
+            name = (rec["hardware"].get("spec") or {}).get("name") or hw
+            out.append(f"{name}: NCCL all-reduce busbw " + ", ".join(
+                f"{num(gl['best_busbw_gbps_from_1gib'])} GB/s on {gl['world_size']} GPUs" for gl in goals))
+    return out
