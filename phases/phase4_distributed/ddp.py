@@ -300,18 +300,31 @@ def run(ctx, params):
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
                "roofs_source": roofs.source, "best": []}
+    # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Capping NCCL's channels
+    # (NCCL_MAX_NCHANNELS, one launch per setting) makes each all-reduce slower but takes fewer SMs
+    # from compute: the sweep shows which way that trade goes. None = NCCL's own choice.
+    channel_settings = params["nccl_max_channels"] if pl.backend == "nccl" else [None]
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
-        res = launch("ddp", n, pl.backend, params, params["timeout_s"], f"phase4.ddp on {n} ranks")
-        summary["launch_s"][str(n)] = res["_launch_s"]
-        summary["params_count"] = res["params"]
-        new = rows_from(res, n, pl.backend, params, roofs, ceiling)
-        timed = [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
+        timed = []
+        for ch in channel_settings:
+            env = {"NCCL_MAX_NCHANNELS": str(ch)} if ch else None
+            res = launch("ddp", n, pl.backend, params, params["timeout_s"],
+                         f"phase4.ddp on {n} ranks" + (f" (NCCL_MAX_NCHANNELS={ch})" if ch else ""), extra_env=env)
+            summary["launch_s"][f"{n}" + (f"_ch{ch}" if ch else "")] = res["_launch_s"]
+            summary["params_count"] = res["params"]
+            new = rows_from(res, n, pl.backend, params, roofs, ceiling)
+            for r in new:
+                r["params"]["nccl_max_channels"] = ch
+                if ch and r["variant"].startswith("bucket_"):
+                    r["variant"] += f"_ch{ch}"
+            timed += [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
+            rows += new if ch is None else [r for r in new if r["variant"].startswith("bucket_")]
         if timed:
             best = max(timed, key=lambda r: r["metrics"]["hidden_fraction"])
             summary["best"].append({"world_size": n, "bucket_cap_mb": best["params"]["bucket_cap_mb"],
+                                    "nccl_max_channels": best["params"]["nccl_max_channels"],
                                     "hidden_fraction": best["metrics"]["hidden_fraction"],
                                     "met": best["metrics"]["hidden_fraction"] >= GOAL_HIDDEN})
-        rows += new
     return rows, summary
 
 
@@ -325,6 +338,7 @@ EXERCISE = Exercise(
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [1, 5, 25, 100, 400], "gradient_as_bucket_view": True,
+            "nccl_max_channels": [None, 8],
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32",
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,

@@ -127,13 +127,15 @@ def worker_command(task: str, n: int, job: dict, result: Path) -> list[str]:
 class Job:
     """One torchrun launch: started, watched, killed if need be, diagnosed."""
 
-    def __init__(self, task: str, n: int, backend: str, params: dict, label: str, nccl_debug: bool = False):
+    def __init__(self, task: str, n: int, backend: str, params: dict, label: str, nccl_debug: bool = False,
+                 extra_env: dict | None = None):
         self.task, self.n, self.label = task, n, label
         self._tmp = tempfile.TemporaryDirectory(prefix="lab-phase4-")
         self.dir = Path(self._tmp.name)
         self.result = self.dir / "result.json"
         job = {"backend": backend, "params": params, "work_dir": str(self.dir)}
         env = dict(os.environ)                 # NCCL_* and TORCH_* settings of the machine pass through
+        env.update(extra_env or {})            # an experiment's own settings (never NVLS/multicast ones)
         if nccl_debug:                         # rank 0 logs NCCL's algorithm choice for every collective
             env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING",
                         "NCCL_DEBUG_FILE": str(self.dir / "nccl.%h.%p.log")})
@@ -218,9 +220,9 @@ def diagnose(torchrun_err: str, errors: dict[int, str], n: int, label: str, rc: 
 
 
 def launch(task: str, n: int, backend: str, params: dict, timeout_s: float, label: str,
-           nccl_debug: bool = False) -> dict:
+           nccl_debug: bool = False, extra_env: dict | None = None) -> dict:
     """Run `task` on n ranks; return rank 0's result, or raise LabError with one clear line."""
-    job = Job(task, n, backend, params, label, nccl_debug)
+    job = Job(task, n, backend, params, label, nccl_debug, extra_env)
     try:
         try:
             rc = job.proc.wait(timeout=timeout_s)

@@ -260,6 +260,11 @@ def t_ring(v: View) -> str:
 
 
 # ------------------------------------------------------------------------------ DDP
+def _bucket_label(r) -> str:
+    ch = r["params"].get("nccl_max_channels")
+    return num(r["params"]["bucket_cap_mb"]) + (f" (NCCL_MAX_NCHANNELS={ch})" if ch else "")
+
+
 def t_ddp(v: View) -> str:
     gs = groups(v.records, EX_DDP)
     if not gs:
@@ -285,12 +290,12 @@ def t_ddp(v: View) -> str:
             out.append("")
         rows = []
         for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")),
-                        key=lambda r: r["params"]["bucket_cap_mb"]):
+                        key=lambda r: (r["params"].get("nccl_max_channels") or 0, r["params"]["bucket_cap_mb"])):
             if not _ok(r):
-                rows.append([num(r["params"]["bucket_cap_mb"]), f"{r['status']}: {r['reason']}"] + ["-"] * 10)
+                rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 10)
                 continue
             pr = r.get("prediction") or {}
-            rows.append([num(r["params"]["bucket_cap_mb"]), str(_m(r, "buckets")), num(_m(r, "compute_ms")),
+            rows.append([_bucket_label(r), str(_m(r, "buckets")), num(_m(r, "compute_ms")),
                          num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), num(_m(r, "exposed_comm_ms")),
                          pct(100 * _m(r, "hidden_fraction")), num(_m(r, "tflops")),
                          pct(100 * _m(r, "mfu_vs_peak")) if _m(r, "mfu_vs_peak") is not None else "-",
@@ -349,8 +354,10 @@ def t_goals(v: View) -> str:
         s = g.rec["summary"]
         best = next((x for x in s.get("best", []) if x.get("world_size") == g.n), None)
         if best:
+            ch = best.get("nccl_max_channels")
             rows.append([g.label, f"DDP: gradient communication hidden under backward (best bucket: "
-                                  f"{num(best['bucket_cap_mb'])} MB)", f">= {_ratio(s.get('goal_hidden_fraction'))}",
+                                  f"{num(best['bucket_cap_mb'])} MB" + (f", NCCL_MAX_NCHANNELS={ch}" if ch else "") + ")",
+                         f">= {_ratio(s.get('goal_hidden_fraction'))}",
                          _ratio(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
     if not rows:
         return "_No phase 4 records yet: run `lab run 4` on 2 or more GPUs, then `lab report`._"
@@ -419,7 +426,7 @@ def t_findings(v: View) -> str:
             continue
         best = max(timed, key=lambda r: _m(r, "hidden_fraction"))
         worst = min(timed, key=lambda r: _m(r, "hidden_fraction"))
-        s = [f"**DDP on {g.label}.** With {num(best['params']['bucket_cap_mb'])} MB buckets, "
+        s = [f"**DDP on {g.label}.** With {_bucket_label(best)} MB buckets, "
              f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
              f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
              f"with no communication at all. With {num(worst['params']['bucket_cap_mb'])} MB buckets only "
