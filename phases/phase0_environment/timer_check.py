@@ -97,5 +97,7 @@ EXERCISE = Exercise(id="phase0.timer_check", title="Timing harness vs triton.tes
                     run=run, needs=Needs(cuda=True, modules=("triton",)),
                     params={"copy_elements": 2**28, "mul_elements": 2**25, "matmul_n": 4096,
                             "rounds": 3, "tolerance": 0.05},
-                    quick_params={"copy_elements": 2**20, "mul_elements": 2**20, "matmul_n": 256, "rounds": 1},
+                    # Quick still compares kernels long enough to time (>= ~0.1 ms): two event-based
+                    # harnesses legitimately differ by ~10% on a 6 us kernel (seen on the H200).
+                    quick_params={"copy_elements": 2**26, "mul_elements": 2**24, "matmul_n": 2048, "rounds": 1},
                     variants=("copy", "mul", "matmul_bf16"))

@@ -61,7 +61,7 @@ def cases(only: str | None = None, quick: bool = False):
         for dt in (torch.bfloat16, torch.float32):
             for d in (((128,) if quick else (64, 128)) if dt != torch.float32 else (64,)):
                 q = e(16384 // 4096, 2048 // d, 4096, d, dtype=dt)
-                cands = fa.forward_candidates(dt, d, causal=False, n=4096)
+                cands = fa.forward_candidates(dt, d, causal=False, warp_specialize=True, n=4096)
                 cands = first([c for c in cands if not c["ws"]]) + first([c for c in cands if c["ws"]]) if quick else cands
                 for c in cands:
                     out.append((f"attn fwd {dt} d={d} {fa.label(c)}",

@@ -295,7 +295,7 @@ def _fwd(bm, bn, warps, stages, tma, ws=False):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "tma": tma, "ws": ws}
 
 
-def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_specialize: bool = True,
+def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_specialize: bool = False,
                        n: int | None = None) -> list[dict]:
     """Hopper candidates, best guesses first (all compile for sm_90 without spills: see
     compile_check.py). 128-row query tiles keep two 64-row wgmma groups busy; the key block trades
