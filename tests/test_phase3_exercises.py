@@ -116,7 +116,9 @@ def test_candidate_configs_respect_the_kernels_constraints():
             assert c["num_warps"] in (4, 8, 16, 32)
             if c["kind"] == "rows":
                 assert c["BLOCK_N"] >= n and c["ROWS"] * c["BLOCK_N"] <= 32768
-    assert all(c["kind"] == "online" for c in sm.candidates(65536))
+    assert {c["kind"] for c in sm.candidates(65536)} == {"online", "split"}
+    for c in (c for c in sm.candidates(65536) if c["kind"] == "split"):   # one HBM read of a 256 KB row
+        assert c["SPLIT"] & (c["SPLIT"] - 1) == 0 and c["SPLIT"] * c["CHUNK"] >= 65536 and c["CHUNK"] <= 16384
     for c in mm.WS_CONFIGS:                 # what Triton 3.6's Hopper warp specialization accepts
         assert c["ws"] and c["num_warps"] == 4 and not c["split"] and not c["flatten"]
     assert not any(c["ws"] for c in mm.TMA_CONFIGS)

@@ -101,15 +101,75 @@ def softmax_online_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_pr
                 tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=STREAM)
 
 
+@triton.jit
+def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
+                         SPLIT: tl.constexpr, CHUNK: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """Cooperative, for rows too long for one program's registers: SPLIT programs share a row,
+    each holding CHUNK columns in registers, so every element is read from HBM once and written
+    once. Persistent: group g of SPLIT programs takes rows g, g + n_groups, ...
+
+    Each part publishes its (max, sum) and raises its flag to the row's iteration number; it then
+    waits until every part of its group has done the same, combines the SPLIT pairs, and writes its
+    chunk from registers. The wrapper launches no more programs than can be resident at once, so
+    the wait always ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the
+    check then rejects, instead of hanging the GPU). Statistics are double-buffered by iteration
+    parity: a part can be at most one row ahead of the slowest part of its group."""
+    pid = tl.program_id(0)
+    group, part = pid // SPLIT, pid % SPLIT
+    cols = part * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    parts = tl.arange(0, SPLIT)
+    flags = flags_ptr + group * SPLIT
+    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
+    it = 0
+    for row in range(group, n_rows, n_groups):
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32) * LOG2E
+        m = tl.max(x, axis=0)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)          # an all-padding chunk contributes 0
+        s = tl.sum(tl.math.exp2(x - m_ref), axis=0)
+        stats = stats_ptr + ((group * 2 + it % 2) * SPLIT) * 2
+        tl.store(stats + part * 2, m)
+        tl.store(stats + part * 2 + 1, s)
+        tl.atomic_xchg(flags + part, it + 1, sem="release")    # same value from every thread: idempotent
+        seen = tl.atomic_add(flags + parts, 0, sem="acquire")
+        spins = 0
+        while (tl.min(seen, axis=0) < it + 1) & (spins < MAX_SPINS):
+            seen = tl.atomic_add(flags + parts, 0, sem="acquire")
+            spins += 1
+        ms = tl.load(stats + parts * 2, volatile=True)         # volatile: past L1, which is not coherent
+        ss = tl.load(stats + parts * 2 + 1, volatile=True)
+        row_max = tl.max(ms, axis=0)
+        inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
+        y = tl.math.exp2(x - row_max) * inv
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        it += 1
+
+
+_SPLIT_SCRATCH: dict = {}
+
+
+def _split_scratch(device, n_groups: int, split: int):
+    """(stats, flags) for the split kernel: flags are zeroed on every call (a tiny memset that the
+    timing includes), stats need no reset."""
+    key = (str(device), n_groups, split)
+    if key not in _SPLIT_SCRATCH:
+        _SPLIT_SCRATCH[key] = (torch.empty(n_groups * 2 * split * 2, device=device, dtype=torch.float32),
+                               torch.zeros(n_groups * split, device=device, dtype=torch.int32))
+    stats, flags = _SPLIT_SCRATCH[key]
+    flags.zero_()
+    return stats, flags
+
+
 # ------------------------------------------------------------------------------ configs and wrapper
 def candidates(n_cols: int) -> list[dict]:
     """Configs worth timing at this row length (the tuner keeps the fastest correct one)."""
     block = next_pow2(n_cols)
     out = []
     if block <= 32768:                             # whole rows in registers
-        for tile in sorted({max(block, 4096), max(block, 8192)}):
+        tiles = {max(block, 4096), max(block, 8192)} | ({16384} if block <= 1024 else set())
+        for tile in sorted(tiles):
             rows = tile // block
-            for per_thread in (16, 32):            # fp32 elements each thread holds
+            for per_thread in (8, 16, 32):         # fp32 elements each thread holds
                 warps = max(4, min(32, tile // (32 * per_thread)))
                 cfg = {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
                 if cfg not in out:
@@ -121,12 +181,21 @@ def candidates(n_cols: int) -> list[dict]:
                             "hints": True, "num_warps": chunk // 512, "num_stages": 2})
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
+    if n_cols >= 32768:                            # cooperative: SPLIT programs per row, one HBM read
+        for split, warps, per_sm in ((8, 8, 1), (8, 8, 2), (8, 16, 1), (4, 16, 1), (16, 8, 2)):
+            chunk = next_pow2(-(-n_cols // split))
+            if chunk <= 16384:
+                out.append({"kind": "split", "SPLIT": split, "CHUNK": chunk, "programs_per_sm": per_sm,
+                            "num_warps": warps, "num_stages": 1})
     return out
 
 
 def interpreter_configs(n_cols: int) -> list[dict]:
+    # The split kernel only with SPLIT=1 here: the interpreter runs programs one after another, so
+    # parts of a row could never wait for each other (on the GPU they run at the same time).
     return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
-            {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4}]
+            {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
+            {"kind": "split", "SPLIT": 1, "CHUNK": next_pow2(n_cols), "programs_per_sm": 1, "num_warps": 4}]
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
@@ -140,6 +209,16 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
         grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
         softmax_kernel[grid](x, out, n_rows, n_cols, x.stride(0), out.stride(0),
                              ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], **launch_options(cfg))
+    elif cfg["kind"] == "split":
+        split = cfg["SPLIT"]
+        if cfg["CHUNK"] * split < n_cols:
+            raise ValueError(f"split config covers {cfg['CHUNK'] * split} columns, rows have {n_cols}")
+        # Never more programs than fit on the GPU at once: the parts of a group wait for each other.
+        n_groups = max(1, min(n_rows, (sm_count(x.device) * cfg["programs_per_sm"]) // split))
+        stats, flags = _split_scratch(x.device, n_groups, split)
+        softmax_split_kernel[(n_groups * split,)](x, out, stats, flags, n_rows, n_cols, x.stride(0), out.stride(0),
+                                                  n_groups, SPLIT=split, CHUNK=cfg["CHUNK"],
+                                                  MAX_SPINS=1 if interpreting() else 1 << 22, **launch_options(cfg))
     else:
         programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
         keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
@@ -233,7 +312,8 @@ def run(ctx, params):
                         check=lambda: check_softmax(lambda a, o: softmax(a, o, cfg), x, out, ref),
                         flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")
             r["metrics"]["config"] = label(cfg)
-            r["metrics"]["kernel"] = "softmax_kernel" if cfg["kind"] == "rows" else "softmax_online_kernel"
+            r["metrics"]["kernel"] = {"rows": "softmax_kernel", "online": "softmax_online_kernel",
+                                      "split": "softmax_split_kernel"}[cfg["kind"]]
             return r
 
         if ctx.wants("triton"):
