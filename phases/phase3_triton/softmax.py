@@ -218,7 +218,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
         stats, flags = _split_scratch(x.device, n_groups, split)
         softmax_split_kernel[(n_groups * split,)](x, out, stats, flags, n_rows, n_cols, x.stride(0), out.stride(0),
                                                   n_groups, SPLIT=split, CHUNK=cfg["CHUNK"],
-                                                  MAX_SPINS=1 if interpreting() else 1 << 22, **launch_options(cfg))
+                                                  MAX_SPINS=1 if interpreting() else 1 << 16, **launch_options(cfg))
     else:
         programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
         keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
