@@ -122,8 +122,9 @@ def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, str
     flags = flags_ptr + group * SPLIT
     stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
     it = 0
+    x = tl.load(x_ptr + group * stride_x + cols, mask=mask & (group < n_rows),
+                other=float("-inf")).to(tl.float32) * LOG2E
     for row in range(group, n_rows, n_groups):
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32) * LOG2E
         m = tl.max(x, axis=0)
         m_ref = tl.where(m == float("-inf"), 0.0, m)          # an all-padding chunk contributes 0
         s = tl.sum(tl.math.exp2(x - m_ref), axis=0)
@@ -131,6 +132,11 @@ def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, str
         tl.store(stats + part * 2, m)
         tl.store(stats + part * 2 + 1, s)
         tl.atomic_xchg(flags + part, it + 1, sem="release")    # same value from every thread: idempotent
+        # Prefetch this part's chunk of the group's next row now, so the wait below overlaps an HBM
+        # read instead of leaving the SM idle (without it the kernel was no faster than two passes).
+        nxt = row + n_groups
+        x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & (nxt < n_rows),
+                         other=float("-inf")).to(tl.float32) * LOG2E
         seen = tl.atomic_add(flags + parts, 0, sem="acquire")
         spins = 0
         while (tl.min(seen, axis=0) < it + 1) & (spins < MAX_SPINS):
@@ -142,6 +148,7 @@ def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, str
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
         y = tl.math.exp2(x - row_max) * inv
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        x = x_next
         it += 1
 
 
@@ -182,7 +189,9 @@ def candidates(n_cols: int) -> list[dict]:
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
     if n_cols >= 32768:                            # cooperative: SPLIT programs per row, one HBM read
-        for split, warps, per_sm in ((8, 8, 1), (8, 8, 2), (8, 16, 1), (4, 16, 1), (16, 8, 2)):
+        # (SPLIT, warps, programs per SM): two chunks per thread in registers (current + prefetched);
+        # the occupancy must fit on an SM, or the parts of a row could not all be resident.
+        for split, warps, per_sm in ((8, 8, 2), (8, 8, 1), (16, 8, 2), (16, 4, 4), (4, 16, 1)):
             chunk = next_pow2(-(-n_cols // split))
             if chunk <= 16384:
                 out.append({"kind": "split", "SPLIT": split, "CHUNK": chunk, "programs_per_sm": per_sm,
