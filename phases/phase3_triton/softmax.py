@@ -122,7 +122,8 @@ def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, str
     flags = flags_ptr + group * SPLIT
     stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
     it = 0
-    x = tl.load(x_ptr + group * stride_x + cols, mask=mask & (group < n_rows),
+    zero = tl.zeros([CHUNK], tl.int32)              # row tests broadcast to a tensor (interpreter-friendly)
+    x = tl.load(x_ptr + group * stride_x + cols, mask=mask & ((zero + group) < n_rows),
                 other=float("-inf")).to(tl.float32) * LOG2E
     for row in range(group, n_rows, n_groups):
         m = tl.max(x, axis=0)
@@ -135,7 +136,7 @@ def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, str
         # Prefetch this part's chunk of the group's next row now, so the wait below overlaps an HBM
         # read instead of leaving the SM idle (without it the kernel was no faster than two passes).
         nxt = row + n_groups
-        x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & (nxt < n_rows),
+        x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & ((zero + nxt) < n_rows),
                          other=float("-inf")).to(tl.float32) * LOG2E
         seen = tl.atomic_add(flags + parts, 0, sem="acquire")
         spins = 0
