@@ -18,7 +18,7 @@ and one write of y. Softmax is memory-bound either way (about 5 FLOPs per elemen
 0.6 FLOP/byte), so the roofline predicts the fused kernel is four times faster than the unfused
 chain and exactly as fast as a copy of the same tensor.
 
-Two kernels cover every row length:
+Three kernels cover every row length:
 
 * `softmax_kernel`: a program loads whole rows into registers (several short rows at once, so a
   program has enough bytes in flight), reduces, and writes. Registers hold a row up to about
@@ -30,6 +30,9 @@ Two kernels cover every row length:
   second pass re-reads x, but from L2: the grid is sized to keep the rows in flight inside the
   L2, the first pass marks its lines evict-last and the second pass reads the row backwards, so
   the chunks it wants first are the ones read most recently. HBM still sees one read and one write.
+* `softmax_split_kernel`: also for long rows. SPLIT resident programs share a row, each holding its
+  chunk in registers, and exchange (max, sum) through flags in global memory: one read from HBM,
+  nothing re-read, at the price of a wait between the parts (overlapped with the next row's load).
 
 The autotuner (see _support.tune) times the candidates of both kernels at each row length and
 keeps the fastest that passes the check; the record says which one won.
