@@ -141,7 +141,7 @@ def phase1(v: View) -> str:
 
 
 PHASES = [(0, "Environment & tooling", "phase0_environment"), (1, "Roofline & memory hierarchy", "phase1_roofline"),
-          (2, "CUDA kernels", None), (3, "Triton kernels", "phase3_triton"), (4, "Distributed primitives", "phase4_distributed"),
+          (2, "CUDA kernels", "phase2_cuda"), (3, "Triton kernels", "phase3_triton"), (4, "Distributed primitives", "phase4_distributed"),
           (5, "Inference & serving", None), (6, "Alternative hardware", None), (7, "A GPT from scratch", "phase7_gpt")]
 
 

@@ -1,0 +1,164 @@
+"""Phase 2 on a CPU-only machine: every .cu compiles with nvcc (sm_80 and sm_90, compile-only),
+ptxas reports no spills, build failures and a missing nvcc are one-line LabErrors, and the Python
+wrappers refuse bad arguments before any launch."""
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from common.errors import LabError
+from phases.phase2_cuda import EXERCISES, build
+from phases.phase2_cuda import matmul as mm
+from phases.phase2_cuda import vector_add as va
+
+from conftest import cpu_only
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH")
+ARCHS = ("sm_80", "sm_90")
+KERNELS = {"vector_add.cu": ["vector_add"],
+           "matmul.cu": ["matmul_naive", "matmul_tiled", "matmul_regblock", "matmul_mma_bf16"]}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Every source for every arch, built in parallel into a private cache folder."""
+    cache = tmp_path_factory.mktemp("cuda-cache")
+    jobs = [(src, arch) for src in build.SOURCES for arch in ARCHS]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        done = pool.map(lambda j: build.build(j[0], j[1], cache_dir=cache), jobs)
+    return cache, dict(zip(jobs, done))
+
+
+def test_every_source_is_listed():
+    assert set(build.SOURCES) == set(KERNELS)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", sorted(KERNELS))
+def test_source_compiles_without_spills(builds, source, arch):
+    _, done = builds
+    b = done[(source, arch)]
+    assert b.path.exists() and b.arch == arch and f"-arch={arch}" in b.flags
+    assert "-O3" in b.flags and "-v" in b.flags
+    for kernel in KERNELS[source]:
+        res = b.resources[kernel]
+        assert res["registers"] and res["registers"] <= 255, (kernel, res)
+        assert res["spill_stores_bytes"] == 0 and res["spill_loads_bytes"] == 0, (kernel, res)
+        assert res["stack_bytes"] == 0, (kernel, res)
+    if source == "matmul.cu":
+        assert b.resources["matmul_tiled"]["smem_bytes"] == 16 * 16 * 4 + 16 * 17 * 4
+        assert b.resources["matmul_regblock"]["smem_bytes"] == 2 * 64 * 16 * 4
+        assert b.resources["matmul_mma_bf16"]["smem_bytes"] == 2 * 64 * 40 * 2
+
+
+@needs_nvcc
+def test_second_build_is_cached(builds):
+    cache, done = builds
+    again = build.build("vector_add.cu", "sm_90", cache_dir=cache)
+    assert again.cached and again.path == done[("vector_add.cu", "sm_90")].path
+    assert again.resources == done[("vector_add.cu", "sm_90")].resources
+
+
+@needs_nvcc
+def test_compile_error_is_one_line(tmp_path):
+    src = tmp_path / "broken.cu"
+    src.write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }\n')
+    with pytest.raises(LabError) as e:
+        build.build(src, "sm_90", cache_dir=tmp_path / "cache")
+    msg = str(e.value)
+    assert "\n" not in msg and "broken.cu" in msg and "error" in msg and "undefined_name" in msg
+    assert str(tmp_path) not in msg                     # no absolute paths in the one line
+
+
+def test_missing_nvcc_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(LabError) as e:
+        build.build("vector_add.cu", "sm_90", cache_dir=tmp_path)
+    assert "\n" not in str(e.value) and "nvcc" in str(e.value)
+
+
+def test_arch_flags():
+    assert build.arch_flags("sm_90") == ["-arch=sm_90"]
+    assert build.arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert build.target_arch(build.ARCH_SPECIFIC_MARK + "\n", "sm_90") == "sm_90a"
+    assert build.target_arch("plain", "sm_90") == "sm_90"
+    with pytest.raises(LabError):
+        build.arch_flags("compute_90")
+
+
+def test_parse_ptxas():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k1' for 'sm_90'
+ptxas info    : Function properties for k1
+    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem
+ptxas info    : Compiling entry function 'k2' for 'sm_90'
+ptxas info    : Function properties for k2
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers, 384 bytes cmem[0]
+"""
+    assert build.parse_ptxas(log) == {
+        "k1": {"registers": 255, "spill_stores_bytes": 12, "spill_loads_bytes": 16, "smem_bytes": 4096,
+               "stack_bytes": 8},
+        "k2": {"registers": 10, "spill_stores_bytes": 0, "spill_loads_bytes": 0, "smem_bytes": 0,
+               "stack_bytes": 0}}
+
+
+# ------------------------------------------------------------------------------ wrappers, before launch
+def test_vector_add_validation():
+    a = torch.rand(10)
+    with pytest.raises(TypeError, match="float32"):
+        va.add(a.double(), a)
+    with pytest.raises(ValueError, match="contiguous"):
+        va.add(torch.rand(10, 2).t(), torch.rand(2, 10))
+    with pytest.raises(ValueError, match="shapes differ"):
+        va.add(a, torch.rand(11))
+    with pytest.raises(ValueError, match="shapes differ"):
+        va.add(a, a, torch.empty(9))
+
+
+@pytest.mark.parametrize("variant", mm.VARIANTS)
+def test_matmul_validation(variant):
+    dt = mm.LAUNCHERS[variant][1]
+    other = torch.float64 if dt == torch.float32 else torch.float32
+    a, b = torch.rand(5, 3).to(dt), torch.rand(3, 4).to(dt)
+    with pytest.raises(TypeError, match=str(dt)):
+        mm.matmul(a.to(other), b, variant)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        mm.matmul(a, torch.rand(4, 4).to(dt), variant)
+    with pytest.raises(ValueError, match="2-D"):
+        mm.matmul(a.reshape(-1), b, variant)
+    with pytest.raises(ValueError, match="contiguous"):
+        mm.matmul(torch.rand(3, 5).to(dt).t(), b, variant)
+    with pytest.raises(ValueError, match=r"out must be \(5, 4\)"):
+        mm.matmul(a, b, variant, torch.empty(4, 5))
+    with pytest.raises(TypeError, match="out must be torch.float32"):
+        mm.matmul(a, b, variant, torch.empty(5, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown matmul variant"):
+        mm.matmul(a, b, "fastest")
+
+
+@cpu_only
+def test_valid_arguments_without_a_gpu_are_one_line():
+    with pytest.raises(LabError, match="needs a CUDA GPU"):
+        va.add(torch.rand(10), torch.rand(10))
+    with pytest.raises(LabError, match="needs a CUDA GPU"):
+        mm.matmul(torch.rand(5, 3), torch.rand(3, 4), "tiled")
+
+
+def test_exercises_declare_their_needs():
+    assert [e.id for e in EXERCISES] == ["phase2.vector_add", "phase2.matmul"]
+    for e in EXERCISES:
+        assert e.needs.cuda and "nvcc" in e.needs.tools
+    m = EXERCISES[1]
+    assert m.params["sizes"] == [1024, 2048, 4096] and m.params["naive_max_n"] == 2048
+    assert set(mm.VARIANTS) <= set(m.variants) and "broken_skip_k_tail" not in m.variants
+    assert EXERCISES[0].params["sizes"][0] == 4096 * 256
+
+
+@cpu_only
+def test_lab_run_2_skips_on_cpu(lab, tmp_path):
+    rc, out, err = lab("run", "2", "--quick", "--results", tmp_path / "r")
+    assert rc != 0 and "skipped" in out and "needs a CUDA GPU" in out
