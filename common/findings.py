@@ -181,7 +181,9 @@ def phase_table(v: View) -> str:
                     key.append(f"{big['hardware_name'] if big is not None else hw}: " + ", ".join(parts))
         if folder and n > 1:                    # later phases describe themselves (tables.key_result)
             key += _phase_key_result(folder, v)
-        status = "measured" if key else ("built, not yet measured" if folder else "planned")
+        has_records = any(r["exercise"].get("phase") == n and r["status"] != "skipped"
+                          and r.get("source", {}).get("kind", "measured") == "measured" for r in v.records)
+        status = "measured" if (key or has_records) else ("built, not yet measured" if folder else "planned")
         rows.append([str(n), link, status, "; ".join(key) or "-"])
     from .report import markdown
     return markdown(rows, ["phase", "topic", "status", "key result (from results/)"])
