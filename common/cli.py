@@ -132,7 +132,7 @@ def cmd_run(args) -> int:
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
-    ctx = make_context(args.device, args.hardware, variants, args.quick, progress)
+    ctx = make_context(args.device, args.hardware, variants, args.quick, progress, results)
     usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
     where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
     console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))

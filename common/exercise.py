@@ -80,8 +80,9 @@ class Context:
     """Where an exercise runs: the device, its spec sheet, the roofs, the harness, progress."""
 
     def __init__(self, device: torch.device, spec: HardwareSpec | None, hardware_key: str,
-                 variants: tuple[str, ...] = (), quick: bool = False, progress=None):
+                 variants: tuple[str, ...] = (), quick: bool = False, progress=None, results=None):
         self.device = device
+        self.results = results                   # the run's results folder (None: the default one)
         self.spec = spec
         self.hardware_key = hardware_key
         self.variants = variants
@@ -117,6 +118,21 @@ class Context:
         if self._progress is None:
             return items
         return self._progress.track(items, description=f"  {description}", total=len(items))
+
+    def phase1_ceiling(self) -> dict | None:
+        """The best matmul rate phase 1 measured on this hardware (summary of the newest measured
+        regime-sweep record in this run's results folder), for MFU against a measured ceiling:
+        {"tflops", "dtype", "source"}, or None if phase 1 has not run here."""
+        from .paths import results_dir
+        from .records import load_records
+        recs = [r for r in load_records(results_dir(self.results), exercise="phase1.regime_sweep",
+                                        hardware=self.hardware_key)
+                if r.get("source", {}).get("kind", "measured") == "measured" and r.get("status") != "skipped"
+                and (r.get("summary") or {}).get("measured_peak_tflops")]
+        if not recs:
+            return None
+        s = recs[-1]["summary"]
+        return {"tflops": s["measured_peak_tflops"], "dtype": s.get("dtype"), "source": f"results/{recs[-1]['_path']}"}
 
     # ----- roofs ------------------------------------------------------------------------------
     def roofs(self, dtype: str | None = None) -> roofline.Roofs:

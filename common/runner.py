@@ -1,6 +1,5 @@
 """`lab run`: pick the device, match its spec sheet, run exercises, write one record each."""
 import datetime as dt
-import os
 import tempfile
 import time
 import traceback
@@ -9,15 +8,15 @@ from pathlib import Path
 import torch
 
 from . import env
-from .cost import cost_block, hourly_rate
+from .cost import cost_block
 from .errors import LabError
 from .exercise import Context, Exercise
-from .hardware import get_spec, load_hardware, match_gpu, slug
-from .records import SCHEMA_VERSION, write_record
+from .hardware import get_spec, load_hardware, match_gpu
+from .records import SCHEMA_VERSION
 
 
 def make_context(device: str = "auto", hardware: str | None = None, variants=(), quick=False,
-                 progress=None) -> Context:
+                 progress=None, results=None) -> Context:
     """Choose the device and its spec sheet. A GPU missing from hardware.yaml is an error (its
     roofline could not be drawn) unless --hardware names the entry to use."""
     if device not in ("auto", "cpu", "cuda"):
@@ -30,13 +29,13 @@ def make_context(device: str = "auto", hardware: str | None = None, variants=(),
         spec = get_spec(hardware, specs) if hardware else None
         if spec is not None and spec.kind != "cpu":
             raise LabError(f"--hardware {hardware} names a {spec.kind}, but this run is on the CPU")
-        return Context(torch.device("cpu"), None, "cpu", tuple(variants), quick, progress)
+        return Context(torch.device("cpu"), None, "cpu", tuple(variants), quick, progress, results)
     name = torch.cuda.get_device_name(0)
     spec = get_spec(hardware, specs) if hardware else match_gpu(name, specs)
     if spec is None:
         raise LabError(f"GPU '{name}' is not in hardware.yaml: add an entry for it "
                        f"(see the file's header) or pass --hardware KEY to use an existing one")
-    return Context(torch.device("cuda", 0), spec, spec.key, tuple(variants), quick, progress)
+    return Context(torch.device("cuda", 0), spec, spec.key, tuple(variants), quick, progress, results)
 
 
 def check_writable(results: Path) -> None:

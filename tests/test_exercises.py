@@ -244,3 +244,16 @@ def test_nsight_and_timer_check_skip_on_cpu(quick_records):
         rec = by_exercise(quick_records, ex_id)
         assert rec["status"] == "skipped" and rec["rows"] == []
         assert "needs a CUDA GPU" in rec["reason"] and "\n" not in rec["reason"]
+
+
+def test_phase1_ceiling_is_read_from_the_runs_own_results_folder(tmp_path):
+    # Phases 4 and 7 report MFU against the matmul rate phase 1 measured; the lookup must follow
+    # --results, not the repo's default folder.
+    import torch
+
+    from common.cli import main
+    from common.exercise import Context
+    assert main(["run", "phase1.regime_sweep", "--quick", "--results", str(tmp_path / "with")]) == 0
+    found = Context(torch.device("cpu"), None, "cpu", results=tmp_path / "with").phase1_ceiling()
+    assert found["tflops"] > 0 and found["source"].startswith("results/phase1/regime_sweep/cpu/")
+    assert Context(torch.device("cpu"), None, "cpu", results=tmp_path / "empty").phase1_ceiling() is None

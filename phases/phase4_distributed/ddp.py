@@ -31,7 +31,6 @@ against the best matmul rate measured in phase 1 (results/phase1/regime_sweep, i
 """
 import copy
 import gc
-import json
 import time
 
 import torch
@@ -41,7 +40,6 @@ import torch.nn.functional as F
 
 from common import roofline
 from common.exercise import Exercise, row
-from common.paths import relative_to_repo, results_dir
 from common.timing import summarize
 
 from . import collectives as col
@@ -211,21 +209,6 @@ def worker_task(me, params: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ in the lab process
-def phase1_ceiling(hardware_key: str) -> dict | None:
-    """The best matmul rate phase 1 measured on this hardware (newest regime_sweep record)."""
-    folder = results_dir() / "phase1" / "regime_sweep" / hardware_key
-    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        peak = (rec.get("summary") or {}).get("measured_peak_tflops")
-        if peak and rec.get("status") != "skipped":
-            return {"tflops": peak, "dtype": (rec.get("summary") or {}).get("dtype"),
-                    "record": relative_to_repo(path)}
-    return None
-
-
 def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None) -> list[dict]:
     base = {"world_size": n, "backend": backend, "d_model": params["d_model"], "n_layers": params["n_layers"],
             "tokens_per_rank": params["tokens_per_rank"], "dtype": params["dtype"]}
@@ -273,7 +256,7 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
                    "mfu_vs_peak": tflops / peak if peak else None,
                    "phase1_ceiling_tflops": ceiling["tflops"] if ceiling else None,
                    "phase1_ceiling_dtype": ceiling["dtype"] if ceiling else None,
-                   "phase1_ceiling_record": ceiling["record"] if ceiling else None,
+                   "phase1_ceiling_record": ceiling["source"] if ceiling else None,
                    "mfu_vs_phase1_ceiling": tflops / ceiling["tflops"] if ceiling else None}
         # perfect overlap: the step takes max(FLOPs / peak, gradient wire bytes / link)
         wire = col.wire_bytes("all_reduce", grad_bytes, n)
@@ -296,7 +279,7 @@ def run(ctx, params):
     if not pl.world_sizes:
         return rows, {"backend": pl.backend}
     roofs = link_roofs(ctx, pl.backend, params["dtype"])
-    ceiling = phase1_ceiling(ctx.hardware_key)
+    ceiling = ctx.phase1_ceiling()
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
                "roofs_source": roofs.source, "best": []}

@@ -23,8 +23,6 @@ import torch
 
 from common import roofline
 from common.exercise import row, throughput_metrics
-from common.paths import results_dir
-from common.records import load_records
 from common.timing import summarize
 
 from . import data as D
@@ -343,21 +341,6 @@ def sample(model: GPT, data_dir, device, *, new_tokens: int = 100, temperature: 
 
 
 # ------------------------------------------------------------------------------ records
-def phase1_ceiling(hardware_key: str) -> dict:
-    """This GPU's best matmul rate from the newest phase 1 regime sweep (FP16 tensor cores; on
-    Hopper the BF16 and FP16 tensor peaks are the same), or None if phase 1 has not run here."""
-    try:
-        recs = load_records(results_dir(), exercise="phase1.regime_sweep", hardware=hardware_key)
-    except OSError:
-        recs = []
-    recs = [r for r in recs if r.get("source", {}).get("kind", "measured") == "measured"
-            and (r.get("summary") or {}).get("measured_peak_tflops")]
-    if not recs:
-        return {"tflops": None, "source": None}
-    rec = recs[-1]
-    return {"tflops": rec["summary"]["measured_peak_tflops"], "source": f"results/{rec['_path']}"}
-
-
 def downsample(values: list, points: int = LOG_POINTS) -> list:
     """[[step, value], ...] with at most `points` entries, evenly spaced, last step kept."""
     n = len(values)
@@ -493,4 +476,4 @@ def setup(ctx, params: dict):
     data_dir = D.resolve_data_dir(params.get("data_dir"))
     if params.get("data_dir"):
         params["data_dir"] = D.label_of(data_dir)    # the runner stores this dict in the record
-    return data_dir, D.load_splits(data_dir), phase1_ceiling(ctx.hardware_key)
+    return data_dir, D.load_splits(data_dir), ctx.phase1_ceiling() or {"tflops": None, "source": None}
