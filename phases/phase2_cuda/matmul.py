@@ -27,44 +27,72 @@ to N = 2048 by default (`naive_max_n`): at 4096 it takes on the order of a secon
 H200 and teaches nothing the smaller sizes do not.
 """
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
 from common.checks import compare, poison
-from common.exercise import Exercise, Needs, measure
+from common.errors import LabError
+from common.exercise import Exercise, Needs, measure, row
 
 from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
 
-SOURCE = "matmul.cu"
+@dataclass(frozen=True)
+class Rung:
+    """One kernel of the ladder and how to call it."""
+    source: str                    # the .cu file
+    launcher: str                  # extern "C" int launcher(A, B, C, M, N, K, stream)
+    kernel: str                    # the __global__ function, for the ptxas report
+    dtype: torch.dtype             # input dtype (A and B)
+    out_dtype: torch.dtype         # C's dtype
+    library: str                   # the cuBLAS row of the same run it is a percentage of
+    b_layout: str = "row"          # "row": B is K x N row-major; "col": B column-major (K contiguous)
+    k_multiple: int = 1            # K must be a multiple of this (TMA: 16-byte row pitch)
+    min_capability: tuple = (8, 0)  # the oldest GPU it runs on
+    arch_specific: bool = False    # built for sm_90a: runs on compute capability 9.0 only
+    test_only: bool = False        # deliberately wrong kernels, for the checker's own tests
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+RUNGS = {
+    "naive": Rung("matmul.cu", "launch_matmul_naive", "matmul_naive", F32, F32, "cublas_fp32"),
+    "tiled": Rung("matmul.cu", "launch_matmul_tiled", "matmul_tiled", F32, F32, "cublas_fp32"),
+    "coalesced_regblock": Rung("matmul.cu", "launch_matmul_regblock", "matmul_regblock", F32, F32, "cublas_fp32"),
+    "mma_bf16": Rung("matmul_mma.cu", "launch_matmul_mma_bf16", "matmul_mma_bf16", BF16, F32, "cublas_bf16"),
+    # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
+    "broken_skip_k_tail": Rung("matmul.cu", "launch_matmul_tiled_skip_k_tail", "matmul_tiled", F32, F32,
+                               "cublas_fp32", test_only=True),
+}
+VARIANTS = tuple(k for k, r in RUNGS.items() if not r.test_only)
+# cuBLAS through torch, same inputs, same run: fp32 with TF32 off (the same arithmetic as the fp32
+# rungs); bf16 with B row-major; bf16 with B column-major (the storage the "col" rungs read).
+BASELINES = ("cublas_fp32", "cublas_bf16", "cublas_bf16_nt")
 _SIG = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
         ctypes.c_void_p]
-LAUNCHERS = {                      # variant -> (launcher, input dtype)
-    "naive": ("launch_matmul_naive", torch.float32),
-    "tiled": ("launch_matmul_tiled", torch.float32),
-    "coalesced_regblock": ("launch_matmul_regblock", torch.float32),
-    "mma_bf16": ("launch_matmul_mma_bf16", torch.bfloat16),
-    # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
-    "broken_skip_k_tail": ("launch_matmul_tiled_skip_k_tail", torch.float32),
-}
-VARIANTS = ("naive", "tiled", "coalesced_regblock", "mma_bf16")
-KERNELS = {"naive": "matmul_naive", "tiled": "matmul_tiled", "coalesced_regblock": "matmul_regblock",
-           "mma_bf16": "matmul_mma_bf16"}
-SIGNATURES = {name: _SIG for name, _ in LAUNCHERS.values()}
-BASELINES = ("cublas_fp32", "cublas_bf16")
-PRECISION = {"naive": "fp32", "tiled": "fp32", "coalesced_regblock": "fp32", "mma_bf16": "bf16",
-             "broken_skip_k_tail": "fp32"}
-LIBRARY_FOR = {"naive": "cublas_fp32", "tiled": "cublas_fp32", "coalesced_regblock": "cublas_fp32",
-               "mma_bf16": "cublas_bf16"}
+
+
+def signatures(source: str) -> dict:
+    return {r.launcher: _SIG for r in RUNGS.values() if r.source == source}
+
+
+def column_major(b: torch.Tensor) -> torch.Tensor:
+    """The same K x N matrix stored column-major (K contiguous): what the "col" rungs read."""
+    return b.t().contiguous().t()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, variant: str = "tiled", out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = a @ b with one of the CUDA kernels; fp32 output (for mma_bf16 too: fp32 accumulators)."""
-    if variant not in LAUNCHERS:
+    """C = a @ b with one of the CUDA kernels (a: M x K, b: K x N); C's dtype is the rung's
+    `out_dtype`. Rungs with b_layout "col" need b column-major: pass `column_major(b)`."""
+    rung = RUNGS.get(variant)
+    if rung is None:
         raise ValueError(f"unknown matmul variant '{variant}'; choose from {', '.join(VARIANTS)}")
-    launcher, dtype = LAUNCHERS[variant]
-    need_dtype("a", a, dtype)
-    need_dtype("b", b, dtype)
+    need_dtype("a", a, rung.dtype)
+    need_dtype("b", b, rung.dtype)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"a and b must be 2-D, got {a.dim()}-D and {b.dim()}-D")
     if a.shape[1] != b.shape[0]:
@@ -72,24 +100,34 @@ def matmul(a: torch.Tensor, b: torch.Tensor, variant: str = "tiled", out: torch.
     M, K = a.shape
     N = b.shape[1]
     if out is not None:
-        need_dtype("out", out, torch.float32)
+        need_dtype("out", out, rung.out_dtype)
         if tuple(out.shape) != (M, N):
             raise ValueError(f"out must be {(M, N)}, got {tuple(out.shape)}")
         need_contiguous("out", out)
     need_contiguous("a", a)
-    need_contiguous("b", b)
+    if rung.b_layout == "col":
+        if not b.t().is_contiguous():
+            raise ValueError(f"variant {variant} reads b column-major (K contiguous); pass column_major(b)")
+    else:
+        need_contiguous("b", b)
+    if K % rung.k_multiple:
+        raise ValueError(f"variant {variant} needs K to be a multiple of {rung.k_multiple} "
+                         f"(rows of 16 bytes for the TMA copy engine); got K = {K}")
     if max(M * K, K * N, M * N) > INT32_MAX:
         raise ValueError("each matrix must have fewer than 2^31 elements (the kernels index with int)")
-    out = torch.empty(M, N, device=a.device, dtype=torch.float32) if out is None else out
+    out = torch.empty(M, N, device=a.device, dtype=rung.out_dtype) if out is None else out
     build.require_gpu(a, b, out)
+    why_not = runnable(variant, a.device)
+    if why_not:
+        raise LabError(f"variant {variant} {why_not}")
     if M == 0 or N == 0:
         return out
     if K == 0:
         return out.zero_()
-    lib, _ = build.load(SOURCE, SIGNATURES)
+    lib, _ = build.load(rung.source, signatures(rung.source))
     with torch.cuda.device(a.device):
-        code = getattr(lib, launcher)(build.ptr(a), build.ptr(b), build.ptr(out), M, N, K,
-                                      build.stream(a.device))
+        code = getattr(lib, rung.launcher)(build.ptr(a), build.ptr(b), build.ptr(out), M, N, K,
+                                           build.stream(a.device))
     build.check(lib, code, f"matmul {variant} launch")
     return out
 
@@ -100,18 +138,23 @@ def operands(m: int, n: int, k: int, device, seed: int) -> tuple[torch.Tensor, t
     return (torch.randn(m, k, device=device, generator=g), torch.randn(k, n, device=device, generator=g))
 
 
-def check_variant(variant: str, a32: torch.Tensor, b32: torch.Tensor, out: torch.Tensor,
+def check_variant(variant: str, a32: torch.Tensor, b32: torch.Tensor, out: torch.Tensor | None = None,
                   ref64: torch.Tensor | None = None) -> dict:
-    """Poison `out`, run the variant on (a32, b32) (cast to bf16 for mma_bf16), compare with float64."""
-    dtype = LAUNCHERS[variant][1]
-    a, b = a32.to(dtype), b32.to(dtype)
+    """Poison `out`, run the variant on (a32, b32) cast to its dtype (b in its layout), compare with
+    the float64 product of the same (rounded) inputs."""
+    rung = RUNGS[variant]
+    a, b = a32.to(rung.dtype), b32.to(rung.dtype)
     if ref64 is None:
         ref64 = a.double() @ b.double()
+    if rung.b_layout == "col":
+        b = column_major(b)
+    if out is None or out.dtype != rung.out_dtype:
+        out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=rung.out_dtype)
     poison(out)
     matmul(a, b, variant, out)
     torch.cuda.synchronize(out.device)
-    what = "float64 matmul of the same " + ("bf16-rounded inputs" if dtype == torch.bfloat16 else "inputs")
-    return compare(out, ref64, PRECISION[variant], what)
+    what = "float64 matmul of the same " + ("bf16-rounded inputs" if rung.dtype == BF16 else "inputs")
+    return compare(out, ref64, rung.precision, what)
 
 
 class _NoTF32:
@@ -123,38 +166,54 @@ class _NoTF32:
         torch.backends.cuda.matmul.allow_tf32 = self.saved
 
 
+def runnable(variant: str, device) -> str | None:
+    """Why a rung cannot run on this GPU, or None."""
+    rung, cap = RUNGS[variant], torch.cuda.get_device_capability(device)
+    want = ".".join(map(str, rung.min_capability))
+    if rung.arch_specific and cap != rung.min_capability:
+        return f"needs compute capability exactly {want} (built for sm_{want.replace('.', '')}a); this GPU is {cap[0]}.{cap[1]}"
+    if cap < rung.min_capability:
+        return f"needs compute capability {want} or newer; this GPU is {cap[0]}.{cap[1]}"
+    return None
+
+
 # ------------------------------------------------------------------------------ the exercise
 def run(ctx, params):
+    wanted = [v for v in VARIANTS if ctx.wants(v)]
     m_i, n_i, k_i = params["irregular_shape"]
     ia, ib = operands(m_i, n_i, k_i, ctx.device, seed=1)
-    irregular_out = torch.empty(m_i, n_i, device=ctx.device)
     irregular = {}
-    wanted = [v for v in VARIANTS if ctx.wants(v)]
     with _NoTF32():
         for v in wanted:
-            irregular[v] = check_variant(v, ia, ib, irregular_out)
-    del ia, ib, irregular_out
+            if runnable(v, ctx.device) is None:
+                # TMA rungs need K a multiple of 8: check them at the largest such K below k_i.
+                k_v = k_i - k_i % RUNGS[v].k_multiple
+                irregular[v] = check_variant(v, ia[:, :k_v].contiguous(), ib[:k_v].contiguous())
+                irregular[v]["shape"] = [m_i, n_i, k_v]
+    del ia, ib
 
     rows = []
     with _NoTF32():
         for n in ctx.track(params["sizes"], "matmul sizes"):
             a32, b32 = operands(n, n, n, ctx.device, seed=n)
             a16, b16 = a32.bfloat16(), b32.bfloat16()
-            out = torch.empty(n, n, device=ctx.device)
-            out16 = torch.empty(n, n, device=ctx.device, dtype=torch.bfloat16)
+            b16_col = column_major(b16)
+            outs = {F32: torch.empty(n, n, device=ctx.device), BF16: torch.empty(n, n, device=ctx.device, dtype=BF16)}
             refs = {}
 
-            def ref(kind):
-                if kind not in refs:
-                    refs[kind] = (a32.double() @ b32.double()) if kind == "fp32" else (a16.double() @ b16.double())
-                return refs[kind]
+            def ref(precision):
+                if precision not in refs:
+                    refs[precision] = (a32.double() @ b32.double()) if precision == "fp32" else (a16.double() @ b16.double())
+                return refs[precision]
 
             here = {}
-            lib_needed = {LIBRARY_FOR[v] for v in wanted} | {b for b in BASELINES if ctx.wants(b)}
+            lib_needed = {RUNGS[v].library for v in wanted} | {b for b in BASELINES if ctx.wants(b)}
+            baseline_args = {"cublas_fp32": (a32, b32, outs[F32], "fp32"), "cublas_bf16": (a16, b16, outs[BF16], "bf16"),
+                             "cublas_bf16_nt": (a16, b16_col, outs[BF16], "bf16")}
             for base in BASELINES:
                 if base not in lib_needed:
                     continue
-                x, y, o, prec = (a32, b32, out, "fp32") if base == "cublas_fp32" else (a16, b16, out16, "bf16")
+                x, y, o, prec = baseline_args[base]
 
                 def fn(x=x, y=y, o=o):
                     torch.matmul(x, y, out=o)
@@ -163,47 +222,55 @@ def run(ctx, params):
                     poison(o); fn(); ctx.synchronize()
                     return compare(o, ref(prec), prec, f"float64 matmul of the same {prec} inputs")
 
-                here[base] = measure(ctx, base, _size(n, prec, base), fn=fn, check=check, flops=2 * n**3,
-                                     bytes_moved=3 * n * n * o.element_size(), dtype=prec)
+                size = {"m": n, "n": n, "k": n, "dtype": prec, "b_layout": "col" if base.endswith("_nt") else "row"}
+                here[base] = measure(ctx, base, size, fn=fn, check=check, flops=2 * n**3,
+                                     bytes_moved=n * n * (2 * x.element_size() + o.element_size()), dtype=prec)
             for v in wanted:
-                size = _size(n, PRECISION[v], v)
+                rung = RUNGS[v]
                 if v == "naive" and n > params["naive_max_n"]:
                     continue
-                x, y = (a16, b16) if v == "mma_bf16" else (a32, b32)
+                size = {"m": n, "n": n, "k": n, "dtype": rung.precision, "b_layout": rung.b_layout}
+                why_not = runnable(v, ctx.device)
+                if why_not:
+                    here[v] = row(v, size, "skipped", why_not)
+                    continue
+                x, y = (a16, b16) if rung.dtype == BF16 else (a32, b32)
+                y = column_major(y) if rung.b_layout == "col" else y
+                out = outs[rung.out_dtype]
 
-                def fn(v=v, x=x, y=y):
+                def fn(v=v, x=x, y=y, out=out):
                     matmul(x, y, v, out)
 
-                def check(v=v):
+                def check(v=v, out=out):
                     if not irregular[v]["passed"]:
-                        return {**irregular[v], "reason": f"at {m_i}x{n_i}x{k_i}: {irregular[v]['reason']}"}
-                    return check_variant(v, a32, b32, out, ref(PRECISION[v]))
+                        return {**irregular[v], "reason": f"at {irregular[v]['shape']}: {irregular[v]['reason']}"}
+                    return check_variant(v, a32, b32, out, ref(RUNGS[v].precision))
 
                 r = measure(ctx, v, size, fn=fn, check=check, flops=2 * n**3,
-                            bytes_moved=n * n * (2 * x.element_size() + 4), dtype=PRECISION[v])
-                lib_row = here.get(LIBRARY_FOR[v])
+                            bytes_moved=n * n * (2 * x.element_size() + out.element_size()), dtype=rung.precision)
+                lib_row = here.get(rung.library)
                 if r["status"] == "ok" and lib_row and lib_row["status"] == "ok":
-                    r["metrics"]["library"] = LIBRARY_FOR[v]
+                    r["metrics"]["library"] = rung.library
                     r["metrics"]["library_tflops_same_run"] = lib_row["metrics"]["tflops"]
                     r["metrics"]["pct_of_library"] = 100 * r["metrics"]["tflops"] / lib_row["metrics"]["tflops"]
                 here[v] = r
             rows += [here[k] for k in (*BASELINES, *VARIANTS) if k in here]
-            del a32, b32, a16, b16, out, out16, refs
-    _, b_ = build.load(SOURCE, SIGNATURES)
+            del a32, b32, a16, b16, b16_col, outs, refs
+    builds = {}
+    for source in sorted({RUNGS[v].source for v in wanted}):
+        b_ = build.load(source, signatures(source))[1]
+        builds[source] = {"arch": b_.arch, "flags": list(b_.flags)}
     summary = {"irregular_shape": [m_i, n_i, k_i], "irregular_checks": irregular,
                "naive_max_n": params["naive_max_n"],
-               "build": {"arch": b_.arch, "flags": list(b_.flags),
-                         "resources": {v: b_.resources.get(KERNELS[v]) for v in VARIANTS}}}
+               "build": {"sources": builds,
+                         "resources": {v: build.load(RUNGS[v].source)[1].resources.get(RUNGS[v].kernel)
+                                       for v in wanted}}}
     return rows, summary
-
-
-def _size(n: int, dtype: str, variant: str) -> dict:
-    return {"m": n, "n": n, "k": n, "dtype": dtype}
 
 
 EXERCISE = Exercise(
     id="phase2.matmul", title="CUDA matmul ladder: naive, tiled, register-blocked, mma.sync bf16 vs cuBLAS",
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
-    params={"sizes": [1024, 2048, 4096], "naive_max_n": 2048, "irregular_shape": [1000, 777, 555]},
+    params={"sizes": [1024, 2048, 4096, 8192], "naive_max_n": 2048, "irregular_shape": [1000, 777, 555]},
     cpu_params={}, quick_params={"sizes": [256], "irregular_shape": [100, 77, 55]},
     variants=(*VARIANTS, *BASELINES))
