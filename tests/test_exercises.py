@@ -5,6 +5,7 @@ import subprocess
 import pytest
 import torch
 
+from common import ncu
 from common.errors import LabError
 from conftest import by_exercise, cpu_only
 
@@ -182,7 +183,7 @@ NCU_CSV = '''==PROF== Connected to process 48213 (/usr/bin/python3.11)
 
 
 def test_parse_ncu_csv():
-    kernels = nsight.parse_ncu_csv(NCU_CSV)
+    kernels = ncu.parse_csv(NCU_CSV)
     assert len(kernels) == 2
     ew, mm = kernels
     assert ew["kernel"].startswith("void at::native::vectorized_elementwise_kernel<4, ")   # commas kept
@@ -198,12 +199,12 @@ def test_parse_ncu_csv():
 
 
 def test_parse_ncu_csv_without_a_table():
-    assert nsight.parse_ncu_csv("==PROF== Disconnected from process 1\n==ERROR== no kernels were profiled\n") == []
-    assert nsight.parse_ncu_csv("") == []
+    assert ncu.parse_csv("==PROF== Disconnected from process 1\n==ERROR== no kernels were profiled\n") == []
+    assert ncu.parse_csv("") == []
 
 
 def test_ncu_command_leaves_the_clocks_alone():
-    cmd = nsight.ncu_command("elementwise", 1024)
+    cmd = ncu.command("phases.phase1_roofline.nsight_target", ["elementwise", "1024"], nsight.METRICS)
     assert cmd[0] == "ncu" and "--csv" in cmd
     assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--metrics") + 1].split(",") == list(nsight.METRICS)
@@ -211,7 +212,7 @@ def test_ncu_command_leaves_the_clocks_alone():
 
 
 def test_nsight_run_arithmetic(spec_ctx, monkeypatch):
-    kernels = nsight.parse_ncu_csv(NCU_CSV)
+    kernels = ncu.parse_csv(NCU_CSV)
     monkeypatch.setattr(nsight, "profile", lambda kind, n, timeout_s: [kernels[0] if kind == "elementwise" else kernels[1]])
     n_ew, n_mm = 33_554_432, 8192
     rows = nsight.run(spec_ctx(), {"elementwise_n": n_ew, "matmul_n": n_mm, "timeout_s": 1})
@@ -232,7 +233,7 @@ def test_nsight_profile_failure_is_one_line(monkeypatch):
                                            stderr="==ERROR== ERR_NVGPUCTRPERM - The user does not have "
                                                   "permission to access NVIDIA GPU Performance Counters\n")
 
-    monkeypatch.setattr(nsight.subprocess, "run", fake_run)
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
     with pytest.raises(LabError) as info:
         nsight.profile("elementwise", 1024, 10)
     assert "ERR_NVGPUCTRPERM" in str(info.value) and "\n" not in str(info.value)

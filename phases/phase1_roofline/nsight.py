@@ -11,56 +11,16 @@ The roofline's byte count is checked against the counters: the multiply should m
 re-read A and B from HBM whenever L2 cannot hold them.
 Clocks are left as found (`--clock-control none`); the lab never changes a GPU's settings.
 """
-import csv
-import io
-import subprocess
-import sys
-
-from common.errors import LabError
+from common import ncu
 from common.exercise import Exercise, Needs, row
-from common.paths import REPO_ROOT
 
 METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
            "dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 
 
-def ncu_command(kind: str, n: int) -> list[str]:
-    return ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--print-units", "base",
-            "--csv", "--metrics", ",".join(METRICS),
-            sys.executable, "-m", "phases.phase1_roofline.nsight_target", kind, str(n)]
-
-
-def parse_ncu_csv(text: str) -> list[dict]:
-    """ncu --csv output -> one dict per profiled kernel: {'kernel': name, metric: float, ...}."""
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    if not lines:
-        return []
-    kernels: dict[str, dict] = {}
-    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
-        if "Metric Name" not in rec or rec.get("ID") is None:
-            continue
-        k = kernels.setdefault(rec["ID"], {"kernel": rec.get("Kernel Name")})
-        value = (rec.get("Metric Value") or "").replace(",", "")
-        try:
-            k[rec["Metric Name"]] = float(value)
-        except ValueError:
-            k[rec["Metric Name"]] = None
-    return list(kernels.values())
-
-
 def profile(kind: str, n: int, timeout_s: float) -> list[dict]:
-    try:
-        out = subprocess.run(ncu_command(kind, n), capture_output=True, text=True, timeout=timeout_s,
-                             cwd=REPO_ROOT)
-    except subprocess.TimeoutExpired:
-        raise LabError(f"ncu did not finish profiling {kind} in {timeout_s:.0f} s") from None
-    kernels = parse_ncu_csv(out.stdout)
-    if out.returncode != 0 or not kernels:
-        tail = (out.stderr or out.stdout).strip().splitlines()
-        msg = next((ln for ln in reversed(tail) if "ERR" in ln or "rror" in ln), tail[-1] if tail else "no output")
-        raise LabError(f"ncu could not profile {kind}: {msg.strip()[:200]}")
-    return kernels
+    return ncu.profile("phases.phase1_roofline.nsight_target", [kind, str(n)], METRICS, timeout_s, kind)
 
 
 def run(ctx, params):
