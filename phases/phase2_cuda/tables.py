@@ -21,15 +21,82 @@ def t_matmul(v: View) -> str:
     rows = []
     for _, r in sub.iterrows():
         if r["status"] != "ok":
-            rows.append([v.hw(r), r["variant"], num(g(r, "params.n")), "-", "-", "-", "-",
+            rows.append([v.hw(r), r["variant"], num(g(r, "params.n")), "-", "-", "-", "-", "-",
                          f"{r['status']}: {g(r, 'reason')}", "-", "-", v.run_label(r)])
             continue
         lib = g(r, "metrics.library")
-        rows.append([v.hw(r), r["variant"], num(g(r, "params.n")), g(r, "params.dtype"), num(g(r, "metrics.ms"), 4),
+        layout = g(r, "params.b_layout")
+        rows.append([v.hw(r), r["variant"], num(g(r, "params.n")), g(r, "params.dtype"),
+                     "column-major" if layout == "col" else "row-major", num(g(r, "metrics.ms"), 4),
                      num(g(r, "metrics.tflops")), f"{pct(g(r, 'metrics.pct_of_library'))} of {lib}" if lib else "(baseline)",
                      *prediction_cells(r), v.run_label(r)])
-    return markdown(rows, ["hardware", "variant", "N", "dtype", "ms", "TFLOP/s", "% of cuBLAS (same run)",
+    return markdown(rows, ["hardware", "variant", "N", "dtype", "B stored", "ms", "TFLOP/s", "% of cuBLAS (same run)",
                            "predicted ms", "bound", "measured/predicted", "run"])
+
+
+def t_ladder(v: View) -> str:
+    """What each rung bought: at the largest N every rung ran, TFLOP/s, the factor over the rung
+    before it (same dtype) and the share of cuBLAS, per GPU."""
+    from .matmul import VARIANTS
+    sub = latest(v.df, "phase2.matmul")
+    if not len(sub):
+        return NO_RECORDS.format(ex="phase2.matmul")
+    rows = []
+    for hw in sorted(set(sub["hardware"])):
+        mine = sub[(sub["hardware"] == hw) & (sub["status"] == "ok") & sub["variant"].isin(VARIANTS)]
+        if not len(mine):
+            continue
+        counts = mine.groupby("params.n")["variant"].nunique()
+        n = counts[counts == counts.max()].index.max()
+        at = mine[mine["params.n"] == n].set_index("variant")
+        previous = {}
+        for variant in VARIANTS:
+            if variant not in at.index:
+                continue
+            r = at.loc[variant]
+            dtype = r["params.dtype"]
+            before = previous.get(dtype)
+            gain = f"{r['metrics.tflops'] / before[1]:.2f}x over {before[0]}" if before else "(first rung)"
+            previous[dtype] = (variant, r["metrics.tflops"])
+            lib = g(r, "metrics.library")
+            rows.append([r["hardware_name"], num(n), variant, dtype, num(r["metrics.tflops"]), gain,
+                         f"{pct(g(r, 'metrics.pct_of_library'))} of {lib}" if lib else "-"])
+    return markdown(rows, ["hardware", "N", "rung", "dtype", "TFLOP/s", "what it bought", "% of cuBLAS (same run)"])
+
+
+def t_softmax(v: View) -> str:
+    sub = latest(v.df, "phase2.softmax")
+    if not len(sub):
+        return NO_RECORDS.format(ex="phase2.softmax")
+    rows = []
+    for _, r in sub.iterrows():
+        shape = f"{num(g(r, 'params.rows'))} x {num(g(r, 'params.cols'))}"
+        kernel = g(r, "metrics.kernel")
+        variant = f"{r['variant']} ({kernel})" if kernel else r["variant"]
+        if r["status"] != "ok":
+            rows.append([v.hw(r), g(r, "params.dtype", "-"), shape, variant, "-", "-", "-", "-",
+                         f"{r['status']}: {g(r, 'reason')}", "-", "-", v.run_label(r)])
+            continue
+        speedup = g(r, "metrics.speedup_vs_torch")
+        rows.append([v.hw(r), g(r, "params.dtype", "-"), shape, variant, num(g(r, "metrics.ms"), 4),
+                     num(g(r, "metrics.gbps")), pct(g(r, "metrics.pct_of_copy_bandwidth")),
+                     f"{speedup:.2f}x" if speedup else "-", *prediction_cells(r), v.run_label(r)])
+    return markdown(rows, ["hardware", "dtype", "rows x cols", "variant (kernel)", "ms", "GB/s", "% of copy (same run)",
+                           "speedup vs torch", "predicted ms", "bound", "measured/predicted", "run"])
+
+
+def t_traffic(v: View) -> str:
+    """Nsight Compute counters against the byte counts predicted from the code."""
+    sub = latest(v.df, "phase2.traffic")
+    if not len(sub):
+        return NO_RECORDS.format(ex="phase2.traffic")
+    rows = [[v.hw(r), r["variant"], num(g(r, "params.n")), num(g(r, "metrics.global_load_bytes")),
+             num(g(r, "metrics.predicted_global_load_bytes")), num(g(r, "metrics.measured_over_predicted"), 3),
+             num(g(r, "metrics.l2_read_bytes")), num(g(r, "metrics.dram_bytes")),
+             num(g(r, "metrics.dram_over_compulsory"), 3), v.run_label(r)]
+            for _, r in sub.iterrows() if r["status"] == "ok"]
+    return markdown(rows, ["hardware", "kernel", "n (elements or N)", "global-load bytes (ncu)", "predicted",
+                           "measured/predicted", "L2 read bytes", "DRAM bytes", "DRAM / compulsory", "run"])
 
 
 def t_build(v: View) -> str:
@@ -46,12 +113,15 @@ def t_build(v: View) -> str:
             if kernel in seen or not isinstance(res, dict):
                 continue
             seen.add(kernel)
-            rows.append([kernel, build.get("arch", "-"), num(res.get("registers")), num(res.get("smem_bytes")),
+            rows.append([kernel, res.get("arch") or build.get("arch", "-"), num(res.get("registers")), num(res.get("smem_bytes")),
                          num(res.get("spill_stores_bytes")), num(res.get("spill_loads_bytes"))])
     return markdown(rows, ["kernel", "arch", "registers", "shared memory bytes", "spill stores bytes", "spill loads bytes"])
 
 
-TABLES = {"phase2.vector_add": t_vector_add, "phase2.matmul": t_matmul, "phase2.build": t_build}
+TABLES = {"phase2.vector_add": t_vector_add, "phase2.ladder": t_ladder, "phase2.matmul": t_matmul,
+          "phase2.softmax": t_softmax,
+          "phase2.traffic": t_traffic,
+          "phase2.build": t_build}
 
 
 def key_result(v: View) -> list[str]:

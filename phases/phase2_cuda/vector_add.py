@@ -11,7 +11,12 @@ Per element: read a, read b, write c (12 bytes) for 1 FLOP, intensity 1/12 FLOP/
 says time = 12 n / bandwidth. At 1M elements (12 MiB moved) the working set fits in the H200's L2
 and launch overhead is a large part of the time; at 2^28 elements (3 GiB moved) every byte comes
 from HBM. The `copy` row (torch copy, 8 bytes per element) at the same size is the practical
-ceiling; the CUDA row reports its bandwidth as a percentage of it.
+ceiling; the CUDA rows report their bandwidth as a percentage of it.
+
+Two kernels: `cuda` is the seed's (one float per thread); `cuda_vec4` loads and stores one float4
+(16 bytes) per thread, a quarter of the memory instructions for the same bytes and more bytes in
+flight per thread, which is what a memory-bound kernel needs far beyond L2. It needs 16-byte
+aligned tensors (refused with a ValueError otherwise) and handles the n % 4 tail with scalars.
 """
 import ctypes
 
@@ -24,14 +29,19 @@ from . import build
 from ._args import need_contiguous, need_dtype
 
 SOURCE = "vector_add.cu"
-SIGNATURES = {"launch_vector_add": [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                    ctypes.c_int, ctypes.c_void_p]}
+_SIG = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+LAUNCHERS = {"cuda": "launch_vector_add",             # the seed's kernel: one float per thread
+             "cuda_vec4": "launch_vector_add_vec4"}   # one float4 per thread (16-byte accesses)
+SIGNATURES = {name: _SIG for name in LAUNCHERS.values()}
 THREADS = 256                    # the seed's block size: 1M elements -> 4096 blocks
 IRREGULAR_N = 1_000_003          # not a multiple of 256: the last block is partly empty
 
 
-def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, threads: int = THREADS) -> torch.Tensor:
+def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, threads: int = THREADS,
+        variant: str = "cuda") -> torch.Tensor:
     """out = a + b for contiguous fp32 vectors of one shape, on one CUDA device."""
+    if variant not in LAUNCHERS:
+        raise ValueError(f"unknown vector add variant '{variant}'; choose from {', '.join(LAUNCHERS)}")
     for name, t in (("a", a), ("b", b)) + ((("out", out),) if out is not None else ()):
         need_dtype(name, t, torch.float32)
         need_contiguous(name, t)
@@ -41,21 +51,23 @@ def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, threa
     if threads not in (32, 64, 128, 256, 512, 1024):
         raise ValueError(f"threads per block must be a power of two from 32 to 1024, got {threads}")
     out = torch.empty_like(a) if out is None else out
+    if variant == "cuda_vec4" and any(t.data_ptr() % 16 for t in (a, b, out)):
+        raise ValueError("cuda_vec4 loads 16 bytes at a time: a, b and out must start 16-byte aligned")
     build.require_gpu(a, b, out)
     n = a.numel()
     if (n + threads - 1) // threads > build.INT32_MAX_GRID:
         raise ValueError(f"n = {n} needs more than 2^31-1 blocks of {threads}")
     lib, _ = build.load(SOURCE, SIGNATURES)
     with torch.cuda.device(a.device):
-        code = lib.launch_vector_add(build.ptr(a), build.ptr(b), build.ptr(out), n, threads,
-                                     build.stream(a.device))
-    build.check(lib, code, "vector_add launch")
+        code = getattr(lib, LAUNCHERS[variant])(build.ptr(a), build.ptr(b), build.ptr(out), n, threads,
+                                                 build.stream(a.device))
+    build.check(lib, code, f"vector_add {variant} launch")
     return out
 
 
-def check_add(a, b, out) -> dict:
+def check_add(a, b, out, variant: str = "cuda") -> dict:
     poison(out)
-    add(a, b, out)
+    add(a, b, out, variant=variant)
     torch.cuda.synchronize(out.device)
     return exact(out, a + b, "torch a + b of the same inputs")
 
@@ -68,7 +80,7 @@ def inputs(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 def run(ctx, params):
     # The irregular size first: the tail guard is checked before any size is timed.
     a, b = inputs(params["irregular_n"], ctx.device)
-    irregular = check_add(a, b, torch.empty_like(a))
+    irregular = {v: check_add(a, b, torch.empty_like(a), v) for v in LAUNCHERS if ctx.wants(v)}
     del a, b
     rows = []
     for n in ctx.track(params["sizes"], "vector add sizes"):
@@ -81,16 +93,19 @@ def run(ctx, params):
             poison(out); out.copy_(a); ctx.synchronize()
             return exact(out, a, "the source tensor")
 
-        def check_cuda():
-            if not irregular["passed"]:
-                return {**irregular, "reason": f"at n = {params['irregular_n']}: {irregular['reason']}"}
-            return check_add(a, b, out)
-
         if ctx.wants("copy"):
             here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(a), check=check_copy,
                                 flops=0, bytes_moved=2 * n * 4, dtype=None))
-        if ctx.wants("cuda"):
-            here.append(measure(ctx, "cuda", size, fn=lambda: add(a, b, out), check=check_cuda,
+        for v in LAUNCHERS:
+            if not ctx.wants(v):
+                continue
+
+            def check(v=v):
+                if not irregular[v]["passed"]:
+                    return {**irregular[v], "reason": f"at n = {params['irregular_n']}: {irregular[v]['reason']}"}
+                return check_add(a, b, out, v)
+
+            here.append(measure(ctx, v, size, fn=lambda v=v: add(a, b, out, variant=v), check=check,
                                 flops=n, bytes_moved=3 * n * 4, dtype="fp32"))
         copy_row = next((r for r in here if r["variant"] == "copy" and r["status"] == "ok"), None)
         for r in here:
@@ -100,7 +115,7 @@ def run(ctx, params):
         rows += here
         del a, b, out
     _, b_ = build.load(SOURCE, SIGNATURES)
-    summary = {"irregular_n": params["irregular_n"], "irregular_check": irregular,
+    summary = {"irregular_n": params["irregular_n"], "irregular_checks": irregular,
                "build": {"arch": b_.arch, "flags": list(b_.flags), "resources": b_.resources}}
     if ctx.is_cuda:
         summary["l2_bytes"] = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)
@@ -112,4 +127,4 @@ EXERCISE = Exercise(
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
     params={"sizes": [2**20, 2**28], "irregular_n": IRREGULAR_N},
     cpu_params={}, quick_params={"sizes": [2**20], "irregular_n": 100_003},
-    variants=("copy", "cuda"))
+    variants=("copy", *LAUNCHERS))

@@ -1,0 +1,656 @@
+// Phase 2.3: row softmax. y[r, :] = exp(x[r, :] - max_r) / sum(exp(x[r, :] - max_r)) over a
+// contiguous rows x cols tensor, fp32 or bf16 in and out, the arithmetic in fp32.
+//
+// The budget. Per element: one read and one write (8 bytes fp32, 4 bytes bf16) against about five
+// FLOPs (scale by log2 e, max, subtract, exp2, add; then one multiply by 1/sum), 0.6 FLOP/byte in
+// fp32: far below the H200's ridge, so the time is bytes / bandwidth and the ceiling is a copy of
+// the same tensor (the same bytes read and written). A kernel reaches it only if it reads each
+// element from HBM once, writes it once, and keeps enough bytes in flight (H200: ~4.8 TB/s x
+// ~0.7 us latency ~ 3.4 MB across 132 SMs ~ 25 KB per SM, 32 bytes per thread at full occupancy).
+//
+// exp(v) = exp2(v * log2 e): each element is multiplied by log2 e once as it is loaded, and every
+// exponential afterwards is one `ex2.approx.ftz.f32` (the SFU instruction, relative error ~2^-22,
+// far below the fp32 check's 5e-5; ftz flushes results below 2^-126 to zero, which a softmax
+// output that small cannot notice). The max is subtracted first so exp2 never overflows.
+//
+// The kernels (each also a variant of its own; the dispatcher `launch_softmax` picks by length):
+//   softmax_warp_row_*    the seed's: one warp per row, each lane cols/32 values in registers,
+//                         max and sum by xor-shuffle butterflies (no shared memory, no barrier).
+//   softmax_warp_packed_* short rows: a power-of-two group of lanes per row, several rows per warp,
+//                         so each lane holds >= 32 bytes (8 fp32 / 16 bf16): a whole warp on a
+//                         32-column fp32 row has only 4 bytes per lane in flight.
+//   softmax_block_row_*   medium rows (<= 32768): a block per row held in registers, warp shuffles
+//                         then one shared-memory exchange between warps.
+//   softmax_cluster_row_* long rows (<= 131072) on sm_90: a cluster of 2..16 CTAs per row, each
+//                         holding a slice in registers; (max, sum) pairs exchanged through
+//                         distributed shared memory. Still one HBM read and one write per element.
+//   softmax_online_*      any length: a block per row, pass 1 keeps a running (max, sum), pass 2
+//                         re-reads the row (backwards, so its tail is still in L2) and writes it.
+//
+// Layout shared by all of them: thread t of n holds packs k = 0..ITERS-1, pack k being PACK
+// consecutive elements starting at (k * n + t) * PACK. With `vec` (the row length a multiple of
+// PACK and both pointers PACK-element aligned, checked by the launcher) a pack is one 16-byte (or
+// narrower) load; otherwise the same elements are loaded one by one, each bounds-checked. Missing
+// elements load as -inf, which adds nothing to the max and exp2(-inf) = 0 to the sum.
+//
+// Launchers: extern "C" int launch_softmax_*(x, y, rows, cols, dtype, stream), dtype 0 = fp32,
+// 1 = bf16; they return the cudaError_t of the launch, or cudaErrorInvalidValue /
+// cudaErrorNotSupported for a length or a GPU the kernel cannot handle. Row and column counts are
+// int (the Python side keeps tensors below 2^31 elements); row offsets are 64-bit.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#include <math.h>
+#include <stdint.h>
+#include <limits.h>
+#include <utility>
+
+namespace cg = cooperative_groups;
+
+extern "C" const char* lab_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+#define FULL_MASK 0xffffffffu
+#define LOG2E 1.4426950408889634f
+#define WARP_KERNEL_WARPS 4            // warp kernels: 128-thread blocks
+#define CLUSTER_THREADS 512            // cluster kernels: 512 threads x 16 values per CTA
+#define CLUSTER_VALUES 16
+#define ONLINE_THREADS 512             // online kernel: tiles of 512 threads x 16 values
+#define ONLINE_VALUES 16
+
+// ---------------------------------------------------------------------------------------------
+// Element types: how a value is stored and how it becomes an fp32 and back.
+struct F32 {
+    using storage = float;
+    static constexpr int VEC = 4;                       // elements per 16-byte load
+    static __device__ __forceinline__ float to_float(float v) { return v; }
+    static __device__ __forceinline__ float from_float(float f) { return f; }
+};
+struct BF16 {
+    using storage = unsigned short;                     // the bf16 bits; the math is fp32
+    static constexpr int VEC = 8;
+    // bf16 is the top half of an fp32: widening is a 16-bit shift, exact.
+    static __device__ __forceinline__ float to_float(unsigned short v) { return __uint_as_float((unsigned)v << 16); }
+    // Narrowing rounds to nearest even (as torch does).
+    static __device__ __forceinline__ unsigned short from_float(float f) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    }
+};
+
+// PACK consecutive elements seen two ways: as elements, and as one built-in vector type of the
+// same size (16 bytes: uint4). Packs move through __ldg / __stwb (inline PTX with the width
+// spelled out: ld.global.nc.v4.u32 / st.global.wb.v4.u32), because a plain struct copy can be
+// split into scalar accesses by the optimizer (it was, in the cluster kernel).
+template <int BYTES> struct RawOf;
+template <> struct RawOf<2> { using type = unsigned short; };
+template <> struct RawOf<4> { using type = unsigned int; };
+template <> struct RawOf<8> { using type = uint2; };
+template <> struct RawOf<16> { using type = uint4; };
+
+template <typename Ty, int PACK>
+union Pack {
+    using Raw = typename RawOf<PACK * sizeof(typename Ty::storage)>::type;
+    Raw raw;
+    typename Ty::storage e[PACK];
+};
+
+// Configurations, used by the kernels' template arguments and by the host launchers alike.
+__host__ __device__ constexpr int vec_of(int dtype) { return dtype == 0 ? 4 : 8; }
+__host__ __device__ constexpr int pack_of(int vec, int values) { return values < vec ? values : vec; }
+// Warp kernels: values per lane for a row bucket of C (a power of two) columns.
+__host__ __device__ constexpr int seed_values(int c) { return c / 32; }                         // 32 lanes per row
+__host__ __device__ constexpr int packed_values(int dtype, int c) {                             // >= 32 bytes per lane
+    return c / 32 > (dtype == 0 ? 8 : 16) ? c / 32 : (c < (dtype == 0 ? 8 : 16) ? c : (dtype == 0 ? 8 : 16));
+}
+__host__ __device__ constexpr int packed_lanes(int dtype, int c) { return c / packed_values(dtype, c); }
+// Block kernel: threads x values = C. 16 values (64 bytes fp32) per thread up to 8192 columns,
+// then 32 (the register budget at 1024 threads is 64 per thread: 32 values + addressing).
+__host__ __device__ constexpr int block_threads(int c) {
+    return c <= 2048 ? 128 : (c <= 8192 ? c / 16 : (c == 16384 ? 512 : 1024));
+}
+__host__ __device__ constexpr int block_values(int c) { return c <= 8192 ? 16 : 32; }
+// Cluster kernel: CTAs per row for a bucket of C columns, each 512 threads x 16 values.
+__host__ __device__ constexpr int cluster_ctas(int c) {
+    return c <= 16384 ? 2 : c / (CLUSTER_THREADS * CLUSTER_VALUES);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-thread slices, reductions.
+__device__ __forceinline__ float ex2(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));   // exp2(-inf) = +0
+    return r;
+}
+
+// Thread t of `nthreads` loads its PACK * ITERS values of the row segment starting at p (elements
+// at offset >= limit are missing: -inf), multiplied by log2 e.
+template <typename Ty, int PACK, int ITERS>
+__device__ __forceinline__ void load_slice(const typename Ty::storage* p, int t, int nthreads, int limit, bool vec,
+                                           float (&v)[PACK * ITERS]) {
+#pragma unroll
+    for (int k = 0; k < ITERS; ++k) {
+        const int i0 = (k * nthreads + t) * PACK;
+        if (vec) {                      // the row length is a multiple of PACK: a pack is all in or all out
+            if (i0 < limit) {
+                Pack<Ty, PACK> q;
+                q.raw = __ldg(reinterpret_cast<const typename Pack<Ty, PACK>::Raw*>(p + i0));
+#pragma unroll
+                for (int j = 0; j < PACK; ++j) v[k * PACK + j] = Ty::to_float(q.e[j]) * LOG2E;
+            } else {
+#pragma unroll
+                for (int j = 0; j < PACK; ++j) v[k * PACK + j] = -INFINITY;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < PACK; ++j)
+                v[k * PACK + j] = i0 + j < limit ? Ty::to_float(__ldg(p + i0 + j)) * LOG2E : -INFINITY;
+        }
+    }
+}
+
+// The inverse: writes e * scale for the same elements, none at offset >= limit.
+template <typename Ty, int PACK, int ITERS>
+__device__ __forceinline__ void store_slice(typename Ty::storage* p, int t, int nthreads, int limit, bool vec,
+                                            const float (&e)[PACK * ITERS], float scale) {
+#pragma unroll
+    for (int k = 0; k < ITERS; ++k) {
+        const int i0 = (k * nthreads + t) * PACK;
+        if (vec) {
+            if (i0 < limit) {
+                Pack<Ty, PACK> q;
+#pragma unroll
+                for (int j = 0; j < PACK; ++j) q.e[j] = Ty::from_float(e[k * PACK + j] * scale);
+                __stwb(reinterpret_cast<typename Pack<Ty, PACK>::Raw*>(p + i0), q.raw);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < PACK; ++j)
+                if (i0 + j < limit) p[i0 + j] = Ty::from_float(e[k * PACK + j] * scale);
+        }
+    }
+}
+
+// Butterflies over aligned groups of WIDTH lanes (WIDTH a power of two <= 32): log2(WIDTH) steps,
+// after which every lane of the group holds the result (no broadcast needed). Offsets < WIDTH
+// never cross a group, so groups of one warp reduce independently.
+template <int WIDTH>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+    for (int off = WIDTH / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int off = WIDTH / 2; off > 0; off /= 2) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+// A block of WARPS warps: shuffle within each warp, one shared-memory slot per warp, one barrier,
+// then every warp re-reduces the WARPS partials itself (so no second barrier to broadcast).
+// `red` must be used by one reduction only (the kernels give each its own array).
+template <int WARPS>
+__device__ __forceinline__ float block_max(float v, float* red) {
+    v = group_max<32>(v);
+    if constexpr (WARPS == 1) return v;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    return group_max<32>(lane < WARPS ? red[lane] : -INFINITY);
+}
+template <int WARPS>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = group_sum<32>(v);
+    if constexpr (WARPS == 1) return v;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    return group_sum<32>(lane < WARPS ? red[lane] : 0.f);
+}
+
+// Online softmax's combine rule. (m, s) stands for a set of values whose max is m (log2 units)
+// and whose sum of exp2(v - m) is s. The union of two sets has max M = max(m, m2) and sum
+// s * exp2(m - M) + s2 * exp2(m2 - M). An empty set is (-inf, 0); two empty sets would give
+// -inf - (-inf) = NaN, hence the reference 0 when M = -inf.
+__device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
+    const float mx = fmaxf(m, m2);
+    const float ref = mx == -INFINITY ? 0.f : mx;
+    s = s * ex2(m - ref) + s2 * ex2(m2 - ref);
+    m = mx;
+}
+__device__ __forceinline__ void warp_combine(float& m, float& s) {
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2)
+        combine(m, s, __shfl_xor_sync(FULL_MASK, m, off), __shfl_xor_sync(FULL_MASK, s, off));
+}
+
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
+
+// ---------------------------------------------------------------------------------------------
+// Warp kernels: a group of LANES lanes per row, E values per lane (C = LANES * E >= cols), 32/LANES
+// rows per warp, WARP_KERNEL_WARPS warps per block. LANES = 32 is the seed's one warp per row.
+// Registers: E values + ~20 for addresses and loop state (E <= 32: no spills, see ptxas).
+template <typename Ty, int LANES, int E>
+__device__ __forceinline__ void warp_row(const void* xv, void* yv, int rows, int cols, bool vec) {
+    using S = typename Ty::storage;
+    constexpr int PACK = pack_of(Ty::VEC, E), ITERS = E / PACK;
+    constexpr int ROWS_PER_WARP = 32 / LANES, ROWS_PER_BLOCK = WARP_KERNEL_WARPS * ROWS_PER_WARP;
+    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: a power of two <= 32");
+    static_assert(E % PACK == 0, "E: a multiple of the pack");
+    const int lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x / 32) * ROWS_PER_WARP + lane / LANES;
+    // Lanes past the last row still take part in the shuffles (their group is all past it too, so
+    // nothing they compute reaches a live row), but load and store nothing.
+    const bool live = row < rows;
+    const size_t base = live ? (size_t)row * cols : 0;
+    const int limit = live ? cols : 0;
+    const int t = lane % LANES;
+    float v[E];
+    load_slice<Ty, PACK, ITERS>(static_cast<const S*>(xv) + base, t, LANES, limit, vec, v);
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
+    m = group_max<LANES>(m);
+    const float ref = finite_or_zero(m);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        v[i] = ex2(v[i] - ref);
+        s += v[i];
+    }
+    s = group_sum<LANES>(s);
+    store_slice<Ty, PACK, ITERS>(static_cast<S*>(yv) + base, t, LANES, limit, vec, v, 1.f / s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block kernel: one block of THREADS threads per row (grid = rows), E values per thread in
+// registers (C = THREADS * E >= cols). Two block reductions (max, then sum of exp2), each one
+// barrier; each has its own shared array, so the second never overwrites what the first reads.
+template <typename Ty, int THREADS, int E>
+__device__ __forceinline__ void block_row(const void* xv, void* yv, int rows, int cols, bool vec) {
+    using S = typename Ty::storage;
+    constexpr int PACK = pack_of(Ty::VEC, E), ITERS = E / PACK, WARPS = THREADS / 32;
+    __shared__ float red_max[32], red_sum[32];
+    const size_t base = (size_t)blockIdx.x * cols;
+    float v[E];
+    load_slice<Ty, PACK, ITERS>(static_cast<const S*>(xv) + base, threadIdx.x, THREADS, cols, vec, v);
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
+    m = block_max<WARPS>(m, red_max);
+    const float ref = finite_or_zero(m);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        v[i] = ex2(v[i] - ref);
+        s += v[i];
+    }
+    s = block_sum<WARPS>(s, red_sum);
+    store_slice<Ty, PACK, ITERS>(static_cast<S*>(yv) + base, threadIdx.x, THREADS, cols, vec, v, 1.f / s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster kernel (sm_90): CL CTAs per row (grid = rows * CL, cluster dims (CL, 1, 1), so the CTAs
+// of cluster r are blocks r*CL .. r*CL + CL-1 and handle row r). CTA `rank` holds the slice
+// [rank * CHUNK, (rank + 1) * CHUNK) in registers, CHUNK = THREADS * E. Each CTA reduces its
+// slice to a pair (m, s) with two block reductions and publishes it in its shared memory; after
+// one cluster barrier every warp reads the CL pairs through distributed shared memory
+// (map_shared_rank: lane i reads CTA i's pair) and combines them with the online rule. A CTA then
+// rescales its own exp2(v - m) by exp2(m - M) / S and writes. The last barrier keeps every CTA
+// (and its shared memory) alive until all its peers have read its pair.
+template <typename Ty, int CL, int THREADS, int E>
+__device__ __forceinline__ void cluster_row(const void* xv, void* yv, int rows, int cols, bool vec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using S = typename Ty::storage;
+    constexpr int PACK = pack_of(Ty::VEC, E), ITERS = E / PACK, WARPS = THREADS / 32, CHUNK = THREADS * E;
+    static_assert(CL >= 1 && CL <= 16, "at most 16 CTAs per cluster (one lane reads each)");
+    __shared__ float red_max[32], red_sum[32];
+    __shared__ float2 cta_pair;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank();
+    const size_t base = (size_t)(blockIdx.x / CL) * cols + (size_t)rank * CHUNK;
+    const int limit = cols - rank * CHUNK;          // <= 0: a CTA past the end of a short row
+    float v[E];
+    load_slice<Ty, PACK, ITERS>(static_cast<const S*>(xv) + base, threadIdx.x, THREADS, limit, vec, v);
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
+    m = block_max<WARPS>(m, red_max);
+    const float ref = finite_or_zero(m);            // an all-padding CTA: m = -inf, s = 0
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        v[i] = ex2(v[i] - ref);
+        s += v[i];
+    }
+    s = block_sum<WARPS>(s, red_sum);
+    if (threadIdx.x == 0) cta_pair = make_float2(m, s);
+    cluster.sync();                                 // release/acquire: every CTA's pair is visible
+    const int lane = threadIdx.x % 32;
+    float row_m = -INFINITY, row_s = 0.f;
+    if (lane < CL) {
+        const float2 p = *cluster.map_shared_rank(&cta_pair, lane);
+        row_m = p.x;
+        row_s = p.y;
+    }
+    warp_combine(row_m, row_s);
+    auto token = cluster.barrier_arrive();          // this CTA is done reading its peers
+    store_slice<Ty, PACK, ITERS>(static_cast<S*>(yv) + base, threadIdx.x, THREADS, limit, vec, v,
+                                 ex2(ref - row_m) / row_s);
+    cluster.barrier_wait(std::move(token));         // and no CTA exits while a peer may read it
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online kernel, any length: one block of THREADS per row, tiles of TILE = THREADS * E elements.
+// Pass 1 walks the first `stat_cols` elements (the launchers pass cols; the broken one fewer)
+// keeping a running (m, s) per thread: per tile, m' = max(m, tile max), s' = s * exp2(m - m') +
+// sum exp2(v - m'): one exp2 per element plus one per tile. The threads' pairs are then combined
+// (warp butterflies, one shared exchange). Pass 2 re-reads the row, last tile first: pass 1 read
+// those last, so they are the likeliest to be still in L2; the HBM traffic is between 2 and 3
+// times the row's bytes depending on how much of it L2 kept.
+template <typename Ty, int THREADS, int E>
+__device__ __forceinline__ void online_row(const void* xv, void* yv, int rows, int cols, bool vec, int stat_cols) {
+    using S = typename Ty::storage;
+    constexpr int PACK = pack_of(Ty::VEC, E), ITERS = E / PACK, WARPS = THREADS / 32, TILE = THREADS * E;
+    __shared__ float red_m[32], red_s[32];
+    const S* x = static_cast<const S*>(xv) + (size_t)blockIdx.x * cols;
+    S* y = static_cast<S*>(yv) + (size_t)blockIdx.x * cols;
+    float m = -INFINITY, s = 0.f;
+    const int stat_tiles = stat_cols / TILE + (stat_cols % TILE != 0);     // no int overflow near 2^31
+    for (int tile = 0; tile < stat_tiles; ++tile) {
+        const int start = tile * TILE;
+        float v[E];
+        load_slice<Ty, PACK, ITERS>(x + start, threadIdx.x, THREADS, stat_cols - start, vec, v);
+        float tile_m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < E; ++i) tile_m = fmaxf(tile_m, v[i]);
+        const float new_m = fmaxf(m, tile_m);
+        const float ref = finite_or_zero(new_m);
+        float add = 0.f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) add += ex2(v[i] - ref);
+        s = s * ex2(m - ref) + add;                 // m = -inf (nothing seen yet): 0 * 0
+        m = new_m;
+    }
+    warp_combine(m, s);
+    if constexpr (WARPS > 1) {
+        const int lane = threadIdx.x % 32;
+        if (lane == 0) {
+            red_m[threadIdx.x / 32] = m;
+            red_s[threadIdx.x / 32] = s;
+        }
+        __syncthreads();
+        m = lane < WARPS ? red_m[lane] : -INFINITY;
+        s = lane < WARPS ? red_s[lane] : 0.f;
+        warp_combine(m, s);
+    }
+    const float ref = finite_or_zero(m), inv = 1.f / s;
+    const int tiles = cols / TILE + (cols % TILE != 0);
+    for (int tile = tiles - 1; tile >= 0; --tile) {
+        const int start = tile * TILE;
+        float v[E];
+        load_slice<Ty, PACK, ITERS>(x + start, threadIdx.x, THREADS, cols - start, vec, v);
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = ex2(v[i] - ref);
+        store_slice<Ty, PACK, ITERS>(y + start, threadIdx.x, THREADS, cols - start, vec, v, inv);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels: one extern "C" entry per (kernel, dtype, row bucket C), so the ptxas report and the
+// records name them plainly. All take (x, y, rows, cols, vec).
+#define ROW_KERNEL_ARGS const void* __restrict__ x, void* __restrict__ y, int rows, int cols, int vec
+
+#define SEED_KERNEL(dt, Ty, C)                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARP_KERNEL_WARPS * 32)                             \
+        softmax_warp_row_##dt##_c##C(ROW_KERNEL_ARGS) {                                              \
+        warp_row<Ty, 32, seed_values(C)>(x, y, rows, cols, vec != 0);                                \
+    }
+#define PACKED_KERNEL(dt, Ty, dtype, C)                                                              \
+    extern "C" __global__ void __launch_bounds__(WARP_KERNEL_WARPS * 32)                             \
+        softmax_warp_packed_##dt##_c##C(ROW_KERNEL_ARGS) {                                           \
+        warp_row<Ty, packed_lanes(dtype, C), packed_values(dtype, C)>(x, y, rows, cols, vec != 0);   \
+    }
+#define BLOCK_KERNEL(dt, Ty, C)                                                                      \
+    extern "C" __global__ void __launch_bounds__(block_threads(C))                                   \
+        softmax_block_row_##dt##_c##C(ROW_KERNEL_ARGS) {                                             \
+        block_row<Ty, block_threads(C), block_values(C)>(x, y, rows, cols, vec != 0);                \
+    }
+#define CLUSTER_KERNEL(dt, Ty, C)                                                                    \
+    extern "C" __global__ void __launch_bounds__(CLUSTER_THREADS)                                    \
+        softmax_cluster_row_##dt##_c##C(ROW_KERNEL_ARGS) {                                           \
+        cluster_row<Ty, cluster_ctas(C), CLUSTER_THREADS, CLUSTER_VALUES>(x, y, rows, cols, vec != 0); \
+    }
+#define ONLINE_KERNEL(dt, Ty)                                                                        \
+    extern "C" __global__ void __launch_bounds__(ONLINE_THREADS)                                     \
+        softmax_online_##dt(ROW_KERNEL_ARGS, int stat_cols) {                                        \
+        online_row<Ty, ONLINE_THREADS, ONLINE_VALUES>(x, y, rows, cols, vec != 0, stat_cols);       \
+    }
+
+#define FOR_DTYPES(M, ...) M(f32, F32, __VA_ARGS__) M(bf16, BF16, __VA_ARGS__)
+#define SEED_BOTH(C) SEED_KERNEL(f32, F32, C) SEED_KERNEL(bf16, BF16, C)
+#define PACKED_BOTH(C) PACKED_KERNEL(f32, F32, 0, C) PACKED_KERNEL(bf16, BF16, 1, C)
+#define BLOCK_BOTH(C) BLOCK_KERNEL(f32, F32, C) BLOCK_KERNEL(bf16, BF16, C)
+#define CLUSTER_BOTH(C) CLUSTER_KERNEL(f32, F32, C) CLUSTER_KERNEL(bf16, BF16, C)
+
+SEED_BOTH(32) SEED_BOTH(64) SEED_BOTH(128) SEED_BOTH(256) SEED_BOTH(512) SEED_BOTH(1024)
+// Packed only where it differs from the seed's layout (fewer than 32 lanes per row): fp32 up to
+// C = 128 (8 values per lane), bf16 up to C = 256 (16 values per lane).
+PACKED_BOTH(1) PACKED_BOTH(2) PACKED_BOTH(4) PACKED_BOTH(8) PACKED_BOTH(16) PACKED_BOTH(32)
+PACKED_BOTH(64) PACKED_BOTH(128) PACKED_KERNEL(bf16, BF16, 1, 256)
+BLOCK_BOTH(2048) BLOCK_BOTH(4096) BLOCK_BOTH(8192) BLOCK_BOTH(16384) BLOCK_BOTH(32768)
+CLUSTER_BOTH(16384) CLUSTER_BOTH(32768) CLUSTER_BOTH(65536) CLUSTER_BOTH(131072)
+ONLINE_KERNEL(f32, F32) ONLINE_KERNEL(bf16, BF16)
+
+static_assert(packed_lanes(0, 256) == 32 && packed_lanes(1, 512) == 32, "packed = seed layout from here on");
+static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the last packed kernels");
+
+// ---------------------------------------------------------------------------------------------
+// Host side: tables, checks, launches.
+using RowKernel = void (*)(const void*, void*, int, int, int);
+using OnlineKernel = void (*)(const void*, void*, int, int, int, int);
+
+enum Kernel { K_WARP_PACKED = 0, K_WARP_ROW = 1, K_BLOCK_ROW = 2, K_CLUSTER_ROW = 3, K_ONLINE = 4 };
+#define WARP_MAX_COLS 1024
+#define BLOCK_MAX_COLS 32768
+#define CLUSTER_MAX_COLS 131072
+
+static const RowKernel SEED[2][6] = {       // C = 32 .. 1024
+    {softmax_warp_row_f32_c32, softmax_warp_row_f32_c64, softmax_warp_row_f32_c128, softmax_warp_row_f32_c256,
+     softmax_warp_row_f32_c512, softmax_warp_row_f32_c1024},
+    {softmax_warp_row_bf16_c32, softmax_warp_row_bf16_c64, softmax_warp_row_bf16_c128, softmax_warp_row_bf16_c256,
+     softmax_warp_row_bf16_c512, softmax_warp_row_bf16_c1024}};
+static const RowKernel PACKED[2][9] = {     // C = 1 .. 256 (fp32 up to 128)
+    {softmax_warp_packed_f32_c1, softmax_warp_packed_f32_c2, softmax_warp_packed_f32_c4, softmax_warp_packed_f32_c8,
+     softmax_warp_packed_f32_c16, softmax_warp_packed_f32_c32, softmax_warp_packed_f32_c64,
+     softmax_warp_packed_f32_c128, nullptr},
+    {softmax_warp_packed_bf16_c1, softmax_warp_packed_bf16_c2, softmax_warp_packed_bf16_c4,
+     softmax_warp_packed_bf16_c8, softmax_warp_packed_bf16_c16, softmax_warp_packed_bf16_c32,
+     softmax_warp_packed_bf16_c64, softmax_warp_packed_bf16_c128, softmax_warp_packed_bf16_c256}};
+static const RowKernel BLOCK[2][5] = {      // C = 2048 (and below) .. 32768
+    {softmax_block_row_f32_c2048, softmax_block_row_f32_c4096, softmax_block_row_f32_c8192,
+     softmax_block_row_f32_c16384, softmax_block_row_f32_c32768},
+    {softmax_block_row_bf16_c2048, softmax_block_row_bf16_c4096, softmax_block_row_bf16_c8192,
+     softmax_block_row_bf16_c16384, softmax_block_row_bf16_c32768}};
+static const RowKernel CLUSTER[2][4] = {    // C = 16384 (and below) .. 131072
+    {softmax_cluster_row_f32_c16384, softmax_cluster_row_f32_c32768, softmax_cluster_row_f32_c65536,
+     softmax_cluster_row_f32_c131072},
+    {softmax_cluster_row_bf16_c16384, softmax_cluster_row_bf16_c32768, softmax_cluster_row_bf16_c65536,
+     softmax_cluster_row_bf16_c131072}};
+static const OnlineKernel ONLINE[2] = {softmax_online_f32, softmax_online_bf16};
+
+static int ceil_log2(int n) {               // smallest p with 2^p >= n (n >= 1)
+    int p = 0;
+    while ((1LL << p) < (long long)n) ++p;
+    return p;
+}
+
+// The vector path needs whole packs: the row length a multiple of PACK (so every row starts
+// aligned and no pack straddles the end) and both base pointers aligned to the pack's bytes.
+static int can_vector(const void* x, const void* y, int cols, int dtype, int pack) {
+    const uintptr_t bytes = (uintptr_t)pack * (dtype == 0 ? 4 : 2);
+    return cols % pack == 0 && (uintptr_t)x % bytes == 0 && (uintptr_t)y % bytes == 0;
+}
+
+static int bad_args(int rows, int cols, int dtype) { return rows < 0 || cols < 1 || (dtype != 0 && dtype != 1); }
+
+static int launch_rows(RowKernel k, long long blocks, int threads, const void* x, void* y, int rows, int cols,
+                       int vec, cudaStream_t stream) {
+    if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
+    k<<<(unsigned)blocks, threads, 0, stream>>>(x, y, rows, cols, vec);
+    return (int)cudaGetLastError();
+}
+
+static int run_seed(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int p = ceil_log2(cols) < 5 ? 5 : ceil_log2(cols), c = 1 << p;    // C >= 32: one lane per column
+    const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), seed_values(c)));
+    const long long rows_per_block = WARP_KERNEL_WARPS;                    // one row per warp
+    return launch_rows(SEED[dtype][p - 5], (rows + rows_per_block - 1) / rows_per_block, WARP_KERNEL_WARPS * 32,
+                       x, y, rows, cols, vec, stream);
+}
+
+static int run_packed(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int p = ceil_log2(cols), c = 1 << p;
+    if (packed_lanes(dtype, c) == 32) return run_seed(x, y, rows, cols, dtype, stream);   // same layout
+    const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), packed_values(dtype, c)));
+    const long long rows_per_block = WARP_KERNEL_WARPS * (32 / packed_lanes(dtype, c));
+    return launch_rows(PACKED[dtype][p], (rows + rows_per_block - 1) / rows_per_block, WARP_KERNEL_WARPS * 32,
+                       x, y, rows, cols, vec, stream);
+}
+
+static int run_block(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int p = ceil_log2(cols) < 11 ? 11 : ceil_log2(cols), c = 1 << p;
+    const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), block_values(c)));
+    return launch_rows(BLOCK[dtype][p - 11], rows, block_threads(c), x, y, rows, cols, vec, stream);
+}
+
+static int run_online(const void* x, void* y, int rows, int cols, int dtype, int stat_cols, cudaStream_t stream) {
+    const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), ONLINE_VALUES));
+    ONLINE[dtype]<<<(unsigned)rows, ONLINE_THREADS, 0, stream>>>(x, y, rows, cols, vec, stat_cols);
+    return (int)cudaGetLastError();
+}
+
+// Can this GPU run the cluster kernel for this bucket? Clusters need sm_90; size 16 is beyond the
+// portable 8 and must be allowed per kernel; and at least one cluster of CTAs must fit on a GPC
+// (cudaOccupancyMaxActiveClusters > 0). The answer is cached per device, dtype and bucket.
+static int g_cluster_ready[64][2][4];       // 0 unknown, else (cudaError_t + 1)
+
+static int cluster_ready(int dtype, int idx) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return (int)e;
+    if (dev < 64 && g_cluster_ready[dev][dtype][idx]) return g_cluster_ready[dev][dtype][idx] - 1;
+    int supported = 0, result = 0;
+    e = cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, dev);
+    RowKernel k = CLUSTER[dtype][idx];
+    const int ctas = cluster_ctas(16384 << idx);
+    if (e != cudaSuccess || !supported) {
+        result = (int)cudaErrorNotSupported;
+    } else {
+        if (ctas > 8) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        int clusters = 0;
+        if (e == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = ctas;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.gridDim = dim3(ctas);
+            cfg.blockDim = dim3(CLUSTER_THREADS);
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            e = cudaOccupancyMaxActiveClusters(&clusters, k, &cfg);
+        }
+        result = e != cudaSuccess ? (int)e : (clusters > 0 ? 0 : (int)cudaErrorNotSupported);
+    }
+    cudaGetLastError();                     // a refused query must not surface as a later launch's error
+    if (dev < 64) g_cluster_ready[dev][dtype][idx] = result + 1;
+    return result;
+}
+
+static int run_cluster(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int p = ceil_log2(cols) < 14 ? 14 : ceil_log2(cols), c = 1 << p, idx = p - 14;
+    const int ready = cluster_ready(dtype, idx);
+    if (ready != 0) return ready;
+    const int ctas = cluster_ctas(c);
+    const long long blocks = (long long)rows * ctas;
+    if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
+    const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), CLUSTER_VALUES));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = ctas;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(CLUSTER_THREADS);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, CLUSTER[dtype][idx], x, y, rows, cols, vec);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaGetLastError();
+}
+
+// The dispatcher's choice for a row length (Kernel enum), also reported to Python for the record:
+//   cols <= 1024           warp kernels (packed below 32 lanes per row, else the seed's layout)
+//   cols <= 32768          block per row
+//   cols <= 131072, sm_90  cluster per row (where clusters can launch)
+//   otherwise              online (two passes)
+extern "C" int softmax_choose(int cols, int dtype) {
+    if (cols < 1 || (dtype != 0 && dtype != 1)) return -1;
+    if (cols <= WARP_MAX_COLS) return packed_lanes(dtype, 1 << ceil_log2(cols)) < 32 ? K_WARP_PACKED : K_WARP_ROW;
+    if (cols <= BLOCK_MAX_COLS) return K_BLOCK_ROW;
+    if (cols <= CLUSTER_MAX_COLS && cluster_ready(dtype, ceil_log2(cols) - 14) == 0) return K_CLUSTER_ROW;
+    return K_ONLINE;
+}
+
+extern "C" int launch_softmax(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype)) return (int)cudaErrorInvalidValue;
+    if (rows == 0) return 0;
+    switch (softmax_choose(cols, dtype)) {
+        case K_WARP_PACKED: return run_packed(x, y, rows, cols, dtype, stream);
+        case K_WARP_ROW: return run_seed(x, y, rows, cols, dtype, stream);
+        case K_BLOCK_ROW: return run_block(x, y, rows, cols, dtype, stream);
+        case K_CLUSTER_ROW: return run_cluster(x, y, rows, cols, dtype, stream);
+        default: return run_online(x, y, rows, cols, dtype, cols, stream);
+    }
+}
+
+extern "C" int launch_softmax_warp_row(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype) || cols > WARP_MAX_COLS) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_seed(x, y, rows, cols, dtype, stream);
+}
+
+extern "C" int launch_softmax_warp_packed(const void* x, void* y, int rows, int cols, int dtype,
+                                          cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype) || cols > WARP_MAX_COLS) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_packed(x, y, rows, cols, dtype, stream);
+}
+
+extern "C" int launch_softmax_block_row(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype) || cols > BLOCK_MAX_COLS) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_block(x, y, rows, cols, dtype, stream);
+}
+
+extern "C" int launch_softmax_cluster_row(const void* x, void* y, int rows, int cols, int dtype,
+                                          cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype) || cols > CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_cluster(x, y, rows, cols, dtype, stream);
+}
+
+extern "C" int launch_softmax_online(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype)) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_online(x, y, rows, cols, dtype, cols, stream);
+}
+
+// A deliberately wrong launcher (tests only): the online kernel with max and sum taken over the
+// first half of each row only, then every element normalized by that. Rows sum to more than 1;
+// the checker must reject it (at cols = 1 the half is the whole row and it is right by accident).
+extern "C" int launch_softmax_broken_half_row_sum(const void* x, void* y, int rows, int cols, int dtype,
+                                                  cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype)) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_online(x, y, rows, cols, dtype, cols / 2 > 0 ? cols / 2 : 1, stream);
+}

@@ -1,0 +1,356 @@
+"""Exercise 2.3: row softmax in CUDA C, from the seed's warp-per-row kernel to row lengths of 65,536,
+fp32 and bf16, against torch.softmax and a copy of the same tensor in the same run.
+
+    lab run phase2.softmax [--variant cuda] [--param cols=[1024,65536]]
+
+y[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max)) over the last dimension of a contiguous
+rows x cols tensor; fp32 or bf16 in and out, the arithmetic in fp32 (`softmax.cu`).
+
+Bytes and FLOPs. The fewest bytes: read x once, write y once, 2 x rows x cols x itemsize (8 bytes
+per element in fp32, 4 in bf16), for about 5 FLOPs per element (scale by log2 e and take the max,
+subtract, exp2, add, multiply by 1/sum; counted as 5): 0.6 FLOP/byte in fp32, so the roofline
+says time = bytes / bandwidth, and the practical ceiling is a copy of the same tensor (`copy`
+row, the same bytes). Each of our rows reports `pct_of_copy_bandwidth` against it and
+`speedup_vs_torch` (torch.softmax ms / our ms) against the `torch` row of the same size and dtype.
+
+Variants (one kernel family each; `cuda` is the dispatcher and picks by row length):
+
+- `warp_row` (the seed's, cols <= 1024): one warp per row, each lane cols/32 values in registers,
+  max and sum by xor-shuffle butterflies. At 32 columns a lane holds one fp32: 4 bytes in flight.
+- `warp_packed` (cols <= 1024): a power-of-two group of lanes per row, several rows per warp, so
+  each lane holds at least 32 bytes (8 fp32, 16 bf16); the dispatcher's choice for short rows
+  (it equals `warp_row` from 256 fp32 / 512 bf16 columns on).
+- `block_row` (cols <= 32,768): a block per row in registers, shuffles then shared memory.
+- `cluster_row` (cols <= 131,072, sm_90): 2 to 16 CTAs per row (a thread-block cluster), each
+  holding a slice in registers, combining (max, sum) through distributed shared memory: one HBM
+  read and one write per element even when a row is too long for one SM.
+- `online` (any length): a block per row, a running (max, sum) in one pass, a second pass that
+  re-reads the row (from L2 when it is still there) to write it: more bytes than the fewest.
+
+Dispatch (`cuda`): cols <= 1024 warp kernels; <= 32,768 block_row; <= 131,072 cluster_row where
+clusters can launch; otherwise online. Each record says which kernel `cuda` ran.
+
+Sizes: every row length in `cols` at rows = total_elements // cols (2^28 elements: 1 GiB fp32 and
+512 MiB bf16 per tensor, far beyond the H200's L2), both dtypes; plus the seed's 4,096 x 32 fp32
+(512 KiB, inside L2, launch-dominated), whose check also requires every row to sum to 1.
+
+Correctness gates timing: before anything is timed, every variant is checked at irregular shapes
+(1000 x 1000, 77 x 33, 3 x 65,537, 5 x 100,000: odd lengths, tails, partial packs and CTAs), in
+both dtypes, on 16-byte-aligned tensors and on views offset by one element (the scalar path);
+then each timed row is checked again at its own size. The reference is torch.softmax in float64 of
+the same (bf16-rounded) inputs; the tolerance is the dtype's (relative L2 5e-5 fp32, 2e-2 bf16).
+Outputs are poisoned with NaN first, so an element a kernel never wrote fails the check.
+"""
+import ctypes
+
+import torch
+
+from common.checks import compare, exact, poison
+from common.errors import LabError
+from common.exercise import Exercise, Needs, measure
+
+from . import build
+from ._args import INT32_MAX, need_contiguous
+
+SOURCE = "softmax.cu"
+_SIG = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+DTYPES = {torch.float32: (0, "fp32"), torch.bfloat16: (1, "bf16")}     # dtype -> (code in softmax.cu, name)
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LAUNCHERS = {                      # variant -> (launcher, longest row it handles or None, needs clusters)
+    "cuda": ("launch_softmax", None, False),
+    "warp_row": ("launch_softmax_warp_row", 1024, False),
+    "warp_packed": ("launch_softmax_warp_packed", 1024, False),
+    "block_row": ("launch_softmax_block_row", 32768, False),
+    "cluster_row": ("launch_softmax_cluster_row", 131072, True),
+    "online": ("launch_softmax_online", None, False),
+    # A deliberately wrong kernel, for the tests only: it normalizes by the first half of each row.
+    "broken_half_row_sum": ("launch_softmax_broken_half_row_sum", None, False),
+}
+VARIANTS = ("cuda", "warp_row", "warp_packed", "block_row", "cluster_row", "online")
+BASELINES = ("copy", "torch")
+KERNELS = ("warp_packed", "warp_row", "block_row", "cluster_row", "online")   # softmax_choose's codes
+SIGNATURES = {**{name: _SIG for name, _, _ in LAUNCHERS.values()}, "softmax_choose": [ctypes.c_int, ctypes.c_int]}
+# Where each variant is timed (it is checked wherever it applies): its own range of row lengths.
+# block_row from 2048: below that its smallest configuration (128 threads x 16) leaves threads idle.
+TIMED_COLS = {"warp_row": (1, 1024), "warp_packed": (1, 1024), "block_row": (2048, 32768),
+              "cluster_row": (16384, 131072)}
+FLOPS_PER_ELEMENT = 5              # max, subtract, exp, add, multiply (the log2 e scale folded in)
+ROW_SUM_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}   # |sum(y[r, :]) - 1|, the seed's own check
+NOT_SUPPORTED = 801                # cudaErrorNotSupported: no thread-block clusters here
+
+
+# ------------------------------------------------------------------------------ the wrapper
+def softmax(x: torch.Tensor, variant: str = "cuda", out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row softmax of a contiguous 2-D fp32 or bf16 tensor on one CUDA device, into `out` (same
+    shape and dtype; allocated when None) with one of the CUDA kernels."""
+    if variant not in LAUNCHERS:
+        raise ValueError(f"unknown softmax variant '{variant}'; choose from {', '.join(VARIANTS)}")
+    launcher, max_cols, needs_clusters = LAUNCHERS[variant]
+    _need_input("x", x)
+    rows, cols = x.shape
+    if max_cols is not None and cols > max_cols:
+        raise ValueError(f"softmax variant '{variant}' handles rows of at most {max_cols} columns, got {cols}; "
+                         "variant 'cuda' handles any length")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:
+        _need_input("out", out)
+        if out.dtype != x.dtype:
+            raise TypeError(f"out must be {x.dtype} like x, got {out.dtype}")
+        if out.shape != x.shape:
+            raise ValueError(f"out must be {tuple(x.shape)} like x, got {tuple(out.shape)}")
+        if _overlap(x, out):
+            raise ValueError("out must not share memory with x (the kernels read x through the read-only cache)")
+    build.require_gpu(x, out)
+    if needs_clusters and not has_clusters(x.device):
+        major, minor = torch.cuda.get_device_capability(x.device)
+        raise LabError(f"softmax variant '{variant}' needs thread-block clusters (compute capability 9.0 or newer); "
+                       f"this GPU is sm_{major}{minor}")
+    if rows == 0:
+        return out
+    lib, _ = build.load(SOURCE, SIGNATURES)
+    with torch.cuda.device(x.device):
+        code = getattr(lib, launcher)(build.ptr(x), build.ptr(out), rows, cols, DTYPES[x.dtype][0],
+                                      build.stream(x.device))
+    if code == NOT_SUPPORTED:
+        raise LabError(f"softmax {variant}: this GPU cannot launch the cluster kernel for rows of {cols} "
+                       f"(CUDA error {code}: {lib.lab_error_string(code).decode()})")
+    build.check(lib, code, f"softmax {variant} launch")
+    return out
+
+
+def _need_input(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be torch.float32 or torch.bfloat16, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows x cols; softmax over the last dim), got {t.dim()}-D; "
+                         "reshape to (-1, cols) first")
+    need_contiguous(name, t)
+    if t.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one column, got shape {tuple(t.shape)}")
+    if t.numel() > INT32_MAX:
+        raise ValueError(f"{name} must have fewer than 2^31 elements (the kernels count rows and columns "
+                         f"with int), got {t.numel()}")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def has_clusters(device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def chosen_kernel(cols: int, dtype: torch.dtype, device) -> str:
+    """The kernel variant `cuda` runs for rows of `cols` elements of `dtype` on `device`."""
+    lib, _ = build.load(SOURCE, SIGNATURES)
+    with torch.cuda.device(device):
+        return KERNELS[lib.softmax_choose(cols, DTYPES[dtype][0])]
+
+
+def applies(variant: str, cols: int, device) -> bool:
+    """Can `variant` run rows of `cols` elements on `device`?"""
+    _, max_cols, needs_clusters = LAUNCHERS[variant]
+    return (max_cols is None or cols <= max_cols) and (not needs_clusters or has_clusters(device))
+
+
+def timed_at(variant: str, cols: int, dtype: torch.dtype, device) -> bool:
+    """Is `variant` timed at this row length? Each kernel within its own range; warp_packed only where
+    its layout differs from warp_row's (where the dispatcher picks it)."""
+    if not applies(variant, cols, device):
+        return False
+    if variant == "warp_packed" and chosen_kernel(cols, dtype, device) != "warp_packed":
+        return False
+    lo, hi = TIMED_COLS.get(variant, (1, None))
+    return cols >= lo and (hi is None or cols <= hi)
+
+
+# ------------------------------------------------------------------------------ reference and checks
+def reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.double(), dim=1)
+
+
+def inputs(rows: int, cols: int, dtype: torch.dtype, device, seed: int, offset: int = 0) -> torch.Tensor:
+    """randn x 4 (exp spans many decades); with offset = 1, a contiguous view starting one element
+    into its buffer, so it is not 16-byte aligned (the kernels must take their scalar path)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    flat = (torch.randn(rows * cols + offset, device=device, generator=g) * 4).to(dtype)
+    return flat[offset:].view(rows, cols)
+
+
+def output_like(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    rows, cols = x.shape
+    return torch.empty(rows * cols + offset, device=x.device, dtype=x.dtype)[offset:].view(rows, cols)
+
+
+def check_variant(variant: str, x: torch.Tensor, out: torch.Tensor, ref: torch.Tensor | None = None) -> dict:
+    """Poison `out`, run the variant, compare with the float64 softmax at the dtype's tolerance."""
+    ref = reference(x) if ref is None else ref
+    poison(out)
+    softmax(x, variant, out)
+    torch.cuda.synchronize(out.device)
+    return compare(out, ref, DTYPES[x.dtype][1], "float64 torch.softmax of the same inputs")
+
+
+def row_sums(out: torch.Tensor, tolerance: float) -> dict:
+    """The seed's check: every row of the output sums to 1 (in float64) within `tolerance`."""
+    worst = float((out.double().sum(dim=1) - 1).abs().max()) if out.numel() else 0.0
+    ok = worst <= tolerance                        # NaN compares False: fails
+    return {"max_row_sum_error": worst, "row_sum_tolerance": tolerance, "passed": ok,
+            "reason": None if ok else f"a row sums to 1 +- {worst:.2e}, beyond {tolerance:.0e}"}
+
+
+def with_row_sums(verdict: dict, out: torch.Tensor, dtype: str) -> dict:
+    if not verdict["passed"]:
+        return verdict
+    sums = row_sums(out, ROW_SUM_TOLERANCE[dtype])
+    return {**verdict, "max_row_sum_error": sums["max_row_sum_error"], "row_sum_tolerance": sums["row_sum_tolerance"],
+            "passed": sums["passed"], "reason": sums["reason"]}
+
+
+def _guarded(fn) -> dict:
+    """fn()'s verdict, or a failed one saying why it raised (a launch error must not cost the run)."""
+    try:
+        return fn()
+    except (LabError, ValueError, TypeError) as exc:
+        return {"passed": False, "reason": str(exc)}
+
+
+# ------------------------------------------------------------------------------ the exercise
+def irregular_checks(ctx, params, wanted: list[str]) -> dict:
+    """{variant: {"ROWSxCOLS dtype[ misaligned]": verdict}} for every wanted variant where it applies."""
+    found = {v: {} for v in wanted}
+    for rows, cols in params["irregular_shapes"]:
+        for dtype in params["dtypes"]:
+            for offset in (0, 1):
+                x = inputs(rows, cols, TORCH_DTYPES[dtype], ctx.device, seed=rows * 7919 + cols, offset=offset)
+                out = output_like(x, offset)
+                ref = reference(x)
+                for v in wanted:
+                    if applies(v, cols, ctx.device):
+                        key = f"{rows}x{cols} {dtype}" + (" misaligned" if offset else "")
+                        found[v][key] = _guarded(lambda v=v: check_variant(v, x, out, ref))
+                del x, out, ref
+    return found
+
+
+def first_failure(checks: dict) -> dict | None:
+    for key, verdict in checks.items():
+        if not verdict["passed"]:
+            return {**verdict, "reason": f"at {key}: {verdict['reason']}"}
+    return None
+
+
+def shapes(params) -> list[tuple[int, int, str, str]]:
+    """(rows, cols, dtype, group): the seed's case, then every row length in every dtype."""
+    out = [(*params["seed_shape"], "fp32", "seed")]
+    for dtype in params["dtypes"]:
+        for cols in params["cols"]:
+            out.append((max(1, params["total_elements"] // cols), cols, dtype, "sweep"))
+    return out
+
+
+def run(ctx, params):
+    wanted = [v for v in VARIANTS if ctx.wants(v)]
+    irregular = irregular_checks(ctx, params, wanted)
+    rows_out, dispatch, seed_sums = [], {}, {}
+    for rows, cols, dtype, group in ctx.track(shapes(params), "softmax shapes"):
+        tdtype = TORCH_DTYPES[dtype]
+        itemsize = torch.empty(0, dtype=tdtype).element_size()
+        x = inputs(rows, cols, tdtype, ctx.device, seed=rows * 7919 + cols)
+        out = torch.empty_like(x)
+        refs = {}
+
+        def ref():
+            if "ref" not in refs:
+                refs["ref"] = reference(x)
+            return refs["ref"]
+
+        n = rows * cols
+        size = {"rows": rows, "cols": cols, "dtype": dtype, "group": group, "working_set_bytes": 2 * n * itemsize}
+        fewest = 2 * n * itemsize                      # read x once, write y once
+        seed = group == "seed"
+
+        def gate(verdict):
+            return with_row_sums(verdict, out, dtype) if seed else verdict
+
+        def check_copy():
+            poison(out); out.copy_(x); ctx.synchronize()
+            return exact(out, x, "the source tensor")
+
+        def check_torch():
+            poison(out); out.copy_(torch.softmax(x, dim=1)); ctx.synchronize()
+            return gate(compare(out, ref(), dtype, "float64 torch.softmax of the same inputs"))
+
+        def check_ours(v):
+            failed = first_failure(irregular[v])
+            if failed:
+                return failed
+            return gate(_guarded(lambda: check_variant(v, x, out, ref())))
+
+        here = []
+        if wanted or ctx.wants("copy"):                # the ceiling for every row of ours
+            here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy,
+                                flops=0, bytes_moved=fewest, dtype=None))
+        if wanted or ctx.wants("torch"):               # the library to beat
+            here.append(measure(ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1), check=check_torch,
+                                flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype))
+        for v in wanted:
+            if not timed_at(v, cols, tdtype, ctx.device):
+                continue
+            r = measure(ctx, v, size, fn=lambda v=v: softmax(x, v, out), check=lambda v=v: check_ours(v),
+                        flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype)
+            if v == "cuda":
+                r["metrics"]["kernel"] = chosen_kernel(cols, tdtype, ctx.device)
+            here.append(r)
+        if seed:
+            seed_sums = {r["variant"]: r["check"] for r in here if r["variant"] != "copy" and r.get("check")}
+        dispatch[f"{dtype} {cols}"] = chosen_kernel(cols, tdtype, ctx.device)
+        _relate(here)
+        rows_out += here
+        del x, out, refs
+    _, b = build.load(SOURCE, SIGNATURES)
+    summary = {"irregular_shapes": params["irregular_shapes"], "irregular_checks": irregular,
+               "seed_row_sum_checks": seed_sums, "dispatch": dispatch,
+               "thresholds": {"warp_max_cols": 1024, "block_max_cols": 32768, "cluster_max_cols": 131072},
+               "clusters": has_clusters(ctx.device),
+               "not_run": {v: "needs thread-block clusters (compute capability 9.0+)"
+                           for v in wanted if LAUNCHERS[v][2] and not has_clusters(ctx.device)},
+               "build": {"arch": b.arch, "flags": list(b.flags),
+                         "resources": {k: r for k, r in b.resources.items() if k.startswith("softmax_")}},
+               "l2_bytes": getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)}
+    return rows_out, summary
+
+
+def _relate(here: list[dict]) -> None:
+    """Every row against the copy (bandwidth ceiling) and ours against torch.softmax, same size, same run."""
+    copy_row = next((r for r in here if r["variant"] == "copy" and r["status"] == "ok"), None)
+    torch_row = next((r for r in here if r["variant"] == "torch" and r["status"] == "ok"), None)
+    for r in here:
+        if r["status"] != "ok":
+            continue
+        r["metrics"]["bytes_formula"] = "2·rows·cols·itemsize (read x once, write y once)"
+        if r["variant"] != "copy" and copy_row:
+            r["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
+            r["metrics"]["pct_of_copy_bandwidth"] = 100 * r["metrics"]["gbps"] / copy_row["metrics"]["gbps"]
+        if r["variant"] not in BASELINES and torch_row:
+            r["metrics"]["torch_ms_same_run"] = torch_row["metrics"]["ms"]
+            r["metrics"]["speedup_vs_torch"] = torch_row["metrics"]["ms"] / r["metrics"]["ms"]
+
+
+EXERCISE = Exercise(
+    id="phase2.softmax",
+    title="CUDA softmax: the seed's warp per row, then block, cluster and online kernels to 65,536 columns, "
+          "fp32 and bf16, vs torch.softmax and copy",
+    run=run, needs=Needs(cuda=True, tools=("nvcc",)),
+    params={"cols": [32, 128, 512, 1024, 4096, 16384, 65536], "total_elements": 2**28, "dtypes": ["fp32", "bf16"],
+            "seed_shape": [4096, 32], "irregular_shapes": [[1000, 1000], [77, 33], [3, 65537], [5, 100000]]},
+    cpu_params={},
+    quick_params={"cols": [128, 4096, 65536], "total_elements": 2**20,
+                  "irregular_shapes": [[77, 33], [3, 65537]]},
+    variants=(*BASELINES, *VARIANTS))

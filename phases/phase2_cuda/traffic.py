@@ -1,0 +1,94 @@
+"""Exercise 2.3: the bytes the kernels really move, read from Nsight Compute's counters and set
+against the counts the code predicts.
+
+    lab run phase2.traffic          (needs `ncu` and a GPU whose counters it can read)
+
+Three counters per kernel (ncu replays the kernel once per group of counters; clocks are left as
+found):
+- global-load sectors at L1 (`l1tex__t_sectors_pipe_lsu_mem_global_op_ld`): what the SMs ask the
+  memory system for, in 32-byte sectors; x 32 = global-load bytes.
+- L2 read sectors requested by L1 (`lts__t_sectors_srcunit_tex_op_read`): what reached L2.
+- DRAM bytes read and written: what crossed the HBM interface.
+
+Predicted global-load bytes, from the code (fp32, 4 bytes):
+- vector add, seed kernel, n elements: a warp reads 32 consecutive floats of a and of b, 4 sectors
+  each, so 2 x n x 4 bytes. At n = 1M: 8,388,608, the seed's figure.
+- naive matmul, N x N, 16 x 16 blocks: a warp is 2 rows x 16 columns of C. Per k it needs 2 floats
+  of A (one per row, each a sector of its own) and 16 consecutive floats of B (64 bytes, 2
+  sectors, shared by both rows): 4 sectors, 128 bytes. N^2/32 warps x N steps x 128 B = 4 N^3.
+  (Counted per thread it would be 8 N^3: the warp's broadcast of A already halves it.)
+- tiled matmul, T = 16: per tile step a warp loads 2 rows x 16 floats of A and 2 x 16 of B into
+  shared memory, 8 sectors, 256 bytes; N^2/32 warps x N/16 steps x 256 B = N^3 / 2.
+  So tiling cuts global-load bytes by 8x (16x counted per thread).
+DRAM bytes have no such exact count (they depend on what L2 keeps); they are reported against the
+compulsory minimum, each input read once and the output written once (3 N^2 x 4, or 3 n x 4).
+"""
+from common import ncu
+from common.exercise import Exercise, Needs, row
+
+METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+           "lts__t_sectors_srcunit_tex_op_read.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+           "gpu__time_duration.sum")
+SECTOR_BYTES = 32
+
+
+def predicted_global_load_bytes(kind: str, n: int) -> int:
+    """The counts of the module docstring (matmul: N a multiple of 16, so every tile is full)."""
+    if kind == "vector_add":
+        return 2 * n * 4
+    if kind == "naive":
+        return 4 * n**3
+    if kind == "tiled":
+        return n**3 // 2
+    raise ValueError(f"unknown kernel '{kind}'")
+
+
+def compulsory_dram_bytes(kind: str, n: int) -> int:
+    return 3 * n * 4 if kind == "vector_add" else 3 * n * n * 4
+
+
+def profile(kind: str, n: int, timeout_s: float) -> list[dict]:
+    return ncu.profile("phases.phase2_cuda.traffic_target", [kind, str(n)], METRICS, timeout_s, f"{kind} at {n}")
+
+
+def metrics_of(kind: str, n: int, kernels: list[dict]) -> dict:
+    """One profiled kernel's counters -> bytes, with the predictions and their ratios."""
+    if len(kernels) != 1:
+        raise ValueError(f"expected one profiled kernel for {kind}, got {[k['kernel'] for k in kernels]}")
+    [k] = kernels
+    load_bytes = k[METRICS[0]] * SECTOR_BYTES
+    predicted = predicted_global_load_bytes(kind, n)
+    dram = (k[METRICS[3]] or 0) + (k[METRICS[4]] or 0)
+    compulsory = compulsory_dram_bytes(kind, n)
+    return {"kernel": k["kernel"], "global_load_bytes": load_bytes,
+            "global_load_requests": k[METRICS[1]],
+            "predicted_global_load_bytes": predicted, "measured_over_predicted": load_bytes / predicted,
+            "l2_read_bytes": k[METRICS[2]] * SECTOR_BYTES,
+            "dram_bytes_read": k[METRICS[3]], "dram_bytes_write": k[METRICS[4]], "dram_bytes": dram,
+            "compulsory_dram_bytes": compulsory, "dram_over_compulsory": dram / compulsory,
+            "ncu_kernel_ms": (k[METRICS[5]] or 0) / 1e6}                    # ns -> ms
+
+
+def run(ctx, params):
+    cases = [("vector_add", n) for n in params["vector_add_sizes"]] + \
+            [(kind, params["matmul_n"]) for kind in ("naive", "tiled")]
+    rows = []
+    for kind, n in ctx.track(cases, "ncu kernels"):
+        if ctx.wants(kind):
+            rows.append(row(kind, {"kernel": kind, "n": n}, metrics=metrics_of(kind, n, profile(kind, n, params["timeout_s"]))))
+    by = {(r["variant"], r["params"]["n"]): r["metrics"] for r in rows}
+    summary = {}
+    if ("naive", params["matmul_n"]) in by and ("tiled", params["matmul_n"]) in by:
+        nv, tl = by[("naive", params["matmul_n"])], by[("tiled", params["matmul_n"])]
+        summary = {"tiling_global_load_reduction": nv["global_load_bytes"] / tl["global_load_bytes"],
+                   "tiling_dram_reduction": nv["dram_bytes"] / tl["dram_bytes"],
+                   "tiling_l2_read_reduction": nv["l2_read_bytes"] / tl["l2_read_bytes"]}
+    return rows, summary
+
+
+EXERCISE = Exercise(
+    id="phase2.traffic", title="Nsight Compute: global-load, L2 and DRAM bytes of vector add, naive and tiled matmul",
+    run=run, needs=Needs(cuda=True, tools=("nvcc", "ncu")),
+    params={"vector_add_sizes": [2**20], "matmul_n": 4096, "timeout_s": 300},
+    cpu_params={}, quick_params={"vector_add_sizes": [2**20], "matmul_n": 256, "timeout_s": 120},
+    variants=("vector_add", "naive", "tiled"))
