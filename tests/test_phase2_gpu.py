@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from common.checks import compare
+from common.errors import LabError
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -19,11 +20,12 @@ if torch.cuda.is_available():
 DEV = "cuda"
 
 
-@pytest.mark.parametrize("n", [1, 255, 257, 1_000_003, 4096 * 256])
-def test_vector_add(n):
+@pytest.mark.parametrize("variant", ["cuda", "cuda_vec4"])
+@pytest.mark.parametrize("n", [1, 3, 255, 257, 1_000_003, 4096 * 256])
+def test_vector_add(n, variant):
     a, b = va.inputs(n, DEV)
     out = torch.full_like(a, float("nan"))
-    va.add(a, b, out)
+    va.add(a, b, out, variant=variant)
     torch.cuda.synchronize()
     assert torch.equal(out, a + b)
     assert out[0] == a[0] + b[0] and out[-1] == a[-1] + b[-1]        # both ends
@@ -34,12 +36,17 @@ def test_vector_add(n):
                                    (65, 130, 31)])
 def test_matmul_variants(variant, shape):
     m, n, k = shape
+    if mm.runnable(variant, DEV):
+        pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
+    k_multiple = mm.RUNGS[variant].k_multiple       # the TMA rungs: K a multiple of 8, so trim K
+    k = max(k_multiple, k - k % k_multiple)
     a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
     verdict = mm.check_variant(variant, a, b)
     assert verdict["passed"], verdict
 
 
-@pytest.mark.parametrize("variant", ["coalesced_regblock", "mma_bf16"])
+@pytest.mark.parametrize("variant", ["coalesced_regblock", "warptiled_1stage", "warptiled", "mma_bf16",
+                                     "mma_bf16_pipelined"])
 def test_matmul_unaligned_views_take_the_scalar_path(variant):
     # Offsets by one element: contiguous, but not 16-byte aligned, so the vector loads must be off.
     dt = mm.RUNGS[variant].dtype
@@ -51,6 +58,73 @@ def test_matmul_unaligned_views_take_the_scalar_path(variant):
     assert compare(out, a.double() @ b.double(), mm.RUNGS[variant].precision, "float64")["passed"]
 
 
+@pytest.mark.parametrize("variant", ["warptiled_1stage", "warptiled"])
+@pytest.mark.parametrize("shape", [(1000, 776, 556), (130, 264, 200), (1, 4, 4), (300, 4, 1036)])
+def test_warptiled_float4_path_tails(variant, shape):
+    # K and N multiples of 4: the float4 kernel, over several 128x128 tiles with M, N, K tails (the
+    # standard shapes reach it only inside one tile); then C one element off 16 bytes, which must
+    # switch to the scalar kernel.
+    m, n, k = shape
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant(variant, a, b)
+    assert verdict["passed"], verdict
+    out = torch.full((m * n + 1,), float("nan"), device=DEV)[1:].view(m, n)
+    mm.matmul(a, b, variant, out)
+    torch.cuda.synchronize()
+    assert compare(out, a.double() @ b.double(), "fp32", "float64")["passed"]
+
+
+@pytest.mark.parametrize("shape", [(1000, 776, 552), (130, 264, 200), (1, 8, 8), (300, 8, 1032)])
+def test_mma_pipelined_cp_async_tails(shape):
+    # K and N multiples of 8 (16-byte rows): the cp.async path, with M, N, K tails zero-filled
+    # (the standard shapes reach it only at 64x64x64 and 128x96x200); then C offset by one element,
+    # which turns off the packed bf16x2 stores.
+    m, n, k = shape
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant("mma_bf16_pipelined", a, b)
+    assert verdict["passed"], verdict
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    out = torch.full((m * n + 1,), float("nan"), device=DEV, dtype=torch.bfloat16)[1:].view(m, n)
+    mm.matmul(a16, b16, "mma_bf16_pipelined", out)
+    torch.cuda.synchronize()
+    assert compare(out, a16.double() @ b16.double(), "bf16", "float64")["passed"]
+
+
+WGMMA_RUNGS = [v for v in mm.VARIANTS if mm.RUNGS[v].source == "matmul_wgmma.cu"] if torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("variant", WGMMA_RUNGS)
+@pytest.mark.parametrize("shape", [(2500, 4000, 136), (1500, 3001, 200)])
+def test_wgmma_many_tiles_per_cta(variant, shape):
+    # More tiles than SMs, so each persistent CTA of wgmma_tma_ws walks several tiles and its ring of
+    # 4 stages wraps in the middle of a tile (3 or 4 k-tiles per tile); N = 3001 is odd (scalar stores).
+    if mm.runnable(variant, DEV):
+        pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
+    m, n, k = shape
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant(variant, a, b)
+    assert verdict["passed"], verdict
+
+
+@pytest.mark.parametrize("variant", WGMMA_RUNGS)
+def test_wgmma_refuses_misaligned_pointers(variant):
+    # TMA needs 16-byte aligned A and B: a view one element in is refused before any launch (a clear
+    # LabError, not garbage), and the rung still works afterwards.
+    if mm.runnable(variant, DEV):
+        pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
+    m, n, k = 64, 64, 64
+    a = torch.randn(m * k + 1, device=DEV).bfloat16()
+    b = torch.randn(n * k + 1, device=DEV).bfloat16()
+    a_ok, b_ok = a[:-1].view(m, k), b[:-1].view(n, k).t()          # b column-major (K contiguous)
+    a_off, b_off = a[1:].view(m, k), b[1:].view(n, k).t()
+    for x, y in ((a_off, b_ok), (a_ok, b_off)):
+        with pytest.raises(LabError, match="invalid argument"):
+            mm.matmul(x, y, variant)
+    out = mm.matmul(a_ok, b_ok, variant)
+    torch.cuda.synchronize()
+    assert compare(out, a_ok.double() @ b_ok.double(), "bf16", "float64")["passed"]
+
+
 def test_a_wrong_kernel_fails_the_checker():
     a, b = mm.operands(1000, 777, 555, DEV, seed=3)            # 555 % 16 = 11 terms skipped
     verdict = mm.check_variant("broken_skip_k_tail", a, b, torch.empty(1000, 777, device=DEV))
@@ -59,7 +133,7 @@ def test_a_wrong_kernel_fails_the_checker():
 
 def test_fp32_rungs_are_not_tf32():
     a, b = mm.operands(512, 512, 512, DEV, seed=4)
-    for v in ("naive", "tiled", "coalesced_regblock"):
+    for v in ("naive", "tiled", "regblock_1d", "coalesced_regblock", "warptiled_1stage", "warptiled"):
         v_ = mm.check_variant(v, a, b, torch.empty(512, 512, device=DEV))
         assert v_["rel_l2_error"] < 1e-5, (v, v_)
 
@@ -70,7 +144,8 @@ def test_lab_run_2_quick(tmp_path):
     proc = run_lab("run", "2", "--quick", "--results", tmp_path / "r")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = load_records(tmp_path / "r")
-    assert {r["exercise"]["id"] for r in records} == {"phase2.vector_add", "phase2.matmul"}
+    assert {r["exercise"]["id"] for r in records} == {"phase2.vector_add", "phase2.matmul", "phase2.softmax",
+                                                      "phase2.traffic"}
     for r in records:
         assert all(row["status"] == "ok" for row in r["rows"]), r["rows"]
     [m] = [r for r in records if r["exercise"]["id"] == "phase2.matmul"]

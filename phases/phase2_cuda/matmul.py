@@ -6,15 +6,44 @@ C = A @ B, row-major, any M, N, K. Each rung is its own kernel in `matmul.cu`:
 
 - `naive`: one thread per output, every operand from global memory (L2) each time.
 - `tiled`: the seed's 16x16 shared-memory tiles; each element loaded once per block, not per thread.
+- `regblock_1d`: 1D register blocking (64x64 tiles, BK = 8, 512 threads): each thread a column of
+  8 outputs, so one B value in a register feeds 8 FMAs and the 8 A values are warp-wide broadcasts
+  (the compiler reads them as float4s): 24 shared-load instructions per 64 FMAs instead of 128.
 - `coalesced_regblock`: 64x64 block tiles, each thread an 8x8 register tile; float4 loads (when K
   and N are multiples of 4) and 64 FMAs per 16 shared-memory loads.
+- `warptiled_1stage`: the CUDA-core kernel around the same 8x8 thread tile: 128x128 block tiles of
+  256 threads (two blocks per SM, <= 128 registers), BK = 8, warp tiles of 32x64 with 4x4
+  sub-blocks and interleaved lanes so each float4 fragment load is a conflict-free broadcast the
+  shared-memory pipe serves in 2 wavefronts instead of 4, A transposed into rows padded to 132
+  floats (conflict-free transposing stores), float4 global loads (scalar kernel when unaligned).
+- `warptiled`: the same plus double buffering: two shared stages; the next tile's global loads go
+  into registers before the current tile is computed and to the other stage after it, one
+  `__syncthreads` per tile. The fp32 rung meant to reach 90% of `cublas_fp32`.
 - `mma_bf16`: bf16 inputs, fp32 accumulation, on tensor cores through the warp-level
   `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (inline PTX).
+- `mma_bf16_pipelined` (`matmul_mma.cu`): the same instruction fed like an Ampere-class GEMM:
+  128x256 block tiles of 8 warps (64x64 each), `cp.async` 16-byte copies into a 3-4 stage ring of
+  XOR-swizzled 48 KB tiles (BK = 64), `ldmatrix.x4` (`.trans` for the row-major B) into
+  double-buffered fragments, a grouped block order for L2; bf16 output like `cublas_bf16`.
+  Unaligned operands (K or N not a multiple of 8, or views off 16 bytes) take a scalar-load
+  variant of the same kernel. `MMA_SYNC_CAP_NOTE` (stored in the record's summary) says why
+  mma.sync cannot reach the Hopper tensor-core peak that `wgmma` reaches.
+- `wgmma_tma` (`matmul_wgmma.cu`, Hopper sm_90a only): one CTA of two warpgroups per 128x128 tile
+  of C; TMA (the bulk tensor copy engine) loads 128B-swizzled 128x64 tiles of A and of B (B
+  column-major, K contiguous) into a 3-stage shared-memory ring guarded by full/empty mbarriers,
+  and each warpgroup runs `wgmma.mma_async` m64n128k16 straight from shared memory (no fragments
+  in registers but the fp32 accumulators). bf16 output, like the `cublas_bf16_nt` row it races.
+- `wgmma_tma_ws`: the same engines, warp-specialized and persistent: one CTA per SM walks 128x256
+  tiles in a grouped, L2-friendly order; a producer warpgroup (one thread issuing TMA,
+  `setmaxnreg` down to 40 registers) keeps a 4-stage ring of 48 KB full while two consumer
+  warpgroups (232 registers each) run m64n256k16 with one wgmma batch kept in flight, and store
+  one tile while the producer already loads the next.
 
 Baselines, same inputs and same run: `cublas_fp32` (torch.matmul with TF32 off, so it does the
-same fp32 arithmetic as the fp32 rungs) and `cublas_bf16` (torch.matmul on the bf16 inputs).
+same fp32 arithmetic as the fp32 rungs) and `cublas_bf16` (torch.matmul on the bf16 inputs);
+`cublas_bf16_nt` is the same with B stored column-major, the storage the wgmma rungs read.
 Each rung's `pct_of_library` is its TFLOP/s as a percentage of the cuBLAS row of the same size and
-dtype (fp32 rungs against cublas_fp32, mma_bf16 against cublas_bf16).
+dtype (fp32 rungs against cublas_fp32, the mma rungs against cublas_bf16).
 
 Correctness gates timing: each variant is first checked against a float64 matmul of the same
 inputs at an irregular shape (1000 x 777 x 555 by default: no dimension a multiple of any tile, so
@@ -58,12 +87,46 @@ class Rung:
         return "bf16" if self.dtype == torch.bfloat16 else "fp32"
 
 
+MMA_SYNC_CAP_NOTE = (
+    "mma.sync.m16n8k16 is Ampere's warp-level, synchronous tensor-core instruction: operands come "
+    "from registers (loaded from shared memory by each warp with ldmatrix). Hopper reaches its "
+    "tensor-core peak through wgmma instead (warpgroup-level, asynchronous, B and optionally A read "
+    "from shared memory by descriptor, m64nNk16 with N up to 256). Arithmetic for H100/H200 SXM: "
+    "989 dense BF16 TFLOP/s = 132 SMs x 4096 FLOP/clock x 1.83 GHz, so each of an SM's 4 schedulers "
+    "would have to issue one m16n8k16 (2048 multiply-adds) every 4 clocks, operands through the "
+    "register file, besides the ldmatrix, cp.async, address and barrier instructions that feed it. "
+    "Shared memory, about 33 TB/s for 132 SMs (~128 B/clock/SM), caps it too: with 128x256 block "
+    "tiles and 64x64 warp tiles each k16 step moves 32 KB by ldmatrix plus 12 KB by cp.async per "
+    "524,288 multiply-adds, 352 clocks of shared memory against 256 clocks of tensor math at peak, "
+    "so at most 73% of peak even with perfect overlap (the 33 TB/s shared-memory figure is Hazy "
+    "Research's, 'GPUs Go Brrr', 2024-05-12). Public measurements: FlashAttention-3 (Shah et al., arXiv:2407.08608) reports "
+    "FlashAttention-2, built on mma.sync, at 35% H100 utilization against 75% with wgmma, TMA and "
+    "asynchrony; Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture' "
+    "(arXiv:2402.13499) conclude that the fourth-generation tensor cores reach their throughput "
+    "only through wgmma.")
+
 F32, BF16 = torch.float32, torch.bfloat16
 RUNGS = {
     "naive": Rung("matmul.cu", "launch_matmul_naive", "matmul_naive", F32, F32, "cublas_fp32"),
     "tiled": Rung("matmul.cu", "launch_matmul_tiled", "matmul_tiled", F32, F32, "cublas_fp32"),
+    "regblock_1d": Rung("matmul.cu", "launch_matmul_regblock_1d", "matmul_regblock_1d", F32, F32, "cublas_fp32"),
     "coalesced_regblock": Rung("matmul.cu", "launch_matmul_regblock", "matmul_regblock", F32, F32, "cublas_fp32"),
+    "warptiled_1stage": Rung("matmul.cu", "launch_matmul_warptiled_1stage", "matmul_warptiled_1stage", F32, F32,
+                             "cublas_fp32"),
+    "warptiled": Rung("matmul.cu", "launch_matmul_warptiled", "matmul_warptiled", F32, F32, "cublas_fp32"),
     "mma_bf16": Rung("matmul_mma.cu", "launch_matmul_mma_bf16", "matmul_mma_bf16", BF16, F32, "cublas_bf16"),
+    "mma_bf16_pipelined": Rung("matmul_mma.cu", "launch_matmul_mma_bf16_pipelined", "matmul_mma_bf16_pipelined",
+                               BF16, BF16, "cublas_bf16"),
+    # Hopper (sm_90a): TMA + wgmma, B column-major (K-major, as wgmma reads it), bf16 out like cuBLAS.
+    "wgmma_tma": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma", "matmul_wgmma_tma", BF16, BF16,
+                      "cublas_bf16_nt", b_layout="col", k_multiple=8, min_capability=(9, 0), arch_specific=True),
+    "wgmma_tma_ws": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws", "matmul_wgmma_tma_ws", BF16, BF16,
+                         "cublas_bf16_nt", b_layout="col", k_multiple=8, min_capability=(9, 0),
+                         arch_specific=True),
+    # The same with clusters of 2 CTAs sharing B through TMA multicast: measured, it does not pay here.
+    "wgmma_tma_ws_cluster": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster",
+                                 BF16, BF16, "cublas_bf16_nt", b_layout="col", k_multiple=8, min_capability=(9, 0),
+                                 arch_specific=True),
     # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
     "broken_skip_k_tail": Rung("matmul.cu", "launch_matmul_tiled_skip_k_tail", "matmul_tiled", F32, F32,
                                "cublas_fp32", test_only=True),
@@ -256,15 +319,15 @@ def run(ctx, params):
                 here[v] = r
             rows += [here[k] for k in (*BASELINES, *VARIANTS) if k in here]
             del a32, b32, a16, b16, b16_col, outs, refs
-    builds = {}
-    for source in sorted({RUNGS[v].source for v in wanted}):
-        b_ = build.load(source, signatures(source))[1]
-        builds[source] = {"arch": b_.arch, "flags": list(b_.flags)}
+    resources = {}
+    for v in wanted:
+        b_ = build.load(RUNGS[v].source, signatures(RUNGS[v].source))[1]
+        resources[v] = {**(b_.resources.get(RUNGS[v].kernel) or {}), "source": RUNGS[v].source, "arch": b_.arch,
+                        "kernel": RUNGS[v].kernel, "flags": list(b_.flags)}
     summary = {"irregular_shape": [m_i, n_i, k_i], "irregular_checks": irregular,
-               "naive_max_n": params["naive_max_n"],
-               "build": {"sources": builds,
-                         "resources": {v: build.load(RUNGS[v].source)[1].resources.get(RUNGS[v].kernel)
-                                       for v in wanted}}}
+               "naive_max_n": params["naive_max_n"], "build": {"resources": resources}}
+    if any(RUNGS[v].source == "matmul_mma.cu" for v in wanted):
+        summary["why_mma_sync_caps"] = MMA_SYNC_CAP_NOTE
     return rows, summary
 
 

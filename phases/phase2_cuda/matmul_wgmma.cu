@@ -1,0 +1,772 @@
+// Phase 2.2, Hopper rungs: wgmma (warpgroup tensor-core MMA) fed by TMA (the bulk tensor copy
+// engine), sm_90a only. C = A @ B with A: M x K bf16 row-major (K contiguous), B given column-major,
+// i.e. an N x K row-major array (K contiguous, the "K-major" layout wgmma reads untransposed),
+// fp32 accumulation, C: M x N bf16 row-major. Any M, N >= 1 and any K that is a multiple of 8 (the
+// TMA row pitch must be a multiple of 16 bytes); A and B must be 16-byte aligned. Out-of-range rows
+// and columns of every tile are zero-filled by TMA, and the epilogue stores are bounds-checked.
+//
+//   wgmma_tma     one CTA (2 warpgroups, 256 threads) per 128 x 128 tile of C, BK = 64, a 3-stage
+//                 ring of 128B-swizzled TMA tiles with full/empty mbarriers; thread 0 also issues
+//                 the copies. Each warpgroup does m64n128k16 wgmma on its 64 rows. 2 CTAs per SM.
+//   wgmma_tma_ws  warp-specialized and persistent: grid = #SMs, each CTA walks 128 x 256 tiles in
+//                 a grouped (L2-friendly) order. Warpgroup 0 is the producer (one thread issues
+//                 TMA, setmaxnreg down to 40 registers); warpgroups 1 and 2 are consumers (up to
+//                 232 registers), each m64n256k16 on 64 rows of the tile, keeping one wgmma batch
+//                 in flight. 4 stages x 48 KB of shared memory; no clusters.
+//
+// Each launcher returns the cudaError_t of cudaGetLastError() after its launch, or
+// cudaErrorInvalidValue (without launching) for K % 8 != 0 or A or B not 16-byte aligned.
+// lab-build: arch-specific
+#include <cuda_runtime.h>
+#include <cuda.h>           // CUtensorMap and its enums (types only: libcuda is reached through the runtime)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+extern "C" const char* lab_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory layout of one stage (both rungs). A tile: BM rows x 64 bf16 (128 bytes per row),
+// written by TMA with the 128-byte swizzle: the 16-byte chunk c of row r lands at chunk c ^ (r % 8),
+// so 8 rows form a 1024-byte atom and atoms follow each other every 1024 bytes. The B tile (BN rows
+// of N, 64 bf16 of K each) is laid out the same way. wgmma reads exactly this layout ("K-major,
+// 128B swizzle") when its descriptor says so; every tile starts on a 1024-byte boundary so the
+// swizzle phase (address bits 7-9) is the row index and the descriptor's base offset stays 0.
+#define WG_BK 64                  // K per stage: 64 bf16 = 128 bytes = one swizzle row
+#define WG_ROW_BYTES 128
+#define WG_WAIT_TIMEOUT_NS 4000000000ull   // a barrier wait that takes 4 s is a bug: trap, do not hang
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"):
+//   bits  0-13  start address >> 4
+//   bits 16-29  leading-dimension byte offset >> 4: unused for swizzled K-major layouts (the K
+//               extent of one wgmma, 16 bf16 = 32 bytes, lies inside one 128-byte swizzle row); 1
+//   bits 32-45  stride-dimension byte offset >> 4: from one 8-row core-matrix group to the next
+//               along M (or N) = 8 rows x 128 bytes = 1024 -> 64
+//   bits 49-51  base offset: 0, tiles are 1024-byte aligned
+//   bits 62-63  swizzle mode: 1 = 128-byte swizzle
+// Stepping K by 16 inside the 64-wide tile adds 32 bytes to the start address (+2 in the field):
+// the hardware applies the XOR swizzle to the final address, as TMA did when writing.
+__device__ __forceinline__ uint64_t desc_k_major_sw128(uint32_t smem_addr) {
+    return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4)
+         | (static_cast<uint64_t>(1) << 16)
+         | (static_cast<uint64_t>(1024 >> 4) << 32)
+         | (static_cast<uint64_t>(1) << 62);
+}
+
+// ---- mbarrier -----------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+// Make the initialized barriers visible to the other threads and to the async proxy (TMA).
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrive once and add `bytes` to the transaction count the phase waits for (the TMA copies'
+// complete_tx take it back down to zero).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
+// True once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so waiting
+// for parity 1 (the phase "before" it) returns at once: that is how the producer's first pass
+// over the empty barriers goes through.
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+
+// Spin until the phase completes; a wait longer than WG_WAIT_TIMEOUT_NS traps (the launch then
+// fails with an error instead of hanging the GPU: a wrong byte count or parity shows up that way).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if (mbar_try_wait(bar, parity)) return;
+    const uint64_t t0 = globaltimer_ns();
+    for (uint32_t n = 1;; ++n) {
+        if (mbar_try_wait(bar, parity)) return;
+        if ((n & 1023u) == 0 && globaltimer_ns() - t0 > WG_WAIT_TIMEOUT_NS) __trap();
+    }
+}
+
+// ---- TMA ----------------------------------------------------------------------------------------
+// Copy the box at (c0 = k, c1 = row) of a 2-D tensor map into shared memory at `dst`; completion
+// is signalled on `bar` as transaction bytes (always the whole box: out-of-range elements are
+// zero-filled and counted).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];\n"
+        :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- wgmma --------------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+
+// Pin the accumulators at this point of the program: reads of them (the epilogue) cannot be moved
+// above the wgmma.wait_group before it, since wgmma writes them asynchronously.
+template <int R>
+__device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+__device__ __forceinline__ void setmaxnreg_dec40() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n"); }
+__device__ __forceinline__ void setmaxnreg_inc232() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n"); }
+
+// Accumulator layout of m64nNk16 (fp32): warp w of the warpgroup holds rows 16w .. 16w+15; in it,
+// lane l (g = l / 4, t = l % 4) holds, for each 8-column chunk j, d[4j], d[4j+1] at row g, columns
+// 8j + 2t, 8j + 2t + 1, and d[4j+2], d[4j+3] at row g + 8, the same columns.
+// D (64 x 128, fp32, 64 registers per thread) += A (64 x 16, smem) * B (16 x 128, smem);
+// scale_d == 0 ignores D's old value (the first k-step of a tile).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                 uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D (64 x 256, fp32, 128 registers per thread) += A (64 x 16, smem) * B (16 x 256, smem);
+// scale_d == 0 ignores D's old value (the first k-step of a tile).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// ---- shared by both rungs -----------------------------------------------------------------------
+__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Tile t of a tiles_m x tiles_n grid in grouped order: down `group_m` tile rows, then across, so
+// tiles that run at the same time share rows of A and columns of B in L2.
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int group_m, int& tm, int& tn) {
+    const int per_group = group_m * tiles_n;
+    const int g = t / per_group;
+    const int first = g * group_m;
+    const int rows = min(tiles_m - first, group_m);
+    const int r = t - g * per_group;
+    tm = first + r % rows;
+    tn = r / rows;
+}
+
+// Two adjacent outputs (row, col), (row, col + 1), rounded to bf16, bounds-checked. `vec2`: N even
+// and C 4-byte aligned, so the pair is one aligned 32-bit store whenever col + 1 < N.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* __restrict__ C, int M, int N, int row, int col,
+                                           float v0, float v1, int vec2) {
+    if (row >= M) return;
+    const size_t off = static_cast<size_t>(row) * N + col;
+    if (vec2 && col + 1 < N) {
+        *reinterpret_cast<__nv_bfloat162*>(C + off) = __floats2bfloat162_rn(v0, v1);
+    } else {
+        if (col < N) C[off] = __float2bfloat16_rn(v0);
+        if (col + 1 < N) C[off + 1] = __float2bfloat16_rn(v1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rung wgmma_tma: one CTA per 128 x 128 tile, 256 threads = 2 warpgroups (rows 0-63 and 64-127 of
+// the tile), 3 stages of (A 128x64 + B 128x64) bf16 = 32 KB. Thread 0 issues the first 3 stages'
+// copies, then, each time all 8 warps have released a stage (its empty barrier), the copy of the
+// k-tile 3 steps ahead into it. Each warp: wait full[s] -> 4 x wgmma m64n128k16 -> wait for them ->
+// arrive on empty[s].
+#define T1_BM 128
+#define T1_BN 128
+#define T1_STAGES 3
+#define T1_THREADS 256
+#define T1_A_BYTES (T1_BM * WG_ROW_BYTES)                 // 16384
+#define T1_B_BYTES (T1_BN * WG_ROW_BYTES)                 // 16384
+#define T1_STAGE_BYTES (T1_A_BYTES + T1_B_BYTES)          // 32768
+#define T1_SMEM_BYTES (1024 + T1_STAGES * T1_STAGE_BYTES + 2 * T1_STAGES * 8)   // 1024: alignment slack
+#define T1_GROUP_M 8
+
+extern "C" __global__ void __launch_bounds__(T1_THREADS, 2)
+matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = base + T1_STAGES * T1_STAGE_BYTES;   // full[s] at full0 + 8 s
+    const uint32_t empty0 = full0 + T1_STAGES * 8;              // empty[s] at empty0 + 8 s
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, wl = warp % 4;                     // warpgroup, warp within it
+    int tm, tn;
+    tile_coords(blockIdx.x, cdiv(M, T1_BM), cdiv(N, T1_BN), T1_GROUP_M, tm, tn);
+    const int KT = cdiv(K, WG_BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < T1_STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);          // the producer's arrive.expect_tx
+            mbar_init(empty0 + 8 * s, 8);         // lane 0 of each of the 8 warps
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (tid == 0) {
+        tma_prefetch_map(&tmA);
+        tma_prefetch_map(&tmB);
+        for (int kt = 0; kt < T1_STAGES && kt < KT; ++kt) {
+            const uint32_t sa = base + kt * T1_STAGE_BYTES, bar = full0 + 8 * kt;
+            mbar_arrive_expect_tx(bar, T1_STAGE_BYTES);
+            tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * T1_BM);
+            tma_load_2d(sa + T1_A_BYTES, &tmB, bar, kt * WG_BK, tn * T1_BN);
+        }
+    }
+    __syncwarp();
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+    int s = 0;
+    uint32_t phase = 0;
+    for (int kt = 0; kt < KT; ++kt) {
+        const uint32_t sa = base + s * T1_STAGE_BYTES;
+        mbar_wait(full0 + 8 * s, phase);
+        __syncwarp();
+        wgmma_fence();
+        const uint64_t da = desc_k_major_sw128(sa + wg * 64 * WG_ROW_BYTES);
+        const uint64_t db = desc_k_major_sw128(sa + T1_A_BYTES);
+#pragma unroll
+        for (int k = 0; k < WG_BK / 16; ++k)
+            wgmma_m64n128k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        if (tid == 0 && kt + T1_STAGES < KT) {
+            // Refill this stage with k-tile kt + STAGES once every warp has released it.
+            const uint32_t bar = full0 + 8 * s;
+            mbar_wait(empty0 + 8 * s, phase);
+            mbar_arrive_expect_tx(bar, T1_STAGE_BYTES);
+            tma_load_2d(sa, &tmA, bar, (kt + T1_STAGES) * WG_BK, tm * T1_BM);
+            tma_load_2d(sa + T1_A_BYTES, &tmB, bar, (kt + T1_STAGES) * WG_BK, tn * T1_BN);
+        }
+        __syncwarp();
+        if (++s == T1_STAGES) { s = 0; phase ^= 1; }
+    }
+    fence_accumulators(acc);
+
+    const int row = tm * T1_BM + wg * 64 + wl * 16 + lane / 4;
+    const int col = tn * T1_BN + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < T1_BN / 8; ++j) {
+        store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+        store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rung wgmma_tma_ws: warp-specialized, persistent. 384 threads: warpgroup 0 = producer (one thread
+// issues all TMA copies), warpgroups 1 and 2 = consumers, rows 0-63 and 64-127 of a 128 x 256 tile,
+// m64n256k16 (128 fp32 accumulators per thread). 4 stages x (A 128x64 + B 256x64) bf16 = 48 KB.
+// Producer and consumers walk the same tile sequence (t = blockIdx.x, += gridDim.x) and the same
+// ring of stages; the ring position (stage, phase) carries over from one tile to the next, so the
+// producer fills the next tile's stages while the consumers store the last one.
+// Barrier protocol, for the i-th use of stage s (round r = i / STAGES):
+//   producer: wait empty[s] for parity (r & 1) ^ 1 (round 0 passes at once), arrive.expect_tx on
+//             full[s] with 48 KB, issue the two copies onto full[s];
+//   consumer: wait full[s] for parity r & 1, issue 4 wgmma, commit; after the *next* stage's batch
+//             is committed, wgmma.wait_group 1 says this one is done: lane 0 of each warp arrives on
+//             empty[s] (count 8 = 2 warpgroups x 4 warps). The last stage of a tile is released
+//             after wait_group 0, before the epilogue.
+#define WS_BM 128
+#define WS_BN 256
+#define WS_STAGES 4
+#define WS_THREADS 384
+#define WS_A_BYTES (WS_BM * WG_ROW_BYTES)                 // 16384
+#define WS_B_BYTES (WS_BN * WG_ROW_BYTES)                 // 32768
+#define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)          // 49152
+#define WS_SMEM_BYTES (1024 + WS_STAGES * WS_STAGE_BYTES + 2 * WS_STAGES * 8)   // 197696
+#define WS_GROUP_M 16
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                    __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = base + WS_STAGES * WS_STAGE_BYTES;
+    const uint32_t empty0 = full0 + WS_STAGES * 8;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, wl = warp % 4;
+    const int tiles_m = cdiv(M, WS_BM), tiles_n = cdiv(N, WS_BN);
+    const int num_tiles = tiles_m * tiles_n;
+    const int KT = cdiv(K, WG_BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 8);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer warpgroup: give registers back, one thread issues every copy.
+        setmaxnreg_dec40();
+        if (tid == 0) {
+            tma_prefetch_map(&tmA);
+            tma_prefetch_map(&tmB);
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+                int tm, tn;
+                tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+                for (int kt = 0; kt < KT; ++kt) {
+                    const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
+                    mbar_wait(empty0 + 8 * s, phase ^ 1);
+                    mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
+                    tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * WS_BM);
+                    tma_load_2d(sa + WS_A_BYTES, &tmB, bar, kt * WG_BK, tn * WS_BN);
+                    if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc232();
+        const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        int s = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+            int tm, tn;
+            tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+            int prev = 0;
+            for (int kt = 0; kt < KT; ++kt) {
+                const uint32_t sa = base + s * WS_STAGE_BYTES;
+                mbar_wait(full0 + 8 * s, phase);
+                __syncwarp();
+                wgmma_fence();
+                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
+                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
+#pragma unroll
+                for (int k = 0; k < WG_BK / 16; ++k)
+                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+                wgmma_commit();
+                if (kt > 0) {
+                    wgmma_wait<1>();              // the previous stage's batch is done
+                    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+                }
+                prev = s;
+                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+            fence_accumulators(acc);
+
+            const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
+            const int col = tn * WS_BN + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < WS_BN / 8; ++j) {
+                store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+                store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Experimental, not a rung yet (launcher launch_matmul_wgmma_tma_ws_cluster): wgmma_tma_ws with
+// clusters of 2 CTAs along M and TMA multicast of B. The two CTAs of a cluster compute vertically
+// adjacent 128 x 256 tiles (rows 256 i + 128 rank, the same 256 columns), so they need the same B
+// tile: each CTA loads its own A tile and one half (128 rows of N) of B, multicast into both CTAs'
+// shared memory at the same offset. That cuts the L2 -> SM traffic per CTA from 48 KB to 32 KB per
+// k-tile. Protocol changes against wgmma_tma_ws:
+//   - full[s] of each CTA expects A (16 KB) + both halves of B (16 KB each, one from each CTA);
+//     the peer's complete_tx may come before this CTA's arrive.expect_tx (the tx-count is signed
+//     and the phase cannot complete before the producer's arrival).
+//   - empty[s] counts 16 arrivals: a stage may be refilled only when the consumers of *both* CTAs
+//     are done with it (a multicast writes both); lane 0 of each consumer warp arrives on its own
+//     CTA's and on the peer's empty[s] (mapa + mbarrier.arrive.shared::cluster).
+//   - a cluster barrier after the mbarrier init (the peer must not signal an uninitialized barrier),
+//     and the producer thread, before exiting, waits for the last release of every stage, so no
+//     peer arrives on this CTA's barriers after it has exited.
+//   - a tile (or B half) wholly outside C is not loaded and not expected (its rows are not stored).
+#define CL_B_HALF_BYTES (WS_B_BYTES / 2)                  // 16384: 128 rows of B
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+        :: "r"(bar), "r"(rank) : "memory");
+}
+
+__device__ __forceinline__ uint32_t mbar_try_wait_cluster(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    if (mbar_try_wait_cluster(bar, parity)) return;
+    const uint64_t t0 = globaltimer_ns();
+    for (uint32_t n = 1;; ++n) {
+        if (mbar_try_wait_cluster(bar, parity)) return;
+        if ((n & 1023u) == 0 && globaltimer_ns() - t0 > WG_WAIT_TIMEOUT_NS) __trap();
+    }
+}
+
+// The box at (c0, c1) into `dst` of every CTA in `mask`, signalling each one's barrier at `bar`.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                                      int c1, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;\n"
+        :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                            __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = base + WS_STAGES * WS_STAGE_BYTES;
+    const uint32_t empty0 = full0 + WS_STAGES * 8;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, wl = warp % 4;
+    const uint32_t rank = cluster_ctarank();                  // 0 or 1: which 128-row half of the pair
+    const int cluster = cluster_id_x(), clusters = cluster_count_x();
+    const int tiles_m = cdiv(M, WS_BM), tiles_n = cdiv(N, WS_BN);
+    const int pairs_m = cdiv(tiles_m, 2);
+    const int num_pairs = pairs_m * tiles_n;                  // 256 x 256 regions, one per cluster step
+    const int KT = cdiv(K, WG_BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 16);                    // 8 consumer warps x 2 CTAs
+        }
+        fence_barrier_init();
+    }
+    cluster_sync_all();                                       // both CTAs' barriers exist before any signal
+
+    if (wg == 0) {
+        setmaxnreg_dec40();
+        if (tid == 0) {
+            tma_prefetch_map(&tmA);
+            tma_prefetch_map(&tmB);
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = cluster; t < num_pairs; t += clusters) {
+                int tm2, tn;
+                tile_coords(t, pairs_m, tiles_n, WS_GROUP_M / 2, tm2, tn);
+                const int tm = 2 * tm2 + (int)rank;
+                const bool a_in = tm * WS_BM < M;                     // this CTA's tile has rows in C
+                const bool b1_in = tn * WS_BN + WS_BN / 2 < N;         // the second B half has columns in C
+                const uint32_t bytes = (a_in ? WS_A_BYTES : 0) + CL_B_HALF_BYTES + (b1_in ? CL_B_HALF_BYTES : 0);
+                const bool b_mine = rank == 0 || b1_in;
+                for (int kt = 0; kt < KT; ++kt) {
+                    const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
+                    mbar_wait_cluster(empty0 + 8 * s, phase ^ 1);
+                    mbar_arrive_expect_tx(bar, bytes);
+                    if (a_in) tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * WS_BM);
+                    if (b_mine)
+                        tma_load_2d_multicast(sa + WS_A_BYTES + rank * CL_B_HALF_BYTES, &tmB, bar, kt * WG_BK,
+                                              tn * WS_BN + (int)rank * (WS_BN / 2), (uint16_t)0x3);
+                    if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+            // Tail: wait until every stage's last use has been released by both CTAs, so no arrive
+            // from the peer can reach this CTA's barriers after it exits.
+            for (int i = 0; i < WS_STAGES; ++i) {
+                mbar_wait_cluster(empty0 + 8 * s, phase ^ 1);
+                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+            }
+        }
+    } else {
+        setmaxnreg_inc232();
+        const int cw = wg - 1;
+        const uint32_t peer = rank ^ 1u;
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        int s = 0;
+        uint32_t phase = 0;
+        for (int t = cluster; t < num_pairs; t += clusters) {
+            int tm2, tn;
+            tile_coords(t, pairs_m, tiles_n, WS_GROUP_M / 2, tm2, tn);
+            const int tm = 2 * tm2 + (int)rank;
+            int prev = 0;
+            for (int kt = 0; kt < KT; ++kt) {
+                const uint32_t sa = base + s * WS_STAGE_BYTES;
+                mbar_wait(full0 + 8 * s, phase);
+                __syncwarp();
+                wgmma_fence();
+                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
+                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
+#pragma unroll
+                for (int k = 0; k < WG_BK / 16; ++k)
+                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+                wgmma_commit();
+                if (kt > 0) {
+                    wgmma_wait<1>();
+                    if (lane == 0) {
+                        mbar_arrive(empty0 + 8 * prev);
+                        mbar_arrive_cluster(empty0 + 8 * prev, peer);
+                    }
+                }
+                prev = s;
+                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (lane == 0) {
+                mbar_arrive(empty0 + 8 * prev);
+                mbar_arrive_cluster(empty0 + 8 * prev, peer);
+            }
+            fence_accumulators(acc);
+
+            const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
+            const int col = tn * WS_BN + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < WS_BN / 8; ++j) {
+                store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+                store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+// cuTensorMapEncodeTiled is a driver API function; it is reached through the runtime's entry-point
+// query, so the library does not link libcuda. Looked up once.
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess
+            || q != cudaDriverEntryPointSuccess)
+            return nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// A rows x K bf16 row-major matrix (K contiguous) as a 2-D tensor map: dimension 0 = K (the
+// contiguous one), dimension 1 = rows, row pitch K * 2 bytes; boxes of 64 (K) x box_rows, 128-byte
+// swizzle, out-of-range elements read as zero.
+static cudaError_t make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+    if (encode == nullptr) return cudaErrorNotSupported;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(__nv_bfloat16)};
+    const cuuint32_t box[2] = {WG_BK, static_cast<cuuint32_t>(box_rows)};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box,
+                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+#define WG_MAX_DEVICES 64
+
+// Raise a kernel's dynamic shared-memory limit, once per device, and ask for the largest shared
+// memory carve-out of the L1/shared array (wgmma_tma wants two 97 KB CTAs per SM).
+static cudaError_t allow_smem(const void* kernel, int bytes, bool (&done)[WG_MAX_DEVICES], int dev) {
+    if (dev >= 0 && dev < WG_MAX_DEVICES && done[dev]) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess && dev >= 0 && dev < WG_MAX_DEVICES) done[dev] = true;
+    return e;
+}
+
+// The checks and tensor maps both launchers share; *skip is set when there is nothing to launch.
+static cudaError_t prepare(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
+                           int a_box, int b_box, CUtensorMap* mA, CUtensorMap* mB, int* vec2, bool* skip,
+                           cudaStream_t stream) {
+    *skip = true;
+    if (M < 0 || N < 0 || K < 0 || K % 8 != 0) return cudaErrorInvalidValue;
+    if (M == 0 || N == 0) return cudaSuccess;
+    if (K == 0) return cudaMemsetAsync(C, 0, static_cast<size_t>(M) * N * sizeof(__nv_bfloat16), stream);
+    if (reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0)
+        return cudaErrorInvalidValue;
+    cudaError_t e = make_map(mA, A, M, K, a_box);
+    if (e != cudaSuccess) return e;
+    e = make_map(mB, B, N, K, b_box);
+    if (e != cudaSuccess) return e;
+    *vec2 = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(C) % 4 == 0);
+    *skip = false;
+    return cudaSuccess;
+}
+
+extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                       int M, int N, int K, cudaStream_t stream) {
+    CUtensorMap mA, mB;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, T1_BM, T1_BN, &mA, &mB, &vec2, &skip, stream);
+    if (e != cudaSuccess || skip) return (int)e;
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma, T1_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
+    const long long tiles = (long long)((M + T1_BM - 1) / T1_BM) * ((N + T1_BN - 1) / T1_BN);
+    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
+    matmul_wgmma_tma<<<(unsigned)tiles, T1_THREADS, T1_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                          int M, int N, int K, cudaStream_t stream) {
+    CUtensorMap mA, mB;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream);
+    if (e != cudaSuccess || skip) return (int)e;
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws, WS_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
+    static int sm_count[WG_MAX_DEVICES] = {};
+    int sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? sm_count[dev] : 0;
+    if (sms == 0) {
+        if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
+        if (dev >= 0 && dev < WG_MAX_DEVICES) sm_count[dev] = sms;
+    }
+    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
+    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
+    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+    matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
+    return (int)cudaGetLastError();
+}
+
+// Experimental (not a rung): wgmma_tma_ws with clusters of 2 CTAs and B multicast, see above. The
+// grid is as many clusters as fit at once (cudaOccupancyMaxActiveClusters: a GPC with an odd number
+// of free SMs leaves one idle), at most one per 256 x 256 region of C.
+extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const __nv_bfloat16* B,
+                                                  __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    CUtensorMap mA, mB;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN / 2, &mA, &mB, &vec2, &skip, stream);
+    if (e != cudaSuccess || skip) return (int)e;
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws_cluster, WS_SMEM_BYTES, smem_done, dev)) != cudaSuccess)
+        return (int)e;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(WS_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = WS_SMEM_BYTES;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    static int max_clusters[WG_MAX_DEVICES] = {};
+    int fit = (dev >= 0 && dev < WG_MAX_DEVICES) ? max_clusters[dev] : 0;
+    if (fit == 0) {
+        int sms = 0;
+        if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
+        cfg.gridDim = dim3(2 * (sms / 2), 1, 1);
+        if ((e = cudaOccupancyMaxActiveClusters(&fit, (const void*)matmul_wgmma_tma_ws_cluster, &cfg)) != cudaSuccess)
+            return (int)e;
+        if (fit <= 0) return (int)cudaErrorInvalidConfiguration;
+        if (dev >= 0 && dev < WG_MAX_DEVICES) max_clusters[dev] = fit;
+    }
+    const long long pairs = (long long)(((M + WS_BM - 1) / WS_BM + 1) / 2) * ((N + WS_BN - 1) / WS_BN);
+    if (pairs > 0x3FFFFFFFLL) return (int)cudaErrorInvalidValue;
+    cfg.gridDim = dim3(2 * (unsigned)(pairs < fit ? pairs : fit), 1, 1);
+    cfg.stream = stream;
+    e = cudaLaunchKernelEx(&cfg, matmul_wgmma_tma_ws_cluster, mA, mB, C, M, N, K, vec2);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,244 @@
+"""GPU smoke test for the Hopper wgmma rungs (phases/phase2_cuda/matmul_wgmma.cu), for a first run on
+an H100/H200 where GPU time is scarce.
+
+    python scripts/smoke_wgmma.py                    # both rungs + the experimental one: correctness, then timing
+    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws --no-timing
+    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws_cluster     # the experimental cluster kernel
+
+Builds the source once (nvcc, sm_90a), then runs each rung in its own child process, one case at a
+time: first correctness at irregular shapes against a float64 matmul of the same bf16 inputs (the
+relative error is printed), then timing at 4096^3 and 8192^3 against torch.matmul(a, b_col) (cuBLAS
+with B column-major, the storage the rungs read) with CUDA events. A kernel fault poisons the CUDA
+context of its process, and a hung kernel would hold it forever (the kernels trap after a 4 s
+barrier wait, and each child has a time limit), so when a child dies the parent reports the case it
+was on and starts a fresh child at the next case: one failure never hides the others.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster")
+# Launchers in matmul_wgmma.cu that are not (yet) rungs of matmul.py: registered in the child only,
+# as copies of wgmma_tma_ws's entry. wgmma_tma_ws_cluster: clusters of 2 CTAs, B multicast by TMA.
+EXPERIMENTAL = {"wgmma_tma_ws_cluster": ("launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster")}
+# (M, N, K): tiny, odd, tails in every dimension, exact tiles, more tiles than SMs, then the timed sizes.
+CHECKS = [(1, 1, 8), (17, 33, 8), (65, 130, 24), (128, 256, 64), (1000, 776, 552), (1000, 777, 552),
+          (2500, 4000, 136), (4096, 4096, 4096), (8192, 8192, 8192)]
+TIMED = [4096, 8192]
+TAG = "@@case "
+CHILD_TIMEOUT_S = 60
+
+
+def cases(timing: bool) -> list[dict]:
+    out = [{"kind": "check", "shape": s} for s in CHECKS]
+    if timing:
+        out += [{"kind": "time", "n": n} for n in TIMED]
+    return out
+
+
+# ------------------------------------------------------------------------------ child: one rung, cases from `start`
+def child(rung: str, start: int, timing: bool) -> int:
+    import torch
+
+    from common.checks import compare
+    from phases.phase2_cuda import build
+    from phases.phase2_cuda import matmul as mm
+
+    dev = torch.device("cuda")
+    if rung not in mm.RUNGS and rung in EXPERIMENTAL:
+        import dataclasses
+        launcher_name, kernel = EXPERIMENTAL[rung]
+        mm.RUNGS[rung] = dataclasses.replace(mm.RUNGS["wgmma_tma_ws"], launcher=launcher_name, kernel=kernel)
+    lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
+    launcher = getattr(lib, mm.RUNGS[rung].launcher)
+    todo = cases(timing)
+
+    def report(i, **kw):
+        print(TAG + json.dumps({"i": i, **kw}), flush=True)
+
+    def context_alive() -> bool:
+        try:
+            x = torch.ones(1, device=dev)
+            x.add_(1)
+            torch.cuda.synchronize()
+            return True
+        except Exception:
+            return False
+
+    for i in range(start, len(todo)):
+        case = todo[i]
+        report(i, status="started")
+        t0 = time.perf_counter()
+        try:
+            if case["kind"] == "check":
+                m, n, k = case["shape"]
+                g = torch.Generator(device=dev).manual_seed(m + n + k)
+                a = torch.randn(m, k, device=dev, generator=g).bfloat16()
+                b = torch.randn(k, n, device=dev, generator=g).bfloat16()
+                b_col = mm.column_major(b)
+                out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)     # poisoned
+                mm.matmul(a, b_col, rung, out)
+                torch.cuda.synchronize()
+                ref = a.double() @ b.double()
+                v = compare(out, ref, "bf16", "float64 matmul of the same bf16 inputs")
+                # Where it is wrong tells what is wrong: everywhere (swizzle, descriptor, fragment
+                # layout), only tile edges (bounds, OOB fill), only some tiles (scheduling, phases).
+                d = torch.nan_to_num((out.double() - ref).abs(), nan=float("inf"))
+                bad = d > 0.02 * max(float(ref.pow(2).mean().sqrt()), 1e-6)
+                nbad = int(bad.sum())
+                first_bad = torch.nonzero(bad)[0].tolist() if nbad else None
+                worst = int(d.argmax())
+                report(i, status="ok" if v["passed"] else "FAILED", shape=[m, n, k],
+                       rel_l2_error=v.get("rel_l2_error"), max_abs_error=v.get("max_abs_error"),
+                       nan_outputs=int(torch.isnan(out).sum()), bad_outputs=f"{nbad}/{m * n}",
+                       first_bad=first_bad, worst_at=[worst // n, worst % n], reason=v.get("reason"),
+                       seconds=round(time.perf_counter() - t0, 3))
+            else:
+                n = case["n"]
+                g = torch.Generator(device=dev).manual_seed(n)
+                a = torch.randn(n, n, device=dev, generator=g).bfloat16()
+                b_col = mm.column_major(torch.randn(n, n, device=dev, generator=g).bfloat16())
+                out = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+                stream = build.stream(dev)
+                args = (build.ptr(a), build.ptr(b_col), build.ptr(out), n, n, n, stream)
+
+                def ours():
+                    code = launcher(*args)
+                    if code:
+                        raise RuntimeError(f"launch error {code}: {lib.lab_error_string(code).decode()}")
+
+                def cublas():
+                    torch.matmul(a, b_col, out=out)
+
+                def bench(fn, iters):
+                    for _ in range(3):
+                        fn()
+                    torch.cuda.synchronize()
+                    times = []
+                    for _ in range(5):
+                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        s.record()
+                        for _ in range(iters):
+                            fn()
+                        e.record()
+                        torch.cuda.synchronize()
+                        times.append(s.elapsed_time(e) / iters)
+                    return sorted(times)[len(times) // 2]            # median of 5 batches, ms per call
+
+                iters = 40 if n <= 4096 else 10
+                ms_ours, ms_lib = bench(ours, iters), bench(cublas, iters)
+                tf = lambda ms: 2 * n**3 / (ms * 1e-3) / 1e12
+                report(i, status="ok", n=n, ms=round(ms_ours, 4), tflops=round(tf(ms_ours), 1),
+                       cublas_ms=round(ms_lib, 4), cublas_tflops=round(tf(ms_lib), 1),
+                       pct_of_cublas=round(100 * ms_lib / ms_ours, 1), seconds=round(time.perf_counter() - t0, 3))
+        except Exception as e:                                   # noqa: BLE001 - report and go on
+            report(i, status="ERROR", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                   seconds=round(time.perf_counter() - t0, 3))
+            if not context_alive():
+                return 3                                         # the parent restarts us at i + 1
+    return 0
+
+
+# ------------------------------------------------------------------------------ parent
+def describe(case: dict) -> str:
+    return "check %s" % "x".join(map(str, case["shape"])) if case["kind"] == "check" else f"time {case['n']}^3"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rungs", default=",".join(RUNGS))
+    p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    timing = not args.no_timing
+    if args.child:
+        return child(args.child, args.start, timing)
+
+    t_all = time.perf_counter()
+    import torch
+
+    from phases.phase2_cuda import build
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("needs a Hopper GPU (compute capability 9.0) for the sm_90a kernels; "
+              f"found {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA GPU'}")
+        return 1
+    print(f"GPU: {torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs, "
+          f"torch {torch.__version__}")
+    t0 = time.perf_counter()
+    try:
+        b = build.build("matmul_wgmma.cu", "sm_90")             # sm_90a; the children find it in the cache
+        print(f"build: {b.arch} {'cached' if b.cached else 'compiled'} in {time.perf_counter() - t0:.1f} s")
+        for kernel, res in b.resources.items():
+            print(f"  ptxas {kernel}: {res}")
+        for line in b.log.splitlines():
+            if "warning" in line.lower():
+                print("  " + line.strip())
+    except Exception as e:                                       # noqa: BLE001
+        print(f"build FAILED: {e}")
+        return 1
+
+    todo = cases(timing)
+    failures = 0
+    for rung in [r for r in args.rungs.split(",") if r]:
+        print(f"\n== {rung}")
+        start, restarts = 0, 0
+        while start < len(todo):
+            cmd = [sys.executable, __file__, "--child", rung, "--start", str(start)] + (["--no-timing"] if not timing else [])
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+                rc = f"killed after {CHILD_TIMEOUT_S} s"
+            last_started, finished = None, set()
+            for line in stdout.splitlines():
+                if not line.startswith(TAG):
+                    continue
+                r = json.loads(line[len(TAG):])
+                if r["status"] == "started":
+                    last_started = r["i"]
+                    continue
+                finished.add(r["i"])
+                i = r.pop("i")
+                status = r.pop("status")
+                failures += status != "ok"
+                print(f"  [{status:>6}] {describe(todo[i]):<24} " + ", ".join(f"{k}={v}" for k, v in r.items()
+                                                                            if v is not None))
+            if rc == 0:
+                break
+            # The child died (fault, trap, timeout): blame the case it was on, restart after it.
+            if last_started is not None and last_started not in finished:
+                failures += 1
+                tail = " | ".join(l.strip() for l in stderr.strip().splitlines()[-3:])
+                print(f"  [ CRASH] {describe(todo[last_started]):<24} child rc={rc} after "
+                      f"{time.perf_counter() - t0:.1f} s: {tail[:400]}")
+                start = last_started + 1
+            elif last_started is None:
+                # It died before its first case (import, build, no GPU): a restart would do the same.
+                print(f"  [ CRASH] child rc={rc} before its first case: "
+                      f"{' | '.join(stderr.strip().splitlines()[-3:])[:400]}")
+                failures += 1
+                break
+            else:
+                start = max(finished) + 1
+            restarts += 1
+            if restarts > 4:
+                print("  (too many crashes; skipping the rest of this rung)")
+                break
+    print(f"\n{'all ok' if failures == 0 else f'{failures} failing case(s)'} in {time.perf_counter() - t_all:.1f} s")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
