@@ -181,9 +181,14 @@ def git_info() -> dict:
     """Commit and dirty flag of the checkout, as `git describe --dirty` means it: tracked files
     modified. results/ is excluded from 'dirty': a run writes there.
 
-    Where the tree is a copy without .git (a lent GPU machine), LAB_GIT_COMMIT / LAB_GIT_DIRTY,
-    set by whoever made the copy, are used and the source says so.
+    LAB_GIT_COMMIT / LAB_GIT_DIRTY, when set, win: whoever copied the tree to another machine knows
+    which commit it is, while the copy's .git may be stale (a lent GPU machine's copy was seen to
+    carry an older HEAD and report the newer files as modifications of it). The source says which.
     """
+    env_commit = os.environ.get("LAB_GIT_COMMIT")
+    if env_commit:
+        return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
+                "source": "LAB_GIT_COMMIT (set by whoever copied the tree)"}
     git = ["git", "-c", f"safe.directory={REPO_ROOT}", "-C", str(REPO_ROOT)]
     commit = run_quiet([*git, "rev-parse", "HEAD"])
     if commit:
@@ -195,10 +200,6 @@ def git_info() -> dict:
         dirty = os.environ.get("LAB_GIT_DIRTY")
         return {"commit": head, "dirty": None if dirty is None else dirty not in ("0", "false", ""),
                 "source": ".git/HEAD (no git binary)" + ("; dirty from LAB_GIT_DIRTY" if dirty is not None else "")}
-    env_commit = os.environ.get("LAB_GIT_COMMIT")
-    if env_commit:
-        return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
-                "source": "LAB_GIT_COMMIT (set by whoever copied the tree; its .git held no history)"}
     return {"commit": None, "dirty": None, "source": None}
 
 

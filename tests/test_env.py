@@ -27,6 +27,17 @@ def test_git_info_shape():
         assert len(info["commit"]) >= 7 and isinstance(info["dirty"], bool)
 
 
+def test_an_explicit_commit_wins_over_the_copy_s_git(monkeypatch):
+    # A lent machine's copy of the tree carried a stale .git: the commit named by whoever made the
+    # copy must be the one recorded.
+    monkeypatch.setenv("LAB_GIT_COMMIT", "90f68da")
+    monkeypatch.setenv("LAB_GIT_DIRTY", "0")
+    info = env.git_info()
+    assert info["commit"] == "90f68da" and info["dirty"] is False and info["source"].startswith("LAB_GIT_COMMIT")
+    monkeypatch.setenv("LAB_GIT_DIRTY", "1")
+    assert env.git_info()["dirty"] is True
+
+
 def test_clock_event_reasons():
     assert env.clock_event_reasons("0x0000000000000004") == ["sw_power_cap"]
     assert env.clock_event_reasons("0x0000000000000000") == []
