@@ -1,6 +1,6 @@
 """Exercise 2.2: the matmul ladder in CUDA C, rung by rung, against cuBLAS in the same run.
 
-    lab run phase2.matmul [--variant tiled] [--param sizes=[1024,2048,4096]]
+    lab run phase2.matmul [--variant tiled] [--param sizes=[1024,2048,4096,8192]]
 
 C = A @ B, row-major, any M, N, K. Each rung is its own kernel in `matmul.cu`:
 
@@ -38,22 +38,26 @@ C = A @ B, row-major, any M, N, K. Each rung is its own kernel in `matmul.cu`:
   `setmaxnreg` down to 40 registers) keeps a 4-stage ring of 48 KB full while two consumer
   warpgroups (232 registers each) run m64n256k16 with one wgmma batch kept in flight, and store
   one tile while the producer already loads the next.
+- `wgmma_tma_ws_cluster`: the same in clusters of 2 CTAs along M, each loading its own A and
+  multicasting half of B to both (TMA multicast), which cuts L2-to-SM traffic per k-tile from 48
+  to 32 KB. Kept as a rung because the measurement says whether clusters pay here.
 
 Baselines, same inputs and same run: `cublas_fp32` (torch.matmul with TF32 off, so it does the
 same fp32 arithmetic as the fp32 rungs) and `cublas_bf16` (torch.matmul on the bf16 inputs);
 `cublas_bf16_nt` is the same with B stored column-major, the storage the wgmma rungs read.
 Each rung's `pct_of_library` is its TFLOP/s as a percentage of the cuBLAS row of the same size and
-dtype (fp32 rungs against cublas_fp32, the mma rungs against cublas_bf16).
+dtype (fp32 rungs against cublas_fp32, the mma rungs against cublas_bf16, the wgmma rungs
+against cublas_bf16_nt).
 
 Correctness gates timing: each variant is first checked against a float64 matmul of the same
 inputs at an irregular shape (1000 x 777 x 555 by default: no dimension a multiple of any tile, so
 every bounds check runs), then at the timed size; the fp32 rungs at the fp32 tolerance (below what
-TF32 gives, so a silent TF32 path fails), mma_bf16 at the bf16 tolerance against the float64
-product of its bf16-rounded inputs.
+TF32 gives, so a silent TF32 path fails), the bf16 rungs at the bf16 tolerance against the
+float64 product of their bf16-rounded inputs. The TMA rungs need K a multiple of 8 (16-byte row
+pitch): they are checked at the irregular shape with K trimmed to 552.
 
-Sizes: square N = 1024, 2048, 4096; FLOPs 2N^3, fewest bytes 3 N^2 x itemsize. `naive` only up
-to N = 2048 by default (`naive_max_n`): at 4096 it takes on the order of a second per call on an
-H200 and teaches nothing the smaller sizes do not.
+Sizes: square N = 1024, 2048, 4096, 8192; FLOPs 2N^3, fewest bytes N^2 x (2 x input itemsize +
+output itemsize). Every rung runs at every size (`naive_max_n` can cap the slowest).
 """
 import ctypes
 from dataclasses import dataclass
@@ -332,8 +336,8 @@ def run(ctx, params):
 
 
 EXERCISE = Exercise(
-    id="phase2.matmul", title="CUDA matmul ladder: naive, tiled, register-blocked, mma.sync bf16 vs cuBLAS",
+    id="phase2.matmul", title="CUDA matmul ladder: naive to warp-tiled fp32, mma.sync and wgmma+TMA bf16, vs cuBLAS",
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
-    params={"sizes": [1024, 2048, 4096, 8192], "naive_max_n": 2048, "irregular_shape": [1000, 777, 555]},
+    params={"sizes": [1024, 2048, 4096, 8192], "naive_max_n": 8192, "irregular_shape": [1000, 777, 555]},
     cpu_params={}, quick_params={"sizes": [256], "irregular_shape": [100, 77, 55]},
     variants=(*VARIANTS, *BASELINES))

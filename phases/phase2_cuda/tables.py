@@ -118,10 +118,81 @@ def t_build(v: View) -> str:
     return markdown(rows, ["kernel", "arch", "registers", "shared memory bytes", "spill stores bytes", "spill loads bytes"])
 
 
-TABLES = {"phase2.vector_add": t_vector_add, "phase2.ladder": t_ladder, "phase2.matmul": t_matmul,
-          "phase2.softmax": t_softmax,
-          "phase2.traffic": t_traffic,
-          "phase2.build": t_build}
+
+def _met(value, target) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "not measured"
+    return "met" if value >= target else "**not met**"
+
+
+def _at(sub, variants, n=None):
+    """The ok rows of `variants` (at size n when given)."""
+    d = sub[(sub["status"] == "ok") & sub["variant"].isin(variants)]
+    return d[d["params.n"] == n] if n is not None and len(d) else d
+
+
+def t_goals(v: View) -> str:
+    """The phase-2 issue's goals, each checked against the newest records, per GPU."""
+    from .matmul import RUNGS
+    mm, va, sm = (latest(v.df, f"phase2.{x}") for x in ("matmul", "vector_add", "softmax"))
+    hws = sorted(set().union(*[set(d["hardware"]) for d in (mm, va, sm) if len(d)]))
+    out = []
+    for hw in hws:
+        rows, name = [], None
+        m = mm[mm["hardware"] == hw] if len(mm) else mm
+        if len(m):
+            name = m.iloc[0]["hardware_name"]
+            fp32 = [k for k, r in RUNGS.items() if r.precision == "fp32" and not r.test_only]
+            d = _at(m, fp32, 4096)
+            if len(d):
+                b = d.loc[d["metrics.pct_of_library"].idxmax()]
+                rows.append(["CUDA-core FP32 matmul, best rung at N = 4,096: % of cuBLAS FP32 (no TF32)", "≥ 90%",
+                             f"{pct(b['metrics.pct_of_library'])} ({b['variant']}, {num(b['metrics.tflops'])} TFLOP/s)",
+                             _met(b["metrics.pct_of_library"], 90)])
+            for n in (4096, 8192):
+                d = _at(m, [k for k in RUNGS if k.startswith("mma_")], n)
+                if len(d):
+                    b = d.loc[d["metrics.pct_of_library"].idxmax()]
+                    rows.append([f"mma.sync BF16 at N = {n:,}: % of cuBLAS BF16", "≥ 55%",
+                                 f"{pct(b['metrics.pct_of_library'])} ({b['variant']}, {num(b['metrics.tflops'])} TFLOP/s)",
+                                 _met(b["metrics.pct_of_library"], 55)])
+            for n in (4096, 8192):
+                d = _at(m, [k for k in RUNGS if k.startswith("wgmma_")], n)
+                if len(d):
+                    b = d.loc[d["metrics.pct_of_library"].idxmax()]
+                    rows.append([f"wgmma + TMA BF16 at N = {n:,}: % of cuBLAS BF16 (same B storage)", "≥ 90% (stretch 100%)",
+                                 f"{pct(b['metrics.pct_of_library'])} ({b['variant']}, {num(b['metrics.tflops'])} TFLOP/s)",
+                                 _met(b["metrics.pct_of_library"], 90)])
+        a = va[va["hardware"] == hw] if len(va) else va
+        if len(a):
+            name = name or a.iloc[0]["hardware_name"]
+            big = a[(a["params.n"] == a["params.n"].max()) & (a["status"] == "ok") & (a["variant"] != "copy")]
+            if len(big):
+                b = big.loc[big["metrics.pct_of_copy_bandwidth"].idxmax()]
+                rows.append([f"vector add far beyond L2 ({elements(b['params.n'])} elements): % of copy (same run)", "≥ 90%",
+                             f"{pct(b['metrics.pct_of_copy_bandwidth'])} ({b['variant']})",
+                             _met(b["metrics.pct_of_copy_bandwidth"], 90)])
+        s = sm[sm["hardware"] == hw] if len(sm) else sm
+        if len(s):
+            name = name or s.iloc[0]["hardware_name"]
+            ours = s[(s["variant"] == "cuda") & (s["status"] == "ok") & (s["params.group"] == "sweep")]
+            if len(ours):
+                w = ours.loc[ours["metrics.pct_of_copy_bandwidth"].idxmin()]
+                rows.append(["softmax far beyond L2 (`cuda` dispatcher): % of copy (same run), worst row length", "≥ 90%",
+                             f"{pct(w['metrics.pct_of_copy_bandwidth'])} ({w['params.dtype']}, {int(w['params.cols']):,} columns)",
+                             _met(w["metrics.pct_of_copy_bandwidth"], 90)])
+                w = ours.loc[ours["metrics.speedup_vs_torch"].idxmin()]
+                rows.append(["softmax faster than torch.softmax at every row length (worst)", "> 1.00x",
+                             f"{w['metrics.speedup_vs_torch']:.2f}x ({w['params.dtype']}, {int(w['params.cols']):,} columns)",
+                             _met(w["metrics.speedup_vs_torch"], 1.0)])
+            seed = s[(s["variant"] == "cuda") & (s["status"] == "ok") & (s["params.group"] == "seed")]
+            if len(seed):
+                w = seed.iloc[0]
+                rows.append([f"the seed's {int(w['params.rows']):,} x {int(w['params.cols']):,} softmax (in L2): vs torch.softmax",
+                             "> 1.00x", f"{w['metrics.speedup_vs_torch']:.2f}x", _met(w["metrics.speedup_vs_torch"], 1.0)])
+        if rows:
+            out.append(f"**{name}**\n\n" + markdown(rows, ["goal (from the phase-2 issue)", "target", "measured", "status"]))
+    return "\n\n".join(out) or NO_RECORDS.format(ex="phase2.matmul")
 
 
 def key_result(v: View) -> list[str]:
@@ -140,3 +211,9 @@ def key_result(v: View) -> list[str]:
         if parts:
             out.append(f"{mine.iloc[0]['hardware_name']}: " + ", ".join(parts))
     return out
+
+
+TABLES = {"phase2.goals": t_goals, "phase2.vector_add": t_vector_add, "phase2.ladder": t_ladder, "phase2.matmul": t_matmul,
+          "phase2.softmax": t_softmax,
+          "phase2.traffic": t_traffic,
+          "phase2.build": t_build}
