@@ -128,12 +128,14 @@ def child(rungs: tuple, start: int, timing: bool) -> int:
                                "pct_of_cublas": round(100 * tflops / lib_tflops, 1) if lib_tflops else None}
                         if ref is not None:                 # the timed output, checked too
                             torch.cuda.synchronize()
-                            row["rel"] = compare(out, ref, "fp32", "float64")["rel_l2_error"]
+                            v = compare(out, ref, "fp32", "float64")
+                            row["rel"], row["passed"] = v["rel_l2_error"], v["passed"]
                         rows[name] = row
                     except Exception as e:                     # noqa: BLE001 - report and go on
                         rows[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 del ref
-                report(i, status="ok", rows=rows, seconds=round(time.perf_counter() - t0, 1))
+                wrong = any(r.get("passed") is False for r in rows.values())   # a timed output off
+                report(i, status="FAIL" if wrong else "ok", rows=rows, seconds=round(time.perf_counter() - t0, 1))
         except Exception as e:                                 # noqa: BLE001 - one line per failed case
             report(i, status="ERROR", error=f"{type(e).__name__}: {e}"[:400])
             try:                                               # a fault poisons the context: stop here
@@ -168,6 +170,7 @@ def print_result(case: dict, status: str, r: dict) -> None:
                 continue
             pct = f"{row['pct_of_cublas']:5.1f}% of cuBLAS" if row["pct_of_cublas"] else " " * 16
             rel = f"  rel err {row['rel']:.1e}" if row.get("rel") is not None else ""
+            rel += "  WRONG OUTPUT" if row.get("passed") is False else ""
             print(f"    {name:<20s} {row['ms']:9.3f} ms  {row['tflops']:6.1f} TFLOP/s (best {row['best_tflops']:5.1f})"
                   f"  {pct}{rel}")
     elif case["kind"] == "build" and "resources" in r:

@@ -74,6 +74,22 @@ def test_warptiled_float4_path_tails(variant, shape):
     assert compare(out, a.double() @ b.double(), "fp32", "float64")["passed"]
 
 
+@pytest.mark.parametrize("shape", [(1000, 776, 555), (130, 264, 201), (257, 132, 44)])
+def test_warptiled_cp_async_any_k_any_a(shape):
+    # warptiled copies A 4 bytes at a time, so its float4 kernel (16-byte B copies, float4 C stores)
+    # runs whenever N % 4 == 0 and B and C are 16-byte aligned, whatever K and A's alignment: K odd
+    # or not a multiple of the 8-deep tile here, then A a view one element off 16 bytes.
+    m, n, k = shape
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant("warptiled", a, b)
+    assert verdict["passed"], verdict
+    a_off = torch.empty(m * k + 1, device=DEV)[1:].view(m, k)
+    a_off.copy_(a)
+    out = mm.matmul(a_off, b, "warptiled")
+    torch.cuda.synchronize()
+    assert compare(out, a.double() @ b.double(), "fp32", "float64")["passed"]
+
+
 @pytest.mark.parametrize("shape", [(1000, 776, 552), (130, 264, 200), (1, 8, 8), (300, 8, 1032)])
 def test_mma_pipelined_cp_async_tails(shape):
     # K and N multiples of 8 (16-byte rows): the cp.async path, with M, N, K tails zero-filled

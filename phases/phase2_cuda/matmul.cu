@@ -240,9 +240,10 @@ extern "C" int launch_matmul_regblock(const float* A, const float* B, float* C, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rungs 4 and 5, warptiled_1stage and warptiled: the CUDA-core kernel that closes the gap to cuBLAS.
-// The per-thread work is coalesced_regblock's (an 8x8 register tile, 4 float4 shared loads feeding
-// 64 FMAs per k step); what changes is everything around it.
+// Rung 4, warptiled_1stage: the CUDA-core kernel that closes the gap to cuBLAS (rung 5, warptiled,
+// below, keeps its block tile, warp layout and shared-memory layout). The per-thread work is
+// coalesced_regblock's (an 8x8 register tile, 4 float4 shared loads feeding 64 FMAs per k step);
+// what changes is everything around it.
 //
 // * Block tile 128x128 over BK = 8, 256 threads (8 warps), __launch_bounds__(256, 2): registers
 //   capped at 65536 / (2 x 256) = 128 so that two blocks (16 warps) share an SM. Global/L2 traffic
@@ -272,24 +273,16 @@ extern "C" int launch_matmul_regblock(const float* A, const float* B, float* C, 
 //   `_scalar` kernels, the same code with bounds-checked scalar loads): per tile each thread loads
 //   one float4 of A (row tid/2, k (tid%2)*4: a warp reads 16 rows x 32 B, whole sectors) and one
 //   of B (k row tid/32: a warp reads 512 contiguous bytes of one row).
-// * warptiled only: double buffering. Two stages (16,640 B). The global loads of tile t+1 are
-//   issued into 8 registers before tile t is computed from shared memory, and stored to the other
-//   stage after it; one __syncthreads per tile, which both publishes stage t+1 and proves that
-//   every warp finished reading the stage it will overwrite one tile later. The global latency is
-//   hidden behind the warp's own FFMAs (ptxas issues the loads about 40% into the tile, ~300 FFMAs
-//   before the stores that need them) instead of only behind other warps'.
-//   warptiled_1stage is the same kernel with one stage (8,320 B): load, store, sync, compute, sync;
-//   the step from it to warptiled is what double buffering buys on its own.
+// * One shared stage (8,320 B) per block: load a tile into registers, store it, __syncthreads,
+//   compute, __syncthreads. A warp's global latency is hidden only behind other warps' FFMAs (two
+//   blocks, 16 warps per SM); warptiled (below) streams tiles in ahead of use with cp.async.
 //
-// Why BK = 8: at BK = 16 the 16 staging registers do not fit under the 128-register cap (ptxas
-// spills, and sinks the loads to the end of the compute). At BK = 8 the main loop is, per thread
-// per tile (sm_90 SASS): 512 FFMA, 32 LDS.128, 2 LDG.128, 4 STS + 1 STS.128, 1 BAR and ~24
-// address/loop instructions, 576 in all: FFMAs 89% of issued instructions (the issue-rate ceiling;
-// 94% would be the limit with no overhead at all). The shared/L1 pipe per warp per tile: 64
+// The main loop, per thread per tile: 512 FFMA, 32 LDS.128, 2 LDG.128, 4 STS + 1 STS.128, 2
+// barriers and the address and loop arithmetic. The shared/L1 pipe per warp per tile: 64
 // wavefronts for the fragments, 8 for the stores, 8 to 20 for the global loads' data (A touches
 // 16 lines of 32 B, B 4 of 128 B), against 128 SM-clocks of FFMA issue: about two thirds busy.
-// Registers: 64 accumulators + 16 fragment values (+ the next k step's, loaded early) + 8 staged
-// + pointers and bounds: 123 on sm_90, no spills.
+// Registers: 64 accumulators + 16 fragment values + 8 staged + pointers and bounds: 125 on sm_90,
+// no spills.
 #define WT_BM 128
 #define WT_BN 128
 #define WT_BK 8
@@ -388,7 +381,7 @@ __device__ __forceinline__ WtPlace wt_place(int N) {
     return {(int)(bid / nb) * WT_BM, (int)(bid % nb) * WT_BN, (warp >> 1) * 32 + ty * 4, (warp & 1) * 64 + tx * 4};
 }
 
-template <bool VEC, int STAGES>
+template <bool VEC>
 __device__ __forceinline__ void warptiled_body(const float* __restrict__ A, const float* __restrict__ B,
                                                float* __restrict__ C, int M, int N, int K, float* smem) {
     float acc[8][8] = {};
@@ -404,34 +397,14 @@ __device__ __forceinline__ void warptiled_body(const float* __restrict__ A, cons
         const float* pb = B + (size_t)b_k * N + (nl > 0 ? p.n0 + b_c : 0);
         float4 ra[WT_LD], rb[WT_LD];
 
-        if (STAGES == 2) {
-            float* rd = smem;                 // the stage computed from
-            float* wr = smem + WT_STAGE;      // the stage the next tile is stored to
-            wt_load_tile<VEC>(pa, pb, N, K, a_ok, nl, ra, rb);
-            wt_store_tile(rd, ra, rb);
+        for (int kl = K; kl > 0; kl -= WT_BK) {
+            wt_load_tile<VEC>(pa, pb, N, kl, a_ok, nl, ra, rb);
+            pa += WT_BK;
+            pb += (size_t)WT_BK * N;
+            wt_store_tile(smem, ra, rb);
             __syncthreads();
-            for (int kl = K; kl > 0; kl -= WT_BK) {     // kl = K - k0: the k extent left
-                // Tile k0 + BK into registers. No branch on kl > BK: past the end every load is
-                // predicated off (zeros, stored to a stage nobody reads); with a branch here the
-                // compiler sinks these loads below the compute, undoing the overlap.
-                pa += WT_BK;
-                pb += (size_t)WT_BK * N;
-                wt_load_tile<VEC>(pa, pb, N, kl - WT_BK, a_ok, nl, ra, rb);
-                wt_compute_tile(rd, p.a_off, p.b_off, acc);
-                wt_store_tile(wr, ra, rb);
-                __syncthreads();
-                float* t = rd; rd = wr; wr = t;
-            }
-        } else {
-            for (int kl = K; kl > 0; kl -= WT_BK) {
-                wt_load_tile<VEC>(pa, pb, N, kl, a_ok, nl, ra, rb);
-                pa += WT_BK;
-                pb += (size_t)WT_BK * N;
-                wt_store_tile(smem, ra, rb);
-                __syncthreads();
-                wt_compute_tile(smem, p.a_off, p.b_off, acc);
-                __syncthreads();
-            }
+            wt_compute_tile(smem, p.a_off, p.b_off, acc);
+            __syncthreads();
         }
     }
 
@@ -455,17 +428,15 @@ __device__ __forceinline__ void warptiled_body(const float* __restrict__ A, cons
     }
 }
 
-#define WT_KERNEL(name, VEC, STAGES)                                                                   \
+#define WT_KERNEL(name, VEC)                                                                           \
     extern "C" __global__ void __launch_bounds__(WT_THREADS, 2)                                        \
     name(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, \
          int K) {                                                                                      \
-        __shared__ __align__(16) float smem[STAGES * WT_STAGE];                                        \
-        warptiled_body<VEC, STAGES>(A, B, C, M, N, K, smem);                                            \
+        __shared__ __align__(16) float smem[WT_STAGE];                                                 \
+        warptiled_body<VEC>(A, B, C, M, N, K, smem);                                                    \
     }
-WT_KERNEL(matmul_warptiled, true, 2)
-WT_KERNEL(matmul_warptiled_scalar, false, 2)
-WT_KERNEL(matmul_warptiled_1stage, true, 1)
-WT_KERNEL(matmul_warptiled_1stage_scalar, false, 1)
+WT_KERNEL(matmul_warptiled_1stage, true)
+WT_KERNEL(matmul_warptiled_1stage_scalar, false)
 #undef WT_KERNEL
 
 static int wt_vec(const float* A, const float* B, const float* C, int N, int K) {
@@ -473,18 +444,336 @@ static int wt_vec(const float* A, const float* B, const float* C, int N, int K) 
            && ((uintptr_t)C % 16 == 0);
 }
 
-extern "C" int launch_matmul_warptiled(const float* A, const float* B, float* C, int M, int N, int K,
-                                       cudaStream_t stream) {
-    const unsigned blocks = (unsigned)cdiv(N, WT_BN) * (unsigned)cdiv(M, WT_BM);
-    if (wt_vec(A, B, C, N, K)) matmul_warptiled<<<blocks, WT_THREADS, 0, stream>>>(A, B, C, M, N, K);
-    else matmul_warptiled_scalar<<<blocks, WT_THREADS, 0, stream>>>(A, B, C, M, N, K);
-    return (int)cudaGetLastError();
-}
-
 extern "C" int launch_matmul_warptiled_1stage(const float* A, const float* B, float* C, int M, int N, int K,
                                               cudaStream_t stream) {
     const unsigned blocks = (unsigned)cdiv(N, WT_BN) * (unsigned)cdiv(M, WT_BM);
     if (wt_vec(A, B, C, N, K)) matmul_warptiled_1stage<<<blocks, WT_THREADS, 0, stream>>>(A, B, C, M, N, K);
     else matmul_warptiled_1stage_scalar<<<blocks, WT_THREADS, 0, stream>>>(A, B, C, M, N, K);
+    return (int)cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rung 5, warptiled: warptiled_1stage's block tile (128 x 128), its interleaved 4 x 8 lane grid of
+// 4x4 sub-blocks and its A-transposed-in-shared-memory layout (rows of 132 floats, B as stored), so
+// the fragment loads stay the conflict-free, pair-broadcast LDS.128s that the shared-memory budget
+// above is built on. What changes is how a tile gets from global to shared memory, how the loop
+// overlaps copies, barrier and fragment loads with the FFMAs, and how much each thread computes.
+// Chosen over two other cp.async variants by measurement: see the phase-2 README.
+//
+// * cp.async instead of LDG -> registers -> STS, into a 3-stage ring (3 x 8 x (132 + 128) x 4 B =
+//   24,960 B). The copy engine writes shared memory directly, so (1) no staging registers
+//   (warptiled_1stage holds 8 between its loads and stores): the ring's depth costs shared memory
+//   only; (2) a tile's copies are issued about two tiles before it is computed, with no stores
+//   waiting on them in the middle of the loop; (3) fewer instructions: per thread per tile 8
+//   LDGSTS.32 (A) + 2 LDGSTS.128 (B) for 1,024 FFMAs, against warptiled_1stage's 2 LDG.128 + 4 STS
+//   + 1 STS.128 for 512.
+// * A is transposed by the copies themselves: a 4-byte cp.async (the `.ca` form; only 16-byte copies
+//   may bypass L1) can write any shared address, so each lands A[m][k] at As[k][m] (CUTLASS's SIMT
+//   "align1" kernels do the same). The element map suits both sides: copy j of thread tid moves
+//   element e = tid + 128 j of the tile taken as runs of 8 k: row e / 8 of the 128, k e % 8 (8
+//   copies per thread: rows tid / 8 + 16 j, k tid % 8). A warp then reads 4 rows x 8 consecutive k
+//   (4 whole 32-byte sectors) and writes banks (4 k + row) % 32 of the 132-float rows: 32 distinct
+//   banks, no conflict. B is copied as stored, 16 bytes per copy (`.cg`, L2 only; a warp reads 512
+//   contiguous bytes of a row) when N % 4 == 0 and B and C are 16-byte aligned (`VEC`; A's
+//   alignment and K no longer matter), else 4 bytes per copy.
+// * An 8x16 thread tile: 128 threads, 4 warps of 32 x 128, each thread 2 x 4 blocks of 4x4 (rows
+//   ty*4 and 16 + ty*4, columns tx*4 + 32h, h = 0..3). Per k step a warp issues 6 LDS.128 (2 of A,
+//   4 of B: 12 shared wavefronts) for 128 FFMAs instead of 4 (8 wavefronts) for 64: 0.047 shared
+//   loads per FFMA instead of 0.0625, 25% fewer, and the shared pipe 3/8 busy instead of 1/2. The
+//   price: 128 accumulators, so 2 blocks = 8 warps per SM (__launch_bounds__(128, 2)), 2 per
+//   scheduler; each warp has 128 independent FFMAs per k step, so latency is covered by ILP more
+//   than by warps.
+// * Offsets into A and B are 32-bit unsigned (the Python side keeps each matrix under 2^31
+//   elements), one register each instead of a 64-bit pointer; the block corner and the thread's
+//   place are re-read (asm volatile) where needed instead of held across the loop.
+// * Bounds: a block whose tile lies inside M x N (all but the last block row and column) issues its
+//   whole k tiles with no test at all; its last 3 (+ 1 if K % 8 != 0) iterations, and every
+//   iteration of an edge block, take the checked copies, where an out-of-range element is a copy
+//   with src-size 0 (zeros written, nothing read) from a valid address (A or B itself). The choice
+//   is uniform per block.
+// * The loop (CUTLASS's multistage mainloop), one __syncthreads per tile, placed before the last k
+//   step: the ring holds tiles t .. t + 2 while tile t is computed. The fragments of k step s + 1
+//   are loaded before the FFMAs of step s. Before the last step's FFMAs (its fragments already in
+//   registers, so every read of stage t issued): cp.async.wait_group 1 (this thread's copies of
+//   tile t + 1 have landed), __syncthreads (everyone's have, and everyone has read stage t), refill
+//   stage t with tile t + 3, commit, load tile t + 1's first fragments, then the last step's 128
+//   FFMAs, which hide that load's latency across the barrier (warptiled_1stage issues each tile's
+//   first LDS.128 only after its barrier, and waits for it). A group is committed every tile,
+//   empty past the end, so the wait count stays right.
+//
+// Main loop of the interior blocks, sm_90 SASS (nvcc 13.0), per thread per tile: 1,024 FFMA + 48
+// LDS.128 + 50 other (LDGSTS, 3 no-op `@!PT LDS` that ptxas puts before each batch of LDGSTS, wait,
+// barrier, commit, ring and address arithmetic, loop) = 1,122: FFMA 91.3% of issued instructions.
+// Registers: 128 accumulators + 2 x (8 + 16) fragment values (step k's and step k + 1's) + offsets
+// and ring state: 215 on sm_90, 205 on sm_80, no spills, no stack (scalar kernel included), under
+// the 255 that 2 blocks of 128 threads allow (2 x 128 x 255 <= 65,536).
+#define WTC_BM 128
+#define WTC_BN 128
+#define WTC_AS (WTC_BM + 4)                    // As row stride in floats, as in warptiled_1stage
+
+__device__ __forceinline__ uint32_t wtc_smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 4 / 16 bytes global -> shared; the `_n` forms take src_bytes (0: write zeros, read nothing).
+__device__ __forceinline__ void wtc_cp4(uint32_t dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void wtc_cp4_n(uint32_t dst, const float* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void wtc_cp16(uint32_t dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void wtc_cp16_n(uint32_t dst, const float* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void wtc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wtc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// This thread's copy sources and destinations, fixed for the whole loop (see the element map above).
+// A: copy j reads row a_r + (RP j) % 128, k a_k + 8 (RP j / 128) of the tile, RP = THREADS / 8.
+// B: copy i reads k row b_k + (THREADS / 32) i, columns b_c .. b_c + 3.
+struct WtcCopy {
+    unsigned oa;         // offset of A[m0 + a_r][k0 + a_k] in A, advanced by BK per tile (used only in range)
+    unsigned ob;         // offset of B[k0 + b_k][n0 + b_c] in B, advanced by BK rows per tile
+    uint32_t a_dst;      // shared byte address of As[a_k][a_r] in stage 0
+    uint32_t b_dst;      // shared byte address of Bs[b_k][b_c] in stage 0
+};
+
+// The block tile's corner, read with asm volatile so that it is recomputed where needed (the
+// checked copies, the epilogue) instead of held in registers across the loop.
+__device__ __forceinline__ void wtc_corner(int N, int& m0, int& n0) {
+    unsigned bid;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bid));
+    const int nb = cdiv(N, WTC_BN);
+    m0 = (int)(bid / nb) * WTC_BM;
+    n0 = (int)(bid % nb) * WTC_BN;
+}
+
+// Issue one tile's copies into the stage at byte offset `ws`; kl = K - k0 > 0, the k extent left.
+// CHECK = false: the tile is inside A and B (interior block, full k tile), no tests at all.
+template <int THREADS, int BK, bool VEC, bool CHECK>
+__device__ __forceinline__ void wtc_issue(const WtcCopy& c, const float* A, const float* B, int M, int N, int K,
+                                          int kl, uint32_t ws) {
+    constexpr int RP = THREADS / 8, A_COPIES = WTC_BM * BK / THREADS;
+    constexpr int KP = THREADS / 32, B_COPIES = BK / KP;
+    const int a_k = threadIdx.x & 7, b_k = threadIdx.x >> 5;
+    int a_rows = 0, nl = 0;     // rows left from this thread's first A row; columns left from its B column
+    if (CHECK) {
+        int m0, n0;
+        wtc_corner(N, m0, n0);
+        a_rows = M - m0 - (int)(threadIdx.x >> 3);
+        nl = N - n0 - (int)(threadIdx.x & 31) * 4;
+    }
+#pragma unroll
+    for (int j = 0; j < A_COPIES; ++j) {
+        const int r_off = (RP * j) % WTC_BM, k_off = 8 * ((RP * j) / WTC_BM);
+        const float* src = A + (c.oa + ((unsigned)r_off * (unsigned)K + k_off));
+        const uint32_t dst = c.a_dst + ws + 4 * (k_off * WTC_AS + r_off);
+        if (CHECK) {
+            const bool ok = r_off < a_rows && a_k + k_off < kl;
+            wtc_cp4_n(dst, ok ? src : A, ok ? 4 : 0);
+        } else {
+            wtc_cp4(dst, src);
+        }
+    }
+    const uint32_t b_base = c.b_dst + ws + 4 * (BK * WTC_AS);
+#pragma unroll
+    for (int i = 0; i < B_COPIES; ++i) {
+        const float* src = B + (c.ob + (unsigned)(KP * i) * (unsigned)N);
+        const uint32_t dst = b_base + 4 * (KP * i * WTC_BN);
+        const bool k_ok = !CHECK || b_k + KP * i < kl;
+        if (VEC) {           // N % 4 == 0: nl > 0 means all four columns are in range
+            if (CHECK) {
+                const bool ok = k_ok && nl > 0;
+                wtc_cp16_n(dst, ok ? src : B, ok ? 16 : 0);
+            } else {
+                wtc_cp16(dst, src);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                if (CHECK) {
+                    const bool ok = k_ok && q < nl;
+                    wtc_cp4_n(dst + 4 * q, ok ? src + q : B, ok ? 4 : 0);
+                } else {
+                    wtc_cp4(dst + 4 * q, src + q);
+                }
+            }
+        }
+    }
+}
+
+// This thread's place: block corner (m0, n0); inside it the first A row and B column of its
+// fragments. Warps of 32 x 8 TN (TN = 16: 4 x 1 warps of 32 x 128); lanes as in warptiled_1stage.
+// asm volatile reads, so the epilogue recomputes it (see wt_place).
+template <int TN>
+__device__ __forceinline__ WtPlace wtc_place(int N) {
+    unsigned tid, bid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bid));
+    constexpr int WARP_N = 8 * TN, WARPS_N = WTC_BN / WARP_N;
+    const int warp = tid >> 5, lane = tid & 31, nb = cdiv(N, WTC_BN);
+    const int ty = ((lane >> 4) << 1) | (lane & 1), tx = (lane >> 1) & 7;
+    return {(int)(bid / nb) * WTC_BM, (int)(bid % nb) * WTC_BN, (warp / WARPS_N) * 32 + ty * 4,
+            (warp % WARPS_N) * WARP_N + tx * 4};
+}
+
+// One k step's fragments: 8 A values (rows a_off..+3, a_off + 16..+19) and TN B values (columns
+// b_off + 32 h..+3), 2 + TN / 4 LDS.128.
+template <int TN>
+struct WtcFrag { float a[8]; float b[TN]; };
+
+template <int TN, int BK>
+__device__ __forceinline__ void wtc_load_frag(const float* stage, int k, int a_off, int b_off, WtcFrag<TN>& f) {
+    const float* As = stage + k * WTC_AS + a_off;
+    const float* Bs = stage + BK * WTC_AS + k * WTC_BN + b_off;
+    const float4 a0 = *reinterpret_cast<const float4*>(As);
+    const float4 a1 = *reinterpret_cast<const float4*>(As + 16);
+    f.a[0] = a0.x; f.a[1] = a0.y; f.a[2] = a0.z; f.a[3] = a0.w;
+    f.a[4] = a1.x; f.a[5] = a1.y; f.a[6] = a1.z; f.a[7] = a1.w;
+#pragma unroll
+    for (int h = 0; h < TN / 4; ++h) {
+        const float4 v = *reinterpret_cast<const float4*>(Bs + 32 * h);
+        f.b[4 * h] = v.x; f.b[4 * h + 1] = v.y; f.b[4 * h + 2] = v.z; f.b[4 * h + 3] = v.w;
+    }
+}
+
+template <int TN>
+__device__ __forceinline__ void wtc_fma(const WtcFrag<TN>& f, float (&acc)[8][TN]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] += f.a[i] * f.b[j];
+}
+
+// The loop state a tile step carries: the copy sources and the ring positions.
+struct WtcRing {
+    int kl;          // K - k0 of the next tile to issue (tile t + STAGES while tile t is computed)
+    uint32_t st;     // byte offset of the stage computed from, which is also the one refilled
+};
+
+// One k tile: BK k steps from stage rs, with the fragments of step k + 1 loaded before the FMAs of
+// step k (f[0] holds step 0 when called, and the next tile's step 0 on return). Before the last
+// step's FMAs (its fragments are already in registers, every read of this stage issued): wait
+// for the next tile's copies, __syncthreads, refill this stage with tile t + STAGES, and load the
+// next tile's first fragments, whose latency the last step's FMAs then hide (CUTLASS's multistage
+// loop). CHECK = false: tile t + STAGES lies inside A and B (interior block, kl >= BK).
+template <int THREADS, int TN, int BK, int STAGES, bool VEC, bool CHECK>
+__device__ __forceinline__ void wtc_tile(const float* A, const float* B, int M, int N, int K, const float* smem,
+                                         WtcCopy& c, WtcRing& r, int a_off, int b_off, WtcFrag<TN> (&f)[2],
+                                         float (&acc)[8][TN]) {
+    constexpr uint32_t STAGE_BYTES = 4 * BK * (WTC_AS + WTC_BN);
+    const float* stage = reinterpret_cast<const float*>(reinterpret_cast<const char*>(smem) + r.st);
+#pragma unroll
+    for (int k = 0; k < BK - 1; ++k) {
+        wtc_load_frag<TN, BK>(stage, k + 1, a_off, b_off, f[(k + 1) & 1]);
+        wtc_fma(f[k & 1], acc);
+    }
+    wtc_wait<STAGES - 2>();              // this thread's copies of tile t + 1 have landed
+    __syncthreads();                     // everyone's have; everyone has read all of tile t
+    if (!CHECK) {
+        wtc_issue<THREADS, BK, VEC, false>(c, A, B, M, N, K, r.kl, r.st);
+    } else if (r.kl > 0) {
+        wtc_issue<THREADS, BK, VEC, true>(c, A, B, M, N, K, r.kl, r.st);
+    }
+    wtc_commit();                        // one group per tile, empty past the end
+    c.oa += BK;
+    c.ob += (unsigned)BK * (unsigned)N;
+    r.kl -= BK;
+    r.st = r.st == (STAGES - 1) * STAGE_BYTES ? 0 : r.st + STAGE_BYTES;
+    stage = reinterpret_cast<const float*>(reinterpret_cast<const char*>(smem) + r.st);
+    wtc_load_frag<TN, BK>(stage, 0, a_off, b_off, f[BK & 1]);          // past the last tile: unused
+    wtc_fma(f[(BK - 1) & 1], acc);
+}
+
+template <int THREADS, int TN, int BK, int STAGES, bool VEC>
+__device__ __forceinline__ void wtc_body(const float* __restrict__ A, const float* __restrict__ B,
+                                         float* __restrict__ C, int M, int N, int K, float* smem) {
+    constexpr uint32_t STAGE_BYTES = 4 * BK * (WTC_AS + WTC_BN);
+    static_assert(THREADS * 8 * TN == WTC_BM * WTC_BN, "THREADS threads of 8 x TN outputs cover the tile");
+    static_assert(WTC_BM * BK % THREADS == 0 && (BK * 32) % THREADS == 0 && BK % 8 == 0, "copy map");
+    static_assert(STAGES >= 2 && BK % 2 == 0, "a ring; fragment buffers alternate");
+    float acc[8][TN] = {};
+    {
+        const WtPlace p = wtc_place<TN>(N);
+        const int tid = threadIdx.x;
+        const int a_r = tid >> 3, a_k = tid & 7, b_k = tid >> 5, b_c = (tid & 31) * 4;
+        WtcCopy c;
+        c.oa = (unsigned)(p.m0 + a_r) * (unsigned)K + a_k;
+        c.ob = (unsigned)b_k * (unsigned)N + p.n0 + b_c;
+        c.a_dst = wtc_smem_u32(smem) + 4 * (a_k * WTC_AS + a_r);
+        c.b_dst = wtc_smem_u32(smem) + 4 * (b_k * WTC_BN + b_c);
+        const bool edge = M - p.m0 < WTC_BM || N - p.n0 < WTC_BN;
+
+        // Prologue: tiles 0 .. STAGES - 1 into stages 0 .. STAGES - 1, one group each (maybe empty).
+        WtcRing r{K, 0};
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            if (r.kl > 0) wtc_issue<THREADS, BK, VEC, true>(c, A, B, M, N, K, r.kl, s * STAGE_BYTES);
+            wtc_commit();
+            c.oa += BK;
+            c.ob += (unsigned)BK * (unsigned)N;
+            r.kl -= BK;
+        }
+        wtc_wait<STAGES - 1>();                      // tile 0 has landed
+        __syncthreads();
+        WtcFrag<TN> f[2];
+        wtc_load_frag<TN, BK>(smem, 0, p.a_off, p.b_off, f[0]);
+        // The tile computed is t, r.kl is K - k0 of tile t + STAGES, so tiles are left while
+        // r.kl + STAGES * BK > 0. Interior blocks, while the tile to issue is whole, copy without
+        // a single test; the rest (edge blocks, and the last STAGES + 1 tiles) with the tests.
+        if (!edge) {
+            while (r.kl >= BK)
+                wtc_tile<THREADS, TN, BK, STAGES, VEC, false>(A, B, M, N, K, smem, c, r, p.a_off, p.b_off, f, acc);
+        }
+        while (r.kl > -STAGES * BK)
+            wtc_tile<THREADS, TN, BK, STAGES, VEC, true>(A, B, M, N, K, smem, c, r, p.a_off, p.b_off, f, acc);
+        wtc_wait<0>();              // only empty groups are left; leave none in flight
+    }
+
+    const WtPlace p = wtc_place<TN>(N);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = p.a_off + (i >> 2) * 16 + (i & 3);        // row inside the block tile
+        if (r >= M - p.m0) continue;
+        float* crow = C + (size_t)(p.m0 + r) * N + p.n0;
+#pragma unroll
+        for (int h = 0; h < TN / 4; ++h) {
+            const int col = p.b_off + h * 32;                   // column inside the block tile
+            const float* v = &acc[i][h * 4];
+            if (VEC) {                                          // N % 4 == 0: col < N - n0 covers col + 3
+                if (col < N - p.n0) *reinterpret_cast<float4*>(crow + col) = make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) if (col + q < N - p.n0) crow[col + q] = v[q];
+            }
+        }
+    }
+}
+
+#define WTC_KERNEL(name, THREADS, MIN_BLOCKS, TN, BK, STAGES, VEC)                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                  \
+    name(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, \
+         int K) {                                                                                      \
+        __shared__ __align__(16) float smem[STAGES * BK * (WTC_AS + WTC_BN)];                          \
+        wtc_body<THREADS, TN, BK, STAGES, VEC>(A, B, C, M, N, K, smem);                                 \
+    }
+WTC_KERNEL(matmul_warptiled, 128, 2, 16, 8, 3, true)
+WTC_KERNEL(matmul_warptiled_scalar, 128, 2, 16, 8, 3, false)
+#undef WTC_KERNEL
+
+// B copied 16 bytes at a time and C stored as float4s: N % 4 == 0, B and C 16-byte aligned. (A is
+// copied 4 bytes at a time, so neither its alignment nor K matters.)
+static int wtc_vec(const float* B, const float* C, int N) {
+    return (N % 4 == 0) && ((uintptr_t)B % 16 == 0) && ((uintptr_t)C % 16 == 0);
+}
+
+extern "C" int launch_matmul_warptiled(const float* A, const float* B, float* C, int M, int N, int K,
+                                       cudaStream_t stream) {
+    const unsigned blocks = (unsigned)cdiv(N, WTC_BN) * (unsigned)cdiv(M, WTC_BM);
+    if (wtc_vec(B, C, N)) matmul_warptiled<<<blocks, 128, 0, stream>>>(A, B, C, M, N, K);
+    else matmul_warptiled_scalar<<<blocks, 128, 0, stream>>>(A, B, C, M, N, K);
     return (int)cudaGetLastError();
 }
