@@ -36,12 +36,18 @@ SEED_C = (32, 64, 128, 256, 512, 1024)
 PACKED_C = {"f32": (1, 2, 4, 8, 16, 32, 64, 128), "bf16": (1, 2, 4, 8, 16, 32, 64, 128, 256)}
 BLOCK_C = (2048, 4096, 8192, 16384, 32768)
 CLUSTER_C = (16384, 32768, 65536, 131072)
+SMEM_BLOCK = ("f32_s8192", "f32_s16384", "bf16_s16384")                       # shared-memory kernels
+SMEM_CLUSTER = ("f32_s8192", "f32_s16384", "bf16_s16384", "bf16_s32768")
 KERNELS = sorted(
     [f"softmax_warp_row_{dt}_c{c}" for dt in ("f32", "bf16") for c in SEED_C]
     + [f"softmax_warp_packed_{dt}_c{c}" for dt in ("f32", "bf16") for c in PACKED_C[dt]]
     + [f"softmax_block_row_{dt}_c{c}" for dt in ("f32", "bf16") for c in BLOCK_C]
     + [f"softmax_cluster_row_{dt}_c{c}" for dt in ("f32", "bf16") for c in CLUSTER_C]
+    + [f"softmax_block_row_smem_{k}" for k in SMEM_BLOCK]
+    + [f"softmax_cluster_row_smem_{k}" for k in SMEM_CLUSTER]
+    + [f"softmax_{k}_ring_{dt}" for k in ("warp_row", "cluster_row") for dt in ("f32", "bf16")]
     + ["softmax_online_f32", "softmax_online_bf16"])
+RING = [f"softmax_{k}_ring_{dt}" for k in ("warp_row", "cluster_row") for dt in ("f32", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +73,12 @@ def test_compiles_without_spills(builds, arch):
     # 1024-thread blocks leave 64 registers per thread; launch_bounds must have held the kernel to it.
     assert b.resources["softmax_block_row_f32_c32768"]["registers"] <= 64
     assert b.resources["softmax_block_row_bf16_c32768"]["registers"] <= 64
+    # Shared-memory kernels: 1536 threads per SM (6 x 256 or 3 x 512) leave 40 registers per thread.
+    for k in [f"softmax_block_row_smem_{k}" for k in SMEM_BLOCK] + [f"softmax_cluster_row_smem_{k}" for k in SMEM_CLUSTER]:
+        assert b.resources[k]["registers"] <= 40, (k, b.resources[k])
+    # Ring kernels: 2 CTAs x 256 threads per SM (96 KB of shared memory each) leave 128 registers.
+    for k in RING:
+        assert b.resources[k]["registers"] <= 128, (k, b.resources[k])
 
 
 @needs_nvcc
@@ -77,8 +89,17 @@ def test_cluster_kernels_are_sm90_only(builds):
         for c in CLUSTER_C:
             name = f"softmax_cluster_row_{dt}_c{c}"
             assert builds["sm_80"].resources[name]["smem_bytes"] == 0
-            assert builds["sm_90"].resources[name]["smem_bytes"] == 2 * 32 * 4 + 8
+            # 2 x 32 floats + the pair, rounded up to 16 (the dynamic shared memory's alignment in this module)
+            assert builds["sm_90"].resources[name]["smem_bytes"] == (2 * 32 * 4 + 8 + 15) // 16 * 16
     assert builds["sm_90"].resources["softmax_block_row_f32_c2048"]["smem_bytes"] == 2 * 32 * 4
+    for k in SMEM_CLUSTER:
+        assert builds["sm_80"].resources[f"softmax_cluster_row_smem_{k}"]["smem_bytes"] == 0
+        assert builds["sm_90"].resources[f"softmax_cluster_row_smem_{k}"]["smem_bytes"] > 2 * 32 * 4
+    for k in RING:                              # bulk copies: sm_90 only, a stub on sm_80
+        assert builds["sm_80"].resources[k]["smem_bytes"] == 0
+        assert builds["sm_90"].resources[k]["smem_bytes"] >= 3 * 8        # the ring's mbarriers
+    for k in SMEM_BLOCK:                        # the sm_80 path (cp.async) is real code, not a stub
+        assert builds["sm_80"].resources[f"softmax_block_row_smem_{k}"]["smem_bytes"] == 2 * 32 * 4
 
 
 @needs_nvcc
@@ -88,17 +109,23 @@ def test_host_dispatch_and_refusals_without_a_gpu(builds):
     lib.softmax_choose.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.lab_error_string.argtypes = [ctypes.c_int]
     lib.lab_error_string.restype = ctypes.c_char_p
-    kernel = {c: sm.KERNELS[lib.softmax_choose(c, 0)] for c in (1, 32, 128, 129, 1024, 1025, 32768)}
-    assert kernel == {1: "warp_packed", 32: "warp_packed", 128: "warp_packed", 129: "warp_row", 1024: "warp_row",
-                      1025: "block_row", 32768: "block_row"}
+    # The DISPATCH table in softmax.cu as written (edit both together).
+    kernel = {c: sm.KERNELS[lib.softmax_choose(c, 0)] for c in (1, 32, 128, 129, 256, 257, 1024, 1025, 16384)}
+    assert kernel == {1: "warp_packed", 32: "warp_packed", 128: "warp_packed", 129: "warp_row", 256: "warp_row",
+                      257: "warp_row", 1024: "warp_row", 1025: "block_row", 16384: "block_row_smem"}
+    assert sm.KERNELS[lib.softmax_choose(16384, 1)] == "block_row_smem"
     assert sm.KERNELS[lib.softmax_choose(256, 1)] == "warp_packed"      # bf16: 16 values per lane
     assert sm.KERNELS[lib.softmax_choose(257, 1)] == "warp_row"
-    if not torch.cuda.is_available():                                 # no clusters without a GPU
+    if not torch.cuda.is_available():       # no clusters without a GPU: block_row up to 32768, then online
+        assert sm.KERNELS[lib.softmax_choose(32768, 0)] == "block_row"
         assert sm.KERNELS[lib.softmax_choose(65536, 0)] == "online"
     assert lib.softmax_choose(0, 0) == -1 and lib.softmax_choose(32, 2) == -1
     invalid = 1                                                       # cudaErrorInvalidValue
     for name, too_long in (("launch_softmax_warp_row", 1025), ("launch_softmax_warp_packed", 1025),
-                           ("launch_softmax_block_row", 32769), ("launch_softmax_cluster_row", 131073)):
+                           ("launch_softmax_block_row", 32769), ("launch_softmax_cluster_row", 131073),
+                           ("launch_softmax_block_row_smem", 16385), ("launch_softmax_cluster_row_smem", 131073),
+                           ("launch_softmax_cluster_row_smem64", 131073), ("launch_softmax_warp_row_ring", 1025),
+                           ("launch_softmax_cluster_row_ring", 131073)):
         fn = getattr(lib, name)
         fn.argtypes = sm._SIG
         assert fn(None, None, 4, too_long, 0, None) == invalid, name
@@ -157,7 +184,9 @@ def test_validation(variant):
 def test_unknown_variant_and_row_limits():
     with pytest.raises(ValueError, match="unknown softmax variant 'fastest'; choose from cuda, warp_row"):
         sm.softmax(torch.rand(2, 3), "fastest")
-    for variant, limit in (("warp_row", 1024), ("warp_packed", 1024), ("block_row", 32768), ("cluster_row", 131072)):
+    for variant, limit in (("warp_row", 1024), ("warp_packed", 1024), ("block_row", 32768), ("cluster_row", 131072),
+                           ("block_row_smem", 16384), ("cluster_row_smem", 131072),
+                           ("cluster_row_smem64", 131072), ("warp_row_ring", 1024), ("cluster_row_ring", 131072)):
         with pytest.raises(ValueError, match=f"'{variant}' handles rows of at most {limit} columns, got {limit + 1}"):
             sm.softmax(torch.empty(1, limit + 1), variant)
 
@@ -295,10 +324,14 @@ def test_a_wrong_kernel_fails_the_checker(dtype):
 
 @on_gpu
 def test_dispatch_choices():
+    clusters = sm.has_clusters(DEV)              # the DISPATCH table in softmax.cu as written
     want = {32: "warp_packed", 128: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
-            16384: "block_row", 32768: "block_row", 65536: "cluster_row" if sm.has_clusters(DEV) else "online",
-            131073: "online"}
+            16384: "block_row_smem", 32768: "cluster_row_smem" if clusters else "block_row",
+            65536: "cluster_row_smem" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.float32, DEV) for c in want} == want
+    want_bf16 = {256: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
+                 16384: "block_row_smem", 65536: "cluster_row_smem64" if clusters else "online"}
+    assert {c: sm.chosen_kernel(c, torch.bfloat16, DEV) for c in want_bf16} == want_bf16
 
 
 @on_gpu

@@ -26,9 +26,21 @@ Variants (one kernel family each; `cuda` is the dispatcher and picks by row leng
   read and one write per element even when a row is too long for one SM.
 - `online` (any length): a block per row, a running (max, sum) in one pass, a second pass that
   re-reads the row (from L2 when it is still there) to write it: more bytes than the fewest.
+- `block_row_smem` (cols <= 16,384): a CTA per row staged in SHARED memory (bulk-copy engine with
+  mbarriers on sm_90, cp.async on sm_80): 32 KB slices (6 CTAs per SM) or 64 KB (3 per SM), so
+  other rows' loads are in flight while one CTA reduces and writes.
+- `cluster_row_smem` / `cluster_row_smem64` (cols <= 131,072, sm_90): the same with a cluster of
+  ceil(cols / slice) CTAs per row, 32 KB / 64 KB slices, (max, sum) pairs through DSMEM.
+- `warp_row_ring` (cols <= 1024, sm_90) and `cluster_row_ring` (cols <= 131,072, sm_90): a
+  persistent grid (2 CTAs of 256 threads per SM), each CTA a ring of 3 x 32 KB shared buffers
+  filled by bulk copies two units ahead of the one it reduces and writes: a unit is a tile of whole
+  rows, one warp per row (warp_row_ring), or one row split over a cluster of ceil(cols / 32 KB)
+  CTAs, one (max, sum) exchange through DSMEM per row (cluster_row_ring). Misaligned or odd-length
+  rows (no bulk copies) run warp_row / cluster_row_smem instead.
 
-Dispatch (`cuda`): cols <= 1024 warp kernels; <= 32,768 block_row; <= 131,072 cluster_row where
-clusters can launch; otherwise online. Each record says which kernel `cuda` ran.
+Dispatch (`cuda`): the table DISPATCH in softmax.cu, per dtype a list of {longest row, kernel};
+a kernel this GPU cannot run falls back to warp_row (<= 1,024), block_row (<= 32,768) or online. Each record says which
+kernel `cuda` ran; the summary's `dispatch` lists the choice per (dtype, cols).
 
 Sizes: every row length in `cols` at rows = total_elements // cols (2^28 elements: 1 GiB fp32 and
 512 MiB bf16 per tensor, far beyond the H200's L2), both dtypes; plus the seed's 4,096 x 32 fp32
@@ -63,17 +75,30 @@ LAUNCHERS = {                      # variant -> (launcher, longest row it handle
     "block_row": ("launch_softmax_block_row", 32768, False),
     "cluster_row": ("launch_softmax_cluster_row", 131072, True),
     "online": ("launch_softmax_online", None, False),
+    "block_row_smem": ("launch_softmax_block_row_smem", 16384, False),
+    "cluster_row_smem": ("launch_softmax_cluster_row_smem", 131072, True),
+    "cluster_row_smem64": ("launch_softmax_cluster_row_smem64", 131072, True),
+    "warp_row_ring": ("launch_softmax_warp_row_ring", 1024, True),       # sm_90 (bulk copies), no cluster
+    "cluster_row_ring": ("launch_softmax_cluster_row_ring", 131072, True),
     # A deliberately wrong kernel, for the tests only: it normalizes by the first half of each row.
     "broken_half_row_sum": ("launch_softmax_broken_half_row_sum", None, False),
 }
-VARIANTS = ("cuda", "warp_row", "warp_packed", "block_row", "cluster_row", "online")
+VARIANTS = ("cuda", "warp_row", "warp_packed", "block_row", "cluster_row", "online", "block_row_smem",
+            "cluster_row_smem", "cluster_row_smem64", "warp_row_ring", "cluster_row_ring")
 BASELINES = ("copy", "torch")
-KERNELS = ("warp_packed", "warp_row", "block_row", "cluster_row", "online")   # softmax_choose's codes
+KERNELS = ("warp_packed", "warp_row", "block_row", "cluster_row", "online", "block_row_smem", "cluster_row_smem",
+           "cluster_row_smem64", "warp_row_ring", "cluster_row_ring")   # softmax_choose's codes (enum Kernel in softmax.cu)
 SIGNATURES = {**{name: _SIG for name, _, _ in LAUNCHERS.values()}, "softmax_choose": [ctypes.c_int, ctypes.c_int]}
 # Where each variant is timed (it is checked wherever it applies): its own range of row lengths.
 # block_row from 2048: below that its smallest configuration (128 threads x 16) leaves threads idle.
+# The shared-memory kernels on long rows (cluster_row_smem64 from 32768: below that its 64 KB slice
+# is one CTA, block_row_smem's case); the ring candidates only where they are meant to win:
+# warp_row_ring at 512 and 1024 (where warp_row trails torch in fp32), cluster_row_ring from 65536.
 TIMED_COLS = {"warp_row": (1, 1024), "warp_packed": (1, 1024), "block_row": (2048, 32768),
-              "cluster_row": (16384, 131072)}
+              "cluster_row": (16384, 131072), "block_row_smem": (8192, 16384),
+              "cluster_row_smem": (16384, 131072), "cluster_row_smem64": (32768, 131072),
+              "warp_row_ring": (512, 1024), "cluster_row_ring": (65536, 131072)}
+GRAPH_REPS = 20                    # calls per CUDA-graph replay for the launch-bound seed case
 FLOPS_PER_ELEMENT = 5              # max, subtract, exp, add, multiply (the log2 e scale folded in)
 ROW_SUM_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}   # |sum(y[r, :]) - 1|, the seed's own check
 NOT_SUPPORTED = 801                # cudaErrorNotSupported: no thread-block clusters here
@@ -104,7 +129,8 @@ def softmax(x: torch.Tensor, variant: str = "cuda", out: torch.Tensor | None = N
     build.require_gpu(x, out)
     if needs_clusters and not has_clusters(x.device):
         major, minor = torch.cuda.get_device_capability(x.device)
-        raise LabError(f"softmax variant '{variant}' needs thread-block clusters (compute capability 9.0 or newer); "
+        raise LabError(f"softmax variant '{variant}' needs thread-block clusters or bulk copies "
+                       "(compute capability 9.0 or newer); "
                        f"this GPU is sm_{major}{minor}")
     if rows == 0:
         return out
@@ -293,18 +319,22 @@ def run(ctx, params):
                 return failed
             return gate(_guarded(lambda: check_variant(v, x, out, ref())))
 
+        # The seed's case is a few microseconds of GPU work: timed call by call, the Python wrapper's
+        # own time would leave the GPU idle between the events. Every row of it (ours and the
+        # baselines alike) is timed as a CUDA-graph replay of GRAPH_REPS calls, device time only.
+        timing = {"graph_reps": GRAPH_REPS} if seed else None
         here = []
         if wanted or ctx.wants("copy"):                # the ceiling for every row of ours
             here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy,
-                                flops=0, bytes_moved=fewest, dtype=None))
+                                flops=0, bytes_moved=fewest, dtype=None, timing=timing))
         if wanted or ctx.wants("torch"):               # the library to beat
             here.append(measure(ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1), check=check_torch,
-                                flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype))
+                                flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing))
         for v in wanted:
             if not timed_at(v, cols, tdtype, ctx.device):
                 continue
             r = measure(ctx, v, size, fn=lambda v=v: softmax(x, v, out), check=lambda v=v: check_ours(v),
-                        flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype)
+                        flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing)
             if v == "cuda":
                 r["metrics"]["kernel"] = chosen_kernel(cols, tdtype, ctx.device)
             here.append(r)
@@ -317,9 +347,9 @@ def run(ctx, params):
     _, b = build.load(SOURCE, SIGNATURES)
     summary = {"irregular_shapes": params["irregular_shapes"], "irregular_checks": irregular,
                "seed_row_sum_checks": seed_sums, "dispatch": dispatch,
-               "thresholds": {"warp_max_cols": 1024, "block_max_cols": 32768, "cluster_max_cols": 131072},
+               "dispatch_table": "DISPATCH in softmax.cu (per dtype: first {max_cols, kernel} entry with cols <= max_cols)",
                "clusters": has_clusters(ctx.device),
-               "not_run": {v: "needs thread-block clusters (compute capability 9.0+)"
+               "not_run": {v: "needs compute capability 9.0+ (thread-block clusters, bulk copies)"
                            for v in wanted if LAUNCHERS[v][2] and not has_clusters(ctx.device)},
                "build": {"arch": b.arch, "flags": list(b.flags),
                          "resources": {k: r for k, r in b.resources.items() if k.startswith("softmax_")}},
