@@ -95,8 +95,16 @@ def t_traffic(v: View) -> str:
              num(g(r, "metrics.l2_read_bytes")), num(g(r, "metrics.dram_bytes")),
              num(g(r, "metrics.dram_over_compulsory"), 3), v.run_label(r)]
             for _, r in sub.iterrows() if r["status"] == "ok"]
-    return markdown(rows, ["hardware", "kernel", "n (elements or N)", "global-load bytes (ncu)", "predicted",
+    text = markdown(rows, ["hardware", "kernel", "n (elements or N)", "global-load bytes (ncu)", "predicted",
                            "measured/predicted", "L2 read bytes", "DRAM bytes", "DRAM / compulsory", "run"])
+    for rec in (r for r in reversed(v.records) if r["exercise"]["id"] == "phase2.traffic" and r["status"] == "ok"):
+        s = rec.get("summary") or {}
+        if s.get("tiling_global_load_reduction"):
+            text += (f"\n\nNaive over tiled ({rec['hardware'].get('name') or rec['hardware']['key']}): global-load bytes "
+                     f"{s['tiling_global_load_reduction']:.2f}x (predicted 8x), L2 read bytes "
+                     f"{s['tiling_l2_read_reduction']:.2f}x, DRAM bytes {s['tiling_dram_reduction']:.2f}x.")
+        break
+    return text
 
 
 def t_build(v: View) -> str:
