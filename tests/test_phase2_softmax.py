@@ -45,9 +45,9 @@ KERNELS = sorted(
     + [f"softmax_cluster_row_{dt}_c{c}" for dt in ("f32", "bf16") for c in CLUSTER_C]
     + [f"softmax_block_row_smem_{k}" for k in SMEM_BLOCK]
     + [f"softmax_cluster_row_smem_{k}" for k in SMEM_CLUSTER]
-    + [f"softmax_{k}_ring_{dt}" for k in ("warp_row", "cluster_row") for dt in ("f32", "bf16")]
+    + [f"softmax_cluster_row_ring_{dt}" for dt in ("f32", "bf16")]
     + ["softmax_online_f32", "softmax_online_bf16"])
-RING = [f"softmax_{k}_ring_{dt}" for k in ("warp_row", "cluster_row") for dt in ("f32", "bf16")]
+RING = [f"softmax_cluster_row_ring_{dt}" for dt in ("f32", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +119,14 @@ def test_host_dispatch_and_refusals_without_a_gpu(builds):
     if not torch.cuda.is_available():       # no clusters without a GPU: block_row up to 32768, then online
         assert sm.KERNELS[lib.softmax_choose(32768, 0)] == "block_row"
         assert sm.KERNELS[lib.softmax_choose(65536, 0)] == "online"
+        assert sm.KERNELS[lib.softmax_choose(32768, 1)] == "block_row"
+        assert sm.KERNELS[lib.softmax_choose(65536, 1)] == "online"
     assert lib.softmax_choose(0, 0) == -1 and lib.softmax_choose(32, 2) == -1
     invalid = 1                                                       # cudaErrorInvalidValue
     for name, too_long in (("launch_softmax_warp_row", 1025), ("launch_softmax_warp_packed", 1025),
                            ("launch_softmax_block_row", 32769), ("launch_softmax_cluster_row", 131073),
                            ("launch_softmax_block_row_smem", 16385), ("launch_softmax_cluster_row_smem", 131073),
-                           ("launch_softmax_cluster_row_smem64", 131073), ("launch_softmax_warp_row_ring", 1025),
-                           ("launch_softmax_cluster_row_ring", 131073)):
+                           ("launch_softmax_cluster_row_smem64", 131073), ("launch_softmax_cluster_row_ring", 131073)):
         fn = getattr(lib, name)
         fn.argtypes = sm._SIG
         assert fn(None, None, 4, too_long, 0, None) == invalid, name
@@ -186,7 +187,7 @@ def test_unknown_variant_and_row_limits():
         sm.softmax(torch.rand(2, 3), "fastest")
     for variant, limit in (("warp_row", 1024), ("warp_packed", 1024), ("block_row", 32768), ("cluster_row", 131072),
                            ("block_row_smem", 16384), ("cluster_row_smem", 131072),
-                           ("cluster_row_smem64", 131072), ("warp_row_ring", 1024), ("cluster_row_ring", 131072)):
+                           ("cluster_row_smem64", 131072), ("cluster_row_ring", 131072)):
         with pytest.raises(ValueError, match=f"'{variant}' handles rows of at most {limit} columns, got {limit + 1}"):
             sm.softmax(torch.empty(1, limit + 1), variant)
 
@@ -330,7 +331,10 @@ def test_dispatch_choices():
             65536: "cluster_row_smem" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.float32, DEV) for c in want} == want
     want_bf16 = {256: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
-                 16384: "block_row_smem", 65536: "cluster_row_smem64" if clusters else "online"}
+                 16384: "block_row_smem", 32768: "cluster_row_smem64" if clusters else "block_row",
+                 32769: "cluster_row_ring" if clusters else "online",
+                 65536: "cluster_row_ring" if clusters else "online",
+                 131072: "cluster_row_ring" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.bfloat16, DEV) for c in want_bf16} == want_bf16
 
 

@@ -599,30 +599,28 @@ __device__ __forceinline__ void smem_row(const void* xv, void* yv, int rows, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ring kernels (sm_90): a PERSISTENT grid; each CTA owns a ring of RING_STAGES shared buffers of
-// RING_BYTES and walks its units u = group, group + groups, ... (group = its cluster's index,
-// groups = clusters in the grid). The load of unit i + RING_STAGES is issued (one bulk copy, one
-// mbarrier per stage) as soon as unit i's buffer is free, so while a CTA reduces, waits at the
-// cluster barrier and writes one unit, the next RING_STAGES - 1 units' bytes are already on their
-// way: the exchange latency and the write-back are no longer bubbles in the SM's loads (the
+// Ring kernel, cluster_row_ring (sm_90): a PERSISTENT grid of clusters; each CTA owns a ring of
+// RING_STAGES shared buffers of RING_BYTES and walks its units (rows) u = group, group + groups,
+// ... (group = its cluster's index, groups = clusters in the grid). The load of unit
+// i + RING_STAGES is issued (one bulk copy, one mbarrier per stage) as soon as unit i's buffer is
+// free, so while a CTA reduces, waits at the cluster barrier and writes one unit, the next
+// RING_STAGES - 1 units' bytes are already on their way: the exchange latency and the write-back are no longer bubbles in the SM's loads (the
 // one-shot smem kernels above refill a CTA slot only after the whole CTA has exited, and a
 // cluster's CTAs all wait for the slowest peer's load first).
-//   * CLUSTER: a unit is one row; CTA `rank` of the cluster holds [rank * TILE, (rank+1) * TILE)
-//     (TILE = RING_BYTES / itemsize), 8 packs per thread kept in registers as exp2(v - m_cta)
-//     after pass 1 (one exp2 per element); (m, s) pairs through DSMEM (two slots by row parity:
-//     a CTA writes slot i & 1 for unit i only after the barrier of unit i - 1, which every peer
-//     passes only after reading unit i - 2's pairs); one cluster barrier per row.
-//   * !CLUSTER (short rows, cols <= TILE): a unit is `rpt` = TILE / cols consecutive rows (one
-//     contiguous bulk copy); warp w reduces rows w, w + 8, ... of the tile from shared memory
-//     (running (m, s) per lane, then a second read of shared memory to write).
+// A unit is one row; CTA `rank` of the cluster holds [rank * TILE, (rank+1) * TILE) (TILE =
+// RING_BYTES / itemsize), 8 packs per thread kept in registers as exp2(v - m_cta) after pass 1
+// (one exp2 per element); (m, s) pairs through DSMEM (two slots by row parity: a CTA writes slot
+// i & 1 for unit i only after the barrier of unit i - 1, which every peer passes only after
+// reading unit i - 2's pairs); one cluster barrier per row. (Its sibling for rows <= 1024,
+// warp_row_ring, a tile of whole rows per unit, measured below warp_row on the H200: removed.)
 // Needs `vec` (16-byte aligned pointers, cols a multiple of the pack): the launchers fall back
 // otherwise. RING_STAGES x 32 KB = 96 KB per CTA: 2 CTAs (16 warps) per SM, 4 units in flight.
 #define RING_STAGES 3
 #define RING_BYTES 32768
 #define RING_THREADS 256
 
-template <typename Ty, bool CLUSTER>
-__device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, int cols, int rpt) {
+template <typename Ty>
+__device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, int cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using S = typename Ty::storage;
     using Raw = typename Pack<Ty, Ty::VEC>::Raw;
@@ -634,28 +632,17 @@ __device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, in
     __shared__ __align__(8) uint64_t full[RING_STAGES];
     __shared__ float red_m[WARPS], red_s[WARPS];
     __shared__ float2 pairs[2];
-    int rank = 0, ctas = 1;
-    if constexpr (CLUSTER) {
-        cg::cluster_group cluster = cg::this_cluster();
-        rank = (int)cluster.block_rank();
-        ctas = (int)cluster.num_blocks();
-    }
+    const int rank = (int)cg::this_cluster().block_rank(), ctas = (int)cg::this_cluster().num_blocks();
     const long long group = blockIdx.x / ctas, groups = gridDim.x / ctas;
-    const long long units = CLUSTER ? (long long)rows : ((long long)rows + rpt - 1) / rpt;
+    const long long units = rows;
     const S* x = static_cast<const S*>(xv);
     S* y = static_cast<S*>(yv);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     // Unit u: this CTA's part starts at element `off` of x and y and holds n elements.
     auto part = [&](long long u, size_t& off, int& n) {
-        if constexpr (CLUSTER) {
-            off = (size_t)u * cols + (size_t)rank * TILE;
-            const int left = cols - rank * TILE;
-            n = left < 0 ? 0 : (left > TILE ? TILE : left);
-        } else {
-            const long long r0 = u * rpt, left = rows - r0;
-            off = (size_t)r0 * cols;
-            n = (int)(left < rpt ? left : rpt) * cols;
-        }
+        off = (size_t)u * cols + (size_t)rank * TILE;
+        const int left = cols - rank * TILE;
+        n = left < 0 ? 0 : (left > TILE ? TILE : left);
     };
     auto issue = [&](int stage, long long u) {      // one thread: the bulk copy of unit u into `stage`
         size_t off;
@@ -684,98 +671,63 @@ __device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, in
         int n;
         part(u, off, n);
         mbar_wait(&full[stage], (unsigned)(i / RING_STAGES) & 1u);
-        if constexpr (CLUSTER) {
-            float v[PER * VEC];
-            float m = -INFINITY;
+        float v[PER * VEC];
+        float m = -INFINITY;
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
-                const int p = k * RING_THREADS + threadIdx.x;
-                if (p * VEC < n) {
-                    Pack<Ty, VEC> q;
-                    q.raw = *reinterpret_cast<const Raw*>(buf + p * VEC);
+        for (int k = 0; k < PER; ++k) {
+            const int p = k * RING_THREADS + threadIdx.x;
+            if (p * VEC < n) {
+                Pack<Ty, VEC> q;
+                q.raw = *reinterpret_cast<const Raw*>(buf + p * VEC);
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) v[k * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
-                } else {
+                for (int j = 0; j < VEC; ++j) v[k * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
+            } else {
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) v[k * VEC + j] = -INFINITY;
-                }
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k * VEC + j]);
+                for (int j = 0; j < VEC; ++j) v[k * VEC + j] = -INFINITY;
             }
-            m = group_max<32>(m);
-            if (lane == 0) red_m[warp] = m;
-            __syncthreads();
-            m = group_max<32>(lane < WARPS ? red_m[lane] : -INFINITY);
-            const float ref = finite_or_zero(m);    // an all-padding CTA: m = -inf, s = 0
-            float s = 0.f;
 #pragma unroll
-            for (int e = 0; e < PER * VEC; ++e) {
-                v[e] = ex2(v[e] - ref);
-                s += v[e];
-            }
-            s = group_sum<32>(s);
-            if (lane == 0) red_s[warp] = s;
-            __syncthreads();
-            s = group_sum<32>(lane < WARPS ? red_s[lane] : 0.f);
-            cg::cluster_group cluster = cg::this_cluster();
-            if (threadIdx.x == 0) pairs[i & 1] = make_float2(m, s);
-            cluster.sync();                         // every CTA's pair for this row is visible
-            float rm = -INFINITY, rs = 0.f;
-            if (lane < ctas) {
-                const float2 q = *cluster.map_shared_rank(&pairs[i & 1], lane);
-                rm = q.x;
-                rs = q.y;
-            }
-            warp_combine(rm, rs);
-            const float scale = ex2(ref - rm) / rs;
+            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k * VEC + j]);
+        }
+        m = group_max<32>(m);
+        if (lane == 0) red_m[warp] = m;
+        __syncthreads();
+        m = group_max<32>(lane < WARPS ? red_m[lane] : -INFINITY);
+        const float ref = finite_or_zero(m);        // an all-padding CTA: m = -inf, s = 0
+        float s = 0.f;
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
-                const int p = k * RING_THREADS + threadIdx.x;
-                if (p * VEC < n) {
-                    Pack<Ty, VEC> o;
+        for (int e = 0; e < PER * VEC; ++e) {
+            v[e] = ex2(v[e] - ref);
+            s += v[e];
+        }
+        s = group_sum<32>(s);
+        if (lane == 0) red_s[warp] = s;
+        __syncthreads();
+        s = group_sum<32>(lane < WARPS ? red_s[lane] : 0.f);
+        cg::cluster_group cluster = cg::this_cluster();
+        if (threadIdx.x == 0) pairs[i & 1] = make_float2(m, s);
+        cluster.sync();                             // every CTA's pair for this row is visible
+        float rm = -INFINITY, rs = 0.f;
+        if (lane < ctas) {
+            const float2 q = *cluster.map_shared_rank(&pairs[i & 1], lane);
+            rm = q.x;
+            rs = q.y;
+        }
+        warp_combine(rm, rs);
+        const float scale = ex2(ref - rm) / rs;
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) o.e[j] = Ty::from_float(v[k * VEC + j] * scale);
-                    __stwb(reinterpret_cast<Raw*>(y + off + p * VEC), o.raw);
-                }
-            }
-        } else {
-            const int nr = n / cols, cpacks = cols / VEC;
-            for (int r = warp; r < nr; r += WARPS) {
-                const S* row = buf + (size_t)r * cols;
-                float m = -INFINITY, s = 0.f;
-#pragma unroll 4
-                for (int p = lane; p < cpacks; p += 32) {
-                    Pack<Ty, VEC> q;
-                    q.raw = *reinterpret_cast<const Raw*>(row + p * VEC);
-                    float cm = -INFINITY;
+        for (int k = 0; k < PER; ++k) {
+            const int p = k * RING_THREADS + threadIdx.x;
+            if (p * VEC < n) {
+                Pack<Ty, VEC> o;
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, Ty::to_float(q.e[j]));
-                    const float new_m = fmaxf(m, cm * LOG2E);
-                    const float ref = finite_or_zero(new_m);
-                    float add = 0.f;
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j) add += ex2(fmaf(Ty::to_float(q.e[j]), LOG2E, -ref));
-                    s = s * ex2(m - ref) + add;     // m = -inf (nothing yet): 0 * 0
-                    m = new_m;
-                }
-                warp_combine(m, s);
-                const float ref = finite_or_zero(m), inv = 1.f / s;
-                S* out = y + off + (size_t)r * cols;
-#pragma unroll 4
-                for (int p = lane; p < cpacks; p += 32) {
-                    Pack<Ty, VEC> q, o;
-                    q.raw = *reinterpret_cast<const Raw*>(row + p * VEC);
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j)
-                        o.e[j] = Ty::from_float(ex2(fmaf(Ty::to_float(q.e[j]), LOG2E, -ref)) * inv);
-                    __stwb(reinterpret_cast<Raw*>(out + p * VEC), o.raw);
-                }
+                for (int j = 0; j < VEC; ++j) o.e[j] = Ty::from_float(v[k * VEC + j] * scale);
+                __stwb(reinterpret_cast<Raw*>(y + off + p * VEC), o.raw);
             }
         }
         __syncthreads();                            // every thread is done with this stage's buffer
         if (threadIdx.x == 0 && u + RING_STAGES * groups < units) issue(stage, u + RING_STAGES * groups);
     }
-    if constexpr (CLUSTER) cg::this_cluster().sync();   // no CTA leaves while a peer may read its pairs
+    cg::this_cluster().sync();                      // no CTA leaves while a peer may read its pairs
 #endif
 }
 
@@ -840,17 +792,15 @@ SMEM_KERNEL(softmax_cluster_row_smem_f32_s8192, F32, float, 8192, true)
 SMEM_KERNEL(softmax_cluster_row_smem_f32_s16384, F32, float, 16384, true)
 SMEM_KERNEL(softmax_cluster_row_smem_bf16_s16384, BF16, unsigned short, 16384, true)
 SMEM_KERNEL(softmax_cluster_row_smem_bf16_s32768, BF16, unsigned short, 32768, true)
-// Ring kernels (persistent, sm_90): (x, y, rows, cols, rpt), rpt = rows per tile (1 with clusters).
+// Ring kernels (persistent clusters, sm_90): (x, y, rows, cols).
 // Launch bounds: 2 CTAs of 256 threads per SM (the shared-memory limit), up to 128 registers each.
-#define RING_KERNEL(name, Ty, CL)                                                                    \
+#define RING_KERNEL(name, Ty)                                                                        \
     extern "C" __global__ void __launch_bounds__(RING_THREADS, 2)                                    \
-        name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols, int rpt) {        \
-        ring_rows<Ty, CL>(x, y, rows, cols, rpt);                                                    \
+        name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
+        ring_rows<Ty>(x, y, rows, cols);                                                             \
     }
-RING_KERNEL(softmax_warp_row_ring_f32, F32, false)
-RING_KERNEL(softmax_warp_row_ring_bf16, BF16, false)
-RING_KERNEL(softmax_cluster_row_ring_f32, F32, true)
-RING_KERNEL(softmax_cluster_row_ring_bf16, BF16, true)
+RING_KERNEL(softmax_cluster_row_ring_f32, F32)
+RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
 
 static_assert(packed_lanes(0, 256) == 32 && packed_lanes(1, 512) == 32, "packed = seed layout from here on");
 static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the last packed kernels");
@@ -859,17 +809,16 @@ static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the las
 // Host side: tables, checks, launches.
 using RowKernel = void (*)(const void*, void*, int, int, int);
 using OnlineKernel = void (*)(const void*, void*, int, int, int, int);
+using RingKernel = void (*)(const void*, void*, int, int);
 
 // Kernel families, the codes softmax_choose returns (softmax.py's KERNELS lists them in this order).
 enum Kernel { K_WARP_PACKED = 0, K_WARP_ROW = 1, K_BLOCK_ROW = 2, K_CLUSTER_ROW = 3, K_ONLINE = 4,
-              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_WARP_ROW_RING = 8,
-              K_CLUSTER_ROW_RING = 9 };
+              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_CLUSTER_ROW_RING = 8 };
 #define WARP_MAX_COLS 1024
 #define BLOCK_MAX_COLS 32768
 #define CLUSTER_MAX_COLS 131072
 #define SMEM_BLOCK_MAX_COLS 16384      // block_row_smem: one CTA's slice (64 KB fp32, 32 KB bf16)
 #define SMEM_CLUSTER_MAX_COLS 131072
-#define RING_WARP_MAX_COLS 1024          // warp_row_ring: at least 8 rows per 32 KB tile
 #define RING_CLUSTER_MAX_COLS 131072     // cluster_row_ring: up to 16 CTAs x 32 KB
 
 static const RowKernel SEED[2][6] = {       // C = 32 .. 1024
@@ -1112,30 +1061,29 @@ static int cluster_smem_ready_for(int cols, int dtype, int idx) {
     return ctas <= 16 && smem_ready(SMEM_CLUSTER[dtype][idx], 1, dtype, idx, ctas) == 0;
 }
 
-// Ring kernels: [dtype][0] warp_row_ring (tiles of whole rows), [1] cluster_row_ring (a cluster per
-// row). Persistent grid: as many CTAs (clusters) as fit at once, from the occupancy calculator with
-// the ring's 96 KB of dynamic shared memory, cached per device, dtype, kind and cluster size.
-static const RowKernel RING[2][2] = {{softmax_warp_row_ring_f32, softmax_cluster_row_ring_f32},
-                                     {softmax_warp_row_ring_bf16, softmax_cluster_row_ring_bf16}};
-static int g_ring[64][2][2][17];            // resident CTAs (no cluster) or clusters; 0 unknown, < 0: -(err + 1)
+// Ring kernel, per dtype: cluster_row_ring (a cluster per row). Persistent grid: as many clusters
+// as fit at once, from the occupancy calculator with the ring's 96 KB of dynamic shared memory,
+// cached per device, dtype and cluster size.
+static const RingKernel RING[2] = {softmax_cluster_row_ring_f32, softmax_cluster_row_ring_bf16};
+static int g_ring[64][2][17];               // resident clusters; 0 unknown, < 0: -(err + 1)
 
-static int ring_resident(int dtype, int cluster, int ctas, int* resident) {
+static int ring_resident(int dtype, int ctas, int* resident) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
     if (ctas < 1 || ctas > 16) return (int)cudaErrorInvalidValue;
-    int* slot = dev < 64 ? &g_ring[dev][dtype][cluster][ctas] : nullptr;
+    int* slot = dev < 64 ? &g_ring[dev][dtype][ctas] : nullptr;
     if (slot && *slot > 0) { *resident = *slot; return 0; }
     if (slot && *slot < 0) return -*slot - 1;
-    RowKernel k = RING[dtype][cluster];
+    RingKernel k = RING[dtype];
     const int bytes = RING_STAGES * RING_BYTES;
     int major = 0, n = 0;
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess && major < 9) e = cudaErrorNotSupported;        // bulk copies, clusters: sm_90
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess && cluster && ctas > 8)
+    if (e == cudaSuccess && ctas > 8)
         e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e == cudaSuccess && cluster) {
+    if (e == cudaSuccess) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1148,11 +1096,6 @@ static int ring_resident(int dtype, int cluster, int ctas, int* resident) {
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         e = cudaOccupancyMaxActiveClusters(&n, k, &cfg);
-    } else if (e == cudaSuccess) {
-        int sms = 0, per_sm = 0;
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, RING_THREADS, bytes);
-        n = sms * per_sm;
     }
     if (e == cudaSuccess && n <= 0) e = cudaErrorNotSupported;
     cudaGetLastError();                     // a refused query must not surface as a later launch's error
@@ -1164,18 +1107,15 @@ static int ring_resident(int dtype, int cluster, int ctas, int* resident) {
 static int ring_ctas(int cols, int dtype) { const int tile = RING_BYTES / (dtype == 0 ? 4 : 2); return (cols + tile - 1) / tile; }
 
 // Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
-// cannot be used: warp_row_ring runs warp_row, cluster_row_ring runs cluster_row_smem (same slices).
-static int run_ring(const void* x, void* y, int rows, int cols, int dtype, int cluster, cudaStream_t stream) {
-    const int tile = RING_BYTES / (dtype == 0 ? 4 : 2);
-    const int ctas = cluster ? ring_ctas(cols, dtype) : 1;
-    if (cluster ? ctas > 16 : cols > tile) return (int)cudaErrorInvalidValue;
+// cannot be used: cluster_row_ring runs cluster_row_smem (the same 32 KB slices).
+static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int ctas = ring_ctas(cols, dtype);
+    if (ctas > 16) return (int)cudaErrorInvalidValue;
     int resident = 0;
-    const int ready = ring_resident(dtype, cluster, ctas, &resident);
+    const int ready = ring_resident(dtype, ctas, &resident);
     if (ready != 0) return ready;
-    if (!can_vector(x, y, cols, dtype, vec_of(dtype)))
-        return cluster ? run_cluster_smem(x, y, rows, cols, dtype, 0, stream) : run_seed(x, y, rows, cols, dtype, stream);
-    const int rpt = cluster ? 1 : tile / cols;
-    const long long units = cluster ? rows : (rows + (long long)rpt - 1) / rpt;
+    if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
+    const long long units = rows;
     const long long blocks = (units < resident ? units : resident) * (long long)ctas;
     if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
     cudaLaunchConfig_t cfg = {};
@@ -1189,16 +1129,16 @@ static int run_ring(const void* x, void* y, int rows, int cols, int dtype, int c
     cfg.dynamicSmemBytes = RING_STAGES * RING_BYTES;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = cluster ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, RING[dtype][cluster], x, y, rows, cols, rpt);
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, RING[dtype], x, y, rows, cols);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
 }
 
-static int ring_ready_for(int cols, int dtype, int cluster) {
-    const int ctas = cluster ? ring_ctas(cols, dtype) : 1;
+static int ring_ready_for(int cols, int dtype) {
+    const int ctas = ring_ctas(cols, dtype);
     int resident = 0;
-    return ctas <= 16 && ring_resident(dtype, cluster, ctas, &resident) == 0;
+    return ctas <= 16 && ring_resident(dtype, ctas, &resident) == 0;
 }
 
 // =============================================================================================
@@ -1206,9 +1146,8 @@ static int ring_ready_for(int cols, int dtype, int cluster) {
 // length. Per dtype, entries {longest row, kernel} in increasing order: the first entry whose
 // max_cols >= cols wins. Edit here (and only here) after a measured run; the Python side reads
 // the choice back through softmax_choose. Each kernel's own limit: warp_* 1024; block_row 32768;
-// block_row_smem 16384; cluster_row, cluster_row_smem(64) 131072 (sm_90); online any.
-// block_row_smem 16384; cluster_row, cluster_row_smem(64) 131072 (sm_90); warp_row_ring 1024 and
-// cluster_row_ring 131072 (sm_90).
+// block_row_smem 16384; cluster_row, cluster_row_smem(64), cluster_row_ring 131072 (sm_90);
+// online any.
 // A choice this GPU cannot run (a cluster or ring kernel before sm_90, or a length beyond the
 // kernel's limit) falls back to warp_row (<= 1024 columns), block_row (<= 32768) or online.
 // Measured on the H200 (2^28 elements; % of a copy of the same tensor, x torch.softmax):
@@ -1219,7 +1158,14 @@ static int ring_ready_for(int cols, int dtype, int cluster) {
 //   bf16: 32-256 warp_packed; 512/1024 warp_row 99.9% / 91.1% (1.50x / 1.42x); 4096 block_row;
 //         16384 block_row_smem 96.6% 1.81x; 65536 cluster_row_smem64 (2 x 64 KB) 73.9% 1.41x
 //         (cluster_row_smem 72.1%, online 66.8%, cluster_row 64.4%).
-// Not yet measured: warp_row_ring (candidate at 512/1024) and cluster_row_ring (at 65536).
+// The ring candidates, from one later H200 run (same sizes and metrics):
+//   512/1024: warp_row_ring fp32 90.7% 0.93x / 91.1% 0.94x (warp_row 96.6% 0.99x / 94.5% 0.98x),
+//         bf16 84.7% / 86.9% (warp_row 99.5% / 91.5%): warp_row stays; warp_row_ring removed.
+//   65536 fp32: cluster_row_ring 74.1% (cluster_row_smem 83.0%, cluster_row_smem64 80.0%,
+//         cluster_row 82.0%): cluster_row_smem stays.
+//   65536 bf16: cluster_row_ring 83.0% 1.61x (cluster_row_smem64 73.9%, cluster_row_smem 72.1%,
+//         cluster_row 64.5%): bf16 rows of 32769..131072 go to cluster_row_ring (measured at
+//         65536 only; cluster_row_smem64 keeps 16385..32768, as before).
 struct Route { int max_cols; int kernel; };
 #define ROUTE_END {INT_MAX, K_ONLINE}
 static const Route DISPATCH[2][8] = {
@@ -1235,7 +1181,8 @@ static const Route DISPATCH[2][8] = {
         {1024, K_WARP_ROW},
         {8192, K_BLOCK_ROW},
         {16384, K_BLOCK_ROW_SMEM},
-        {131072, K_CLUSTER_ROW_SMEM64},
+        {32768, K_CLUSTER_ROW_SMEM64},
+        {131072, K_CLUSTER_ROW_RING},
         ROUTE_END},
 };
 // =============================================================================================
@@ -1249,7 +1196,6 @@ static int max_cols_of(int kernel) {
         case K_BLOCK_ROW_SMEM: return SMEM_BLOCK_MAX_COLS;
         case K_CLUSTER_ROW: return CLUSTER_MAX_COLS;
         case K_CLUSTER_ROW_SMEM: case K_CLUSTER_ROW_SMEM64: return SMEM_CLUSTER_MAX_COLS;
-        case K_WARP_ROW_RING: return RING_WARP_MAX_COLS;
         case K_CLUSTER_ROW_RING: return RING_CLUSTER_MAX_COLS;
         default: return INT_MAX;
     }
@@ -1267,8 +1213,7 @@ extern "C" int softmax_choose(int cols, int dtype) {
     if (ok && k == K_CLUSTER_ROW) ok = cluster_ready(dtype, ceil_log2(cols) < 14 ? 0 : ceil_log2(cols) - 14) == 0;
     if (ok && k == K_CLUSTER_ROW_SMEM) ok = cluster_smem_ready_for(cols, dtype, 0);
     if (ok && k == K_CLUSTER_ROW_SMEM64) ok = cluster_smem_ready_for(cols, dtype, 1);
-    if (ok && k == K_WARP_ROW_RING) ok = ring_ready_for(cols, dtype, 0);
-    if (ok && k == K_CLUSTER_ROW_RING) ok = ring_ready_for(cols, dtype, 1);
+    if (ok && k == K_CLUSTER_ROW_RING) ok = ring_ready_for(cols, dtype);
     if (!ok) k = cols <= WARP_MAX_COLS ? K_WARP_ROW : (cols <= BLOCK_MAX_COLS ? K_BLOCK_ROW : K_ONLINE);
     return k;
 }
@@ -1284,8 +1229,7 @@ extern "C" int launch_softmax(const void* x, void* y, int rows, int cols, int dt
         case K_CLUSTER_ROW: return run_cluster(x, y, rows, cols, dtype, stream);
         case K_CLUSTER_ROW_SMEM: return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
         case K_CLUSTER_ROW_SMEM64: return run_cluster_smem(x, y, rows, cols, dtype, 1, stream);
-        case K_WARP_ROW_RING: return run_ring(x, y, rows, cols, dtype, 0, stream);
-        case K_CLUSTER_ROW_RING: return run_ring(x, y, rows, cols, dtype, 1, stream);
+        case K_CLUSTER_ROW_RING: return run_ring(x, y, rows, cols, dtype, stream);
         default: return run_online(x, y, rows, cols, dtype, cols, stream);
     }
 }
@@ -1330,16 +1274,10 @@ extern "C" int launch_softmax_cluster_row_smem64(const void* x, void* y, int row
     return rows == 0 ? 0 : run_cluster_smem(x, y, rows, cols, dtype, 1, stream);
 }
 
-extern "C" int launch_softmax_warp_row_ring(const void* x, void* y, int rows, int cols, int dtype,
-                                            cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > RING_WARP_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_ring(x, y, rows, cols, dtype, 0, stream);
-}
-
 extern "C" int launch_softmax_cluster_row_ring(const void* x, void* y, int rows, int cols, int dtype,
                                                cudaStream_t stream) {
     if (bad_args(rows, cols, dtype) || cols > RING_CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_ring(x, y, rows, cols, dtype, 1, stream);
+    return rows == 0 ? 0 : run_ring(x, y, rows, cols, dtype, stream);
 }
 
 extern "C" int launch_softmax_online(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {

@@ -31,12 +31,12 @@ Variants (one kernel family each; `cuda` is the dispatcher and picks by row leng
   other rows' loads are in flight while one CTA reduces and writes.
 - `cluster_row_smem` / `cluster_row_smem64` (cols <= 131,072, sm_90): the same with a cluster of
   ceil(cols / slice) CTAs per row, 32 KB / 64 KB slices, (max, sum) pairs through DSMEM.
-- `warp_row_ring` (cols <= 1024, sm_90) and `cluster_row_ring` (cols <= 131,072, sm_90): a
-  persistent grid (2 CTAs of 256 threads per SM), each CTA a ring of 3 x 32 KB shared buffers
-  filled by bulk copies two units ahead of the one it reduces and writes: a unit is a tile of whole
-  rows, one warp per row (warp_row_ring), or one row split over a cluster of ceil(cols / 32 KB)
-  CTAs, one (max, sum) exchange through DSMEM per row (cluster_row_ring). Misaligned or odd-length
-  rows (no bulk copies) run warp_row / cluster_row_smem instead.
+- `cluster_row_ring` (cols <= 131,072, sm_90): a persistent grid of clusters (2 CTAs of 256
+  threads per SM), each CTA a ring of 3 x 32 KB shared buffers filled by bulk copies two rows ahead
+  of the one it reduces and writes; a row is split over a cluster of ceil(cols / 32 KB) CTAs, one
+  (max, sum) exchange through DSMEM per row. Misaligned or odd-length rows (no bulk copies) run
+  cluster_row_smem instead. The dispatcher's choice for long bf16 rows (83% of copy at 65,536).
+  (Its sibling for rows <= 1024, warp_row_ring, measured below warp_row and was removed.)
 
 Dispatch (`cuda`): the table DISPATCH in softmax.cu, per dtype a list of {longest row, kernel};
 a kernel this GPU cannot run falls back to warp_row (<= 1,024), block_row (<= 32,768) or online. Each record says which
@@ -78,26 +78,25 @@ LAUNCHERS = {                      # variant -> (launcher, longest row it handle
     "block_row_smem": ("launch_softmax_block_row_smem", 16384, False),
     "cluster_row_smem": ("launch_softmax_cluster_row_smem", 131072, True),
     "cluster_row_smem64": ("launch_softmax_cluster_row_smem64", 131072, True),
-    "warp_row_ring": ("launch_softmax_warp_row_ring", 1024, True),       # sm_90 (bulk copies), no cluster
     "cluster_row_ring": ("launch_softmax_cluster_row_ring", 131072, True),
     # A deliberately wrong kernel, for the tests only: it normalizes by the first half of each row.
     "broken_half_row_sum": ("launch_softmax_broken_half_row_sum", None, False),
 }
 VARIANTS = ("cuda", "warp_row", "warp_packed", "block_row", "cluster_row", "online", "block_row_smem",
-            "cluster_row_smem", "cluster_row_smem64", "warp_row_ring", "cluster_row_ring")
+            "cluster_row_smem", "cluster_row_smem64", "cluster_row_ring")
 BASELINES = ("copy", "torch")
 KERNELS = ("warp_packed", "warp_row", "block_row", "cluster_row", "online", "block_row_smem", "cluster_row_smem",
-           "cluster_row_smem64", "warp_row_ring", "cluster_row_ring")   # softmax_choose's codes (enum Kernel in softmax.cu)
+           "cluster_row_smem64", "cluster_row_ring")   # softmax_choose's codes (enum Kernel in softmax.cu)
 SIGNATURES = {**{name: _SIG for name, _, _ in LAUNCHERS.values()}, "softmax_choose": [ctypes.c_int, ctypes.c_int]}
 # Where each variant is timed (it is checked wherever it applies): its own range of row lengths.
 # block_row from 2048: below that its smallest configuration (128 threads x 16) leaves threads idle.
 # The shared-memory kernels on long rows (cluster_row_smem64 from 32768: below that its 64 KB slice
-# is one CTA, block_row_smem's case); the ring candidates only where they are meant to win:
-# warp_row_ring at 512 and 1024 (where warp_row trails torch in fp32), cluster_row_ring from 65536.
+# is one CTA, block_row_smem's case); cluster_row_ring from 65536 (both dtypes: bf16's dispatch
+# choice there, fp32's measured alternative).
 TIMED_COLS = {"warp_row": (1, 1024), "warp_packed": (1, 1024), "block_row": (2048, 32768),
               "cluster_row": (16384, 131072), "block_row_smem": (8192, 16384),
               "cluster_row_smem": (16384, 131072), "cluster_row_smem64": (32768, 131072),
-              "warp_row_ring": (512, 1024), "cluster_row_ring": (65536, 131072)}
+              "cluster_row_ring": (65536, 131072)}
 GRAPH_REPS = 20                    # calls per CUDA-graph replay for the launch-bound seed case
 FLOPS_PER_ELEMENT = 5              # max, subtract, exp, add, multiply (the log2 e scale folded in)
 ROW_SUM_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}   # |sum(y[r, :]) - 1|, the seed's own check
