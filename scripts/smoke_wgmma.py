@@ -4,12 +4,15 @@ an H100/H200 where GPU time is scarce.
     python scripts/smoke_wgmma.py                    # both rungs + the experimental one: correctness, then timing
     python scripts/smoke_wgmma.py --rungs wgmma_tma_ws --no-timing
     python scripts/smoke_wgmma.py --rungs wgmma_tma_ws_cluster     # the experimental cluster kernel
+    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws,wgmma_tma_ws_try   # the TMA-store epilogue candidate
 
 Builds the source once (nvcc, sm_90a), then runs each rung in its own child process, one case at a
 time: first correctness at irregular shapes against a float64 matmul of the same bf16 inputs (the
 relative error is printed), then timing at 4096^3 and 8192^3 against torch.matmul(a, b_col) (cuBLAS
-with B column-major, the storage the rungs read) with CUDA events. A kernel fault poisons the CUDA
-context of its process, and a hung kernel would hold it forever (the kernels trap after a 4 s
+with B column-major, the storage the rungs read) with CUDA events, in interleaved rounds (each round
+times every contender once, in rotating order; the median round counts), so clock drift hits all
+alike. An experimental rung is also timed against --versus (default wgmma_tma_ws) in the same rounds.
+A kernel fault poisons the CUDA context of its process, and a hung kernel would hold it forever (the kernels trap after a 4 s
 barrier wait, and each child has a time limit), so when a child dies the parent reports the case it
 was on and starts a fresh child at the next case: one failure never hides the others.
 """
@@ -24,16 +27,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster")
+RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster", "wgmma_tma_ws_try")
 # Launchers in matmul_wgmma.cu that are not (yet) rungs of matmul.py: registered in the child only,
 # as copies of wgmma_tma_ws's entry. wgmma_tma_ws_cluster: clusters of 2 CTAs, B multicast by TMA.
-EXPERIMENTAL = {"wgmma_tma_ws_cluster": ("launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster")}
+# wgmma_tma_ws_try: the epilogue staged through shared memory and written by TMA stores (for N % 8 != 0
+# its launcher runs wgmma_tma_ws instead: no C tensor map exists then).
+EXPERIMENTAL = {"wgmma_tma_ws_cluster": ("launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster"),
+                "wgmma_tma_ws_try": ("launch_matmul_wgmma_tma_ws_try", "matmul_wgmma_tma_ws_try")}
 # (M, N, K): tiny, odd, tails in every dimension, exact tiles, more tiles than SMs, then the timed sizes.
-CHECKS = [(1, 1, 8), (17, 33, 8), (65, 130, 24), (128, 256, 64), (1000, 776, 552), (1000, 777, 552),
-          (2500, 4000, 136), (4096, 4096, 4096), (8192, 8192, 8192)]
+# N % 8 == 0 with partial tiles and boxes (17x40, 300x296, 1000x776, 2500x4000) exercises the TMA-store
+# epilogue's clipping; N % 8 != 0 (33, 130, 777) its fallback.
+CHECKS = [(1, 1, 8), (17, 33, 8), (17, 40, 64), (65, 130, 24), (128, 256, 64), (300, 296, 200), (1000, 776, 552),
+          (1000, 777, 552), (2500, 4000, 136), (4096, 4096, 4096), (8192, 8192, 8192)]
 TIMED = [4096, 8192]
 TAG = "@@case "
 CHILD_TIMEOUT_S = 60
+ROUNDS = 7                      # interleaved timing rounds
 
 
 def cases(timing: bool) -> list[dict]:
@@ -44,7 +53,7 @@ def cases(timing: bool) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ child: one rung, cases from `start`
-def child(rung: str, start: int, timing: bool) -> int:
+def child(rung: str, start: int, timing: bool, versus: str = "") -> int:
     import torch
 
     from common.checks import compare
@@ -58,6 +67,9 @@ def child(rung: str, start: int, timing: bool) -> int:
         mm.RUNGS[rung] = dataclasses.replace(mm.RUNGS["wgmma_tma_ws"], launcher=launcher_name, kernel=kernel)
     lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
     launcher = getattr(lib, mm.RUNGS[rung].launcher)
+    # An experimental rung is timed against `versus` (a rung of matmul.py) as well as cuBLAS.
+    ref_name = versus if (rung in EXPERIMENTAL and versus and versus != rung and versus in mm.RUNGS) else ""
+    ref_launcher = getattr(lib, mm.RUNGS[ref_name].launcher) if ref_name else None
     todo = cases(timing)
 
     def report(i, **kw):
@@ -99,6 +111,7 @@ def child(rung: str, start: int, timing: bool) -> int:
                        rel_l2_error=v.get("rel_l2_error"), max_abs_error=v.get("max_abs_error"),
                        nan_outputs=int(torch.isnan(out).sum()), bad_outputs=f"{nbad}/{m * n}",
                        first_bad=first_bad, worst_at=[worst // n, worst % n], reason=v.get("reason"),
+                       epilogue=(("tma" if n % 8 == 0 else "fallback") if rung == "wgmma_tma_ws_try" else None),
                        seconds=round(time.perf_counter() - t0, 3))
             else:
                 n = case["n"]
@@ -109,35 +122,53 @@ def child(rung: str, start: int, timing: bool) -> int:
                 stream = build.stream(dev)
                 args = (build.ptr(a), build.ptr(b_col), build.ptr(out), n, n, n, stream)
 
-                def ours():
-                    code = launcher(*args)
-                    if code:
-                        raise RuntimeError(f"launch error {code}: {lib.lab_error_string(code).decode()}")
+                def launch(fn):
+                    def call():
+                        code = fn(*args)
+                        if code:
+                            raise RuntimeError(f"launch error {code}: {lib.lab_error_string(code).decode()}")
+                    return call
 
                 def cublas():
                     torch.matmul(a, b_col, out=out)
 
-                def bench(fn, iters):
-                    for _ in range(3):
-                        fn()
-                    torch.cuda.synchronize()
-                    times = []
-                    for _ in range(5):
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        for _ in range(iters):
+                fns = {"ours": launch(launcher), "cublas": cublas}
+                if ref_launcher is not None:
+                    fns["ref"] = launch(ref_launcher)
+
+                def bench(fns, iters):
+                    """Interleaved rounds: each round times a batch of `iters` calls of every contender, in
+                    an order rotated round by round; per contender the median round, in ms per call."""
+                    for fn in fns.values():
+                        for _ in range(3):
                             fn()
-                        e.record()
-                        torch.cuda.synchronize()
-                        times.append(s.elapsed_time(e) / iters)
-                    return sorted(times)[len(times) // 2]            # median of 5 batches, ms per call
+                    torch.cuda.synchronize()
+                    names = list(fns)
+                    times = {k: [] for k in names}
+                    for r in range(ROUNDS):
+                        for k in names[r % len(names):] + names[:r % len(names)]:
+                            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            s.record()
+                            for _ in range(iters):
+                                fns[k]()
+                            e.record()
+                            torch.cuda.synchronize()
+                            times[k].append(s.elapsed_time(e) / iters)
+                    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
                 iters = 40 if n <= 4096 else 10
-                ms_ours, ms_lib = bench(ours, iters), bench(cublas, iters)
-                tf = lambda ms: 2 * n**3 / (ms * 1e-3) / 1e12
+                ms = bench(fns, iters)
+                ms_ours, ms_lib = ms["ours"], ms["cublas"]
+                tf = lambda t: 2 * n**3 / (t * 1e-3) / 1e12
+                extra = {}
+                if "ref" in ms:
+                    extra = {f"{ref_name}_tflops": round(tf(ms["ref"]), 1),
+                             f"{ref_name}_pct_of_cublas": round(100 * ms_lib / ms["ref"], 1),
+                             f"speedup_vs_{ref_name}": round(ms["ref"] / ms_ours, 3)}
                 report(i, status="ok", n=n, ms=round(ms_ours, 4), tflops=round(tf(ms_ours), 1),
                        cublas_ms=round(ms_lib, 4), cublas_tflops=round(tf(ms_lib), 1),
-                       pct_of_cublas=round(100 * ms_lib / ms_ours, 1), seconds=round(time.perf_counter() - t0, 3))
+                       pct_of_cublas=round(100 * ms_lib / ms_ours, 1), **extra,
+                       seconds=round(time.perf_counter() - t0, 3))
         except Exception as e:                                   # noqa: BLE001 - report and go on
             report(i, status="ERROR", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                    seconds=round(time.perf_counter() - t0, 3))
@@ -155,12 +186,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rungs", default=",".join(RUNGS))
     p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--versus", default="wgmma_tma_ws",
+                   help="rung an experimental rung is also timed against, in the same rounds ('' for none)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     timing = not args.no_timing
     if args.child:
-        return child(args.child, args.start, timing)
+        return child(args.child, args.start, timing, args.versus)
 
     t_all = time.perf_counter()
     import torch
@@ -191,7 +224,8 @@ def main() -> int:
         print(f"\n== {rung}")
         start, restarts = 0, 0
         while start < len(todo):
-            cmd = [sys.executable, __file__, "--child", rung, "--start", str(start)] + (["--no-timing"] if not timing else [])
+            cmd = [sys.executable, __file__, "--child", rung, "--start", str(start), "--versus", args.versus] + \
+                (["--no-timing"] if not timing else [])
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT,

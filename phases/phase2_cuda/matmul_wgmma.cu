@@ -13,6 +13,9 @@
 //                 TMA, setmaxnreg down to 40 registers); warpgroups 1 and 2 are consumers (up to
 //                 232 registers), each m64n256k16 on 64 rows of the tile, keeping one wgmma batch
 //                 in flight. 4 stages x 48 KB of shared memory; no clusters.
+//   (experimental, not rungs: wgmma_tma_ws_cluster, B multicast to clusters of 2 CTAs; and
+//   wgmma_tma_ws_try, the same as wgmma_tma_ws with its epilogue staged through shared memory and
+//   written by TMA stores.)
 //
 // Each launcher returns the cudaError_t of cudaGetLastError() after its launch, or
 // cudaErrorInvalidValue (without launching) for K % 8 != 0 or A or B not 16-byte aligned.
@@ -622,6 +625,173 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
 }
 
 // ---------------------------------------------------------------------------------------------
+// Experimental, not a rung yet (launcher launch_matmul_wgmma_tma_ws_try): wgmma_tma_ws with the
+// epilogue staged through shared memory and written by TMA stores. Mainloop, producer, ring and
+// its barrier protocol are wgmma_tma_ws's, unchanged. What differs is the epilogue:
+//   wgmma_tma_ws stores each thread's accumulators straight from registers, 4 bytes at a time
+//   (a warp's store touches 8 rows x 16 bytes: 8 half-used sectors), 64 KB per tile, while the
+//   tensor cores idle. Here each consumer warp owns a private 4 KB of shared memory (8 warps x 4 KB
+//   = 32 KB after the 4 x 48 KB ring: 230464 bytes of the 232448 a block may have) = two 2 KB
+//   buffers, each one TMA box of 16 rows x 64 columns of C (the warp's 16 rows of the tile). The
+//   warp's 16 x 256 slice goes out in 4 rounds of 64 columns, alternating buffers:
+//     lane 0: cp.async.bulk.wait_group.read 1  -> the store issued two rounds ago (same buffer) has
+//             finished reading it (at most the latest one may still be pending); bulk async-groups
+//             are per thread, and lane 0 issues all of the warp's stores
+//     __syncwarp                               -> the other lanes write only after that wait
+//     all:    cvt to bf16, st.shared.b32 into the buffer in the 128-byte-swizzled layout the C
+//             tensor map declares (16-byte chunk c of row r at chunk c ^ (r % 8)): for one store
+//             instruction the 32 lanes hit 8 rows x 4 words = 32 distinct banks, no conflicts
+//     all:    fence.proxy.async.shared::cta    -> the generic-proxy writes are visible to the
+//             async proxy (the TMA engine) that reads the buffer
+//     __syncwarp                               -> every lane's writes and fence precede lane 0's issue
+//     lane 0: cp.async.bulk.tensor store of the box at (col, row), commit_group
+//   The stores run asynchronously: the warp goes on to the next tile's wgmma while TMA writes C.
+//   TMA clips the box to C's bounds (rows >= M, columns >= N are not written), so the epilogue has
+//   no bounds checks; boxes wholly outside C are not issued. Before exiting, lane 0 waits for all
+//   of its stores to complete (cp.async.bulk.wait_group 0), so the buffers outlive their reads.
+// The C tensor map needs a row pitch N * 2 that is a multiple of 16 bytes and C 16-byte aligned;
+// the launcher runs wgmma_tma_ws (register epilogue) otherwise.
+#define TRY_EPI_BOX_COLS 64                                         // 128 bytes: one swizzle row
+#define TRY_EPI_BOX_ROWS 16                                         // one warp's rows of the tile
+#define TRY_EPI_BUF_BYTES (TRY_EPI_BOX_COLS * 2 * TRY_EPI_BOX_ROWS) // 2048
+#define TRY_EPI_WARP_BYTES (2 * TRY_EPI_BUF_BYTES)                  // 4096: double-buffered
+#define TRY_EPI_BYTES (8 * TRY_EPI_WARP_BYTES)                      // 32768: 8 consumer warps
+#define TRY_SMEM_BYTES (1024 + WS_STAGES * WS_STAGE_BYTES + TRY_EPI_BYTES + 2 * WS_STAGES * 8)   // 230464
+
+// C (global, through the tensor map) <- the box at (c0 = column, c1 = row) from shared memory.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+                 :: "l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Wait until at most N of this thread's bulk groups are still reading their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory"); }
+// Wait until all of this thread's bulk groups have completed (their writes to global done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);   // .x = lo (lower address), .y = hi
+    return *reinterpret_cast<uint32_t*>(&p);
+}
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+matmul_wgmma_tma_ws_try(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                        const __grid_constant__ CUtensorMap tmC, int M, int N, int K) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t epi0 = base + WS_STAGES * WS_STAGE_BYTES;           // 1024-aligned: swizzle phase = row
+    const uint32_t full0 = epi0 + TRY_EPI_BYTES;
+    const uint32_t empty0 = full0 + WS_STAGES * 8;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, wl = warp % 4;
+    const int tiles_m = cdiv(M, WS_BM), tiles_n = cdiv(N, WS_BN);
+    const int num_tiles = tiles_m * tiles_n;
+    const int KT = cdiv(K, WG_BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);          // the producer's arrive.expect_tx
+            mbar_init(empty0 + 8 * s, 8);         // lane 0 of each of the 8 consumer warps
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();                              // the barriers exist before anyone waits on them
+
+    if (wg == 0) {
+        // Producer warpgroup: exactly wgmma_tma_ws's.
+        setmaxnreg_dec40();
+        if (tid == 0) {
+            tma_prefetch_map(&tmA);
+            tma_prefetch_map(&tmB);
+            int s = 0;
+            uint32_t phase = 0;
+            for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+                int tm, tn;
+                tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+                for (int kt = 0; kt < KT; ++kt) {
+                    const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
+                    mbar_wait(empty0 + 8 * s, phase ^ 1);          // consumers released this stage
+                    mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
+                    tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * WS_BM);
+                    tma_load_2d(sa + WS_A_BYTES, &tmB, bar, kt * WG_BK, tn * WS_BN);
+                    if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc232();
+        const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
+        const uint32_t ebuf = epi0 + (cw * 4 + wl) * TRY_EPI_WARP_BYTES;   // this warp's two buffers
+        if (lane == 0) tma_prefetch_map(&tmC);
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        int s = 0;
+        uint32_t phase = 0;
+        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+            int tm, tn;
+            tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+            int prev = 0;
+            for (int kt = 0; kt < KT; ++kt) {
+                const uint32_t sa = base + s * WS_STAGE_BYTES;
+                mbar_wait(full0 + 8 * s, phase);  // TMA has landed this stage
+                __syncwarp();
+                wgmma_fence();
+                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
+                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
+#pragma unroll
+                for (int k = 0; k < WG_BK / 16; ++k)
+                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+                wgmma_commit();
+                if (kt > 0) {
+                    wgmma_wait<1>();              // the previous stage's batch is done
+                    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+                }
+                prev = s;
+                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+            fence_accumulators(acc);
+
+            // Epilogue through shared memory (see above). Thread (g = lane / 4, q = lane % 4) holds,
+            // for 8-column chunk j, columns 8j + 2q, 8j + 2q + 1 of warp rows g (acc[4j], acc[4j+1])
+            // and g + 8 (acc[4j+2], acc[4j+3]); in the swizzled box, row r's chunk jj is at byte
+            // r * 128 + ((jj ^ (r % 8)) * 16), and (g + 8) % 8 == g.
+            const int g = lane / 4, q = lane % 4;
+            const int row0 = tm * WS_BM + cw * 64 + wl * 16;          // the warp's first row of C
+            const bool rows_in = row0 < M;
+#pragma unroll
+            for (int c = 0; c < WS_BN / TRY_EPI_BOX_COLS; ++c) {
+                const uint32_t buf = ebuf + (c & 1) * TRY_EPI_BUF_BYTES;
+                if (lane == 0) bulk_wait_read<1>();                   // buf's previous store has read it
+                __syncwarp();
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    const int j = 8 * c + jj;
+                    const uint32_t off = ((jj ^ g) << 4) + 4 * q;
+                    st_shared_b32(buf + g * 128 + off, pack_bf16x2(acc[4 * j], acc[4 * j + 1]));
+                    st_shared_b32(buf + (g + 8) * 128 + off, pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]));
+                }
+                fence_proxy_async_smem();                             // generic writes -> async proxy
+                __syncwarp();                                         // all lanes' writes before the issue
+                const int col0 = tn * WS_BN + c * TRY_EPI_BOX_COLS;
+                if (lane == 0) {
+                    if (rows_in && col0 < N) tma_store_2d(&tmC, buf, col0, row0);
+                    bulk_commit();                                    // an empty group is fine
+                }
+            }
+        }
+        if (lane == 0) bulk_wait_all();           // the last stores are done before the CTA exits
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 // cuTensorMapEncodeTiled is a driver API function; it is reached through the runtime's entry-point
 // query, so the library does not link libcuda. Looked up once.
@@ -768,5 +938,49 @@ extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const 
     cfg.stream = stream;
     e = cudaLaunchKernelEx(&cfg, matmul_wgmma_tma_ws_cluster, mA, mB, C, M, N, K, vec2);
     if (e != cudaSuccess) return (int)e;
+    return (int)cudaGetLastError();
+}
+
+// Experimental (not a rung): wgmma_tma_ws with the shared-memory + TMA-store epilogue, see above.
+// C as a 2-D tensor map for the stores: dimension 0 = N (contiguous), dimension 1 = M, row pitch
+// N * 2 bytes (a multiple of 16: N % 8 == 0), boxes of 64 columns x 16 rows, 128-byte swizzle (the
+// layout the epilogue writes). When N % 8 != 0 or C is not 16-byte aligned no such map exists and
+// this launches wgmma_tma_ws instead (same mainloop, register epilogue).
+extern "C" int launch_matmul_wgmma_tma_ws_try(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                              int M, int N, int K, cudaStream_t stream) {
+    if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0)
+        return launch_matmul_wgmma_tma_ws(A, B, C, M, N, K, stream);
+    CUtensorMap mA, mB, mC;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream);
+    if (e != cudaSuccess || skip) return (int)e;
+    {
+        PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+        if (encode == nullptr) return (int)cudaErrorNotSupported;
+        const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
+        const cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * sizeof(__nv_bfloat16)};
+        const cuuint32_t box[2] = {TRY_EPI_BOX_COLS, TRY_EPI_BOX_ROWS};
+        const cuuint32_t elem_strides[2] = {1, 1};
+        CUresult r = encode(&mC, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, static_cast<void*>(C), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) return (int)cudaErrorInvalidValue;
+    }
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws_try, TRY_SMEM_BYTES, smem_done, dev)) != cudaSuccess)
+        return (int)e;
+    static int sm_count[WG_MAX_DEVICES] = {};
+    int sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? sm_count[dev] : 0;
+    if (sms == 0) {
+        if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
+        if (dev >= 0 && dev < WG_MAX_DEVICES) sm_count[dev] = sms;
+    }
+    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
+    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
+    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+    matmul_wgmma_tma_ws_try<<<grid, WS_THREADS, TRY_SMEM_BYTES, stream>>>(mA, mB, mC, M, N, K);
     return (int)cudaGetLastError();
 }
