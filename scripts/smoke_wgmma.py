@@ -4,7 +4,7 @@ an H100/H200 where GPU time is scarce.
     python scripts/smoke_wgmma.py                    # both rungs + the experimental one: correctness, then timing
     python scripts/smoke_wgmma.py --rungs wgmma_tma_ws --no-timing
     python scripts/smoke_wgmma.py --rungs wgmma_tma_ws_cluster     # the experimental cluster kernel
-    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws,wgmma_tma_ws_try   # the TMA-store epilogue candidate
+    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws,wgmma_tma_ws_tma_store   # the two epilogues side by side
 
 Builds the source once (nvcc, sm_90a), then runs each rung in its own child process, one case at a
 time: first correctness at irregular shapes against a float64 matmul of the same bf16 inputs (the
@@ -27,13 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster", "wgmma_tma_ws_try")
+RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster", "wgmma_tma_ws_tma_store")
 # Launchers in matmul_wgmma.cu that are not (yet) rungs of matmul.py: registered in the child only,
 # as copies of wgmma_tma_ws's entry. wgmma_tma_ws_cluster: clusters of 2 CTAs, B multicast by TMA.
-# wgmma_tma_ws_try: the epilogue staged through shared memory and written by TMA stores (for N % 8 != 0
+# wgmma_tma_ws_tma_store: the epilogue staged through shared memory and written by TMA stores (for N % 8 != 0
 # its launcher runs wgmma_tma_ws instead: no C tensor map exists then).
-EXPERIMENTAL = {"wgmma_tma_ws_cluster": ("launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster"),
-                "wgmma_tma_ws_try": ("launch_matmul_wgmma_tma_ws_try", "matmul_wgmma_tma_ws_try")}
+EXPERIMENTAL = {}          # launcher name -> (launcher, kernel) of kernels not yet in matmul.RUNGS
 # (M, N, K): tiny, odd, tails in every dimension, exact tiles, more tiles than SMs, then the timed sizes.
 # N % 8 == 0 with partial tiles and boxes (17x40, 300x296, 1000x776, 2500x4000) exercises the TMA-store
 # epilogue's clipping; N % 8 != 0 (33, 130, 777) its fallback.
@@ -111,7 +110,7 @@ def child(rung: str, start: int, timing: bool, versus: str = "") -> int:
                        rel_l2_error=v.get("rel_l2_error"), max_abs_error=v.get("max_abs_error"),
                        nan_outputs=int(torch.isnan(out).sum()), bad_outputs=f"{nbad}/{m * n}",
                        first_bad=first_bad, worst_at=[worst // n, worst % n], reason=v.get("reason"),
-                       epilogue=(("tma" if n % 8 == 0 else "fallback") if rung == "wgmma_tma_ws_try" else None),
+                       epilogue=(("tma" if n % 8 == 0 else "fallback") if rung == "wgmma_tma_ws_tma_store" else None),
                        seconds=round(time.perf_counter() - t0, 3))
             else:
                 n = case["n"]

@@ -41,7 +41,13 @@ C = A @ B, row-major, any M, N, K. Each rung is its own kernel in `matmul.cu`:
   `setmaxnreg` down to 40 registers) keeps a 4-stage ring of 48 KB full while two consumer
   warpgroups (232 registers each) run m64n256k16 with one wgmma batch kept in flight, and store
   one tile while the producer already loads the next.
-- `wgmma_tma_ws_cluster`: the same in clusters of 2 CTAs along M, each loading its own A and
+- `wgmma_tma_ws_tma_store`: `wgmma_tma_ws` with a different epilogue. Instead of 4-byte stores
+  straight from registers (half-used sectors, 64 KB per tile, tensor cores idle meanwhile), each
+  consumer warp converts its 16 x 256 slice to bf16 into a private, 128B-swizzled 4 KB of shared
+  memory (two 16 x 64 boxes, alternating) and lane 0 hands each box to a TMA store, which clips at
+  the matrix edge and completes in the background while the warp starts the next tile's wgmma.
+  N % 8 != 0 (rows not 16-byte aligned) falls back to the register epilogue.
+- `wgmma_tma_ws_cluster`: `wgmma_tma_ws` in clusters of 2 CTAs along M, each loading its own A and
   multicasting half of B to both (TMA multicast), which cuts L2-to-SM traffic per k-tile from 48
   to 32 KB. Kept as a rung because the measurement says whether clusters pay here.
 
@@ -88,6 +94,7 @@ class Rung:
     min_capability: tuple = (8, 0)  # the oldest GPU it runs on
     arch_specific: bool = False    # built for sm_90a: runs on compute capability 9.0 only
     test_only: bool = False        # deliberately wrong kernels, for the checker's own tests
+    base: str | None = None        # the rung it modifies, when that is not the rung listed before it
 
     @property
     def precision(self) -> str:
@@ -130,10 +137,14 @@ RUNGS = {
     "wgmma_tma_ws": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws", "matmul_wgmma_tma_ws", BF16, BF16,
                          "cublas_bf16_nt", b_layout="col", k_multiple=8, min_capability=(9, 0),
                          arch_specific=True),
-    # The same with clusters of 2 CTAs sharing B through TMA multicast: measured, it does not pay here.
+    # The same with the epilogue through shared memory and TMA stores, off the tensor cores' path.
+    "wgmma_tma_ws_tma_store": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_tma_store",
+                                   "matmul_wgmma_tma_ws_tma_store", BF16, BF16, "cublas_bf16_nt", b_layout="col",
+                                   k_multiple=8, min_capability=(9, 0), arch_specific=True),
+    # wgmma_tma_ws with clusters of 2 CTAs sharing B through TMA multicast: measured, it does not pay here.
     "wgmma_tma_ws_cluster": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_cluster", "matmul_wgmma_tma_ws_cluster",
                                  BF16, BF16, "cublas_bf16_nt", b_layout="col", k_multiple=8, min_capability=(9, 0),
-                                 arch_specific=True),
+                                 arch_specific=True, base="wgmma_tma_ws"),
     # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
     "broken_skip_k_tail": Rung("matmul.cu", "launch_matmul_tiled_skip_k_tail", "matmul_tiled", F32, F32,
                                "cublas_fp32", test_only=True),

@@ -14,7 +14,7 @@
 //                 232 registers), each m64n256k16 on 64 rows of the tile, keeping one wgmma batch
 //                 in flight. 4 stages x 48 KB of shared memory; no clusters.
 //   (experimental, not rungs: wgmma_tma_ws_cluster, B multicast to clusters of 2 CTAs; and
-//   wgmma_tma_ws_try, the same as wgmma_tma_ws with its epilogue staged through shared memory and
+//   wgmma_tma_ws_tma_store, the same as wgmma_tma_ws with its epilogue staged through shared memory and
 //   written by TMA stores.)
 //
 // Each launcher returns the cudaError_t of cudaGetLastError() after its launch, or
@@ -625,7 +625,7 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
 }
 
 // ---------------------------------------------------------------------------------------------
-// Experimental, not a rung yet (launcher launch_matmul_wgmma_tma_ws_try): wgmma_tma_ws with the
+// Rung wgmma_tma_ws_tma_store (launcher launch_matmul_wgmma_tma_ws_tma_store): wgmma_tma_ws with the
 // epilogue staged through shared memory and written by TMA stores. Mainloop, producer, ring and
 // its barrier protocol are wgmma_tma_ws's, unchanged. What differs is the epilogue:
 //   wgmma_tma_ws stores each thread's accumulators straight from registers, 4 bytes at a time
@@ -656,7 +656,7 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
 #define TRY_EPI_BUF_BYTES (TRY_EPI_BOX_COLS * 2 * TRY_EPI_BOX_ROWS) // 2048
 #define TRY_EPI_WARP_BYTES (2 * TRY_EPI_BUF_BYTES)                  // 4096: double-buffered
 #define TRY_EPI_BYTES (8 * TRY_EPI_WARP_BYTES)                      // 32768: 8 consumer warps
-#define TRY_SMEM_BYTES (1024 + WS_STAGES * WS_STAGE_BYTES + TRY_EPI_BYTES + 2 * WS_STAGES * 8)   // 230464
+#define TMA_STORE_SMEM_BYTES (1024 + WS_STAGES * WS_STAGE_BYTES + TRY_EPI_BYTES + 2 * WS_STAGES * 8)   // 230464
 
 // C (global, through the tensor map) <- the box at (c0 = column, c1 = row) from shared memory.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
@@ -679,7 +679,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-matmul_wgmma_tma_ws_try(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+matmul_wgmma_tma_ws_tma_store(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                         const __grid_constant__ CUtensorMap tmC, int M, int N, int K) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -946,7 +946,7 @@ extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const 
 // N * 2 bytes (a multiple of 16: N % 8 == 0), boxes of 64 columns x 16 rows, 128-byte swizzle (the
 // layout the epilogue writes). When N % 8 != 0 or C is not 16-byte aligned no such map exists and
 // this launches wgmma_tma_ws instead (same mainloop, register epilogue).
-extern "C" int launch_matmul_wgmma_tma_ws_try(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+extern "C" int launch_matmul_wgmma_tma_ws_tma_store(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                               int M, int N, int K, cudaStream_t stream) {
     if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0)
         return launch_matmul_wgmma_tma_ws(A, B, C, M, N, K, stream);
@@ -970,7 +970,7 @@ extern "C" int launch_matmul_wgmma_tma_ws_try(const __nv_bfloat16* A, const __nv
     int dev = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
     static bool smem_done[WG_MAX_DEVICES] = {};
-    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws_try, TRY_SMEM_BYTES, smem_done, dev)) != cudaSuccess)
+    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws_tma_store, TMA_STORE_SMEM_BYTES, smem_done, dev)) != cudaSuccess)
         return (int)e;
     static int sm_count[WG_MAX_DEVICES] = {};
     int sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? sm_count[dev] : 0;
@@ -981,6 +981,6 @@ extern "C" int launch_matmul_wgmma_tma_ws_try(const __nv_bfloat16* A, const __nv
     const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
     if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
     const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    matmul_wgmma_tma_ws_try<<<grid, WS_THREADS, TRY_SMEM_BYTES, stream>>>(mA, mB, mC, M, N, K);
+    matmul_wgmma_tma_ws_tma_store<<<grid, WS_THREADS, TMA_STORE_SMEM_BYTES, stream>>>(mA, mB, mC, M, N, K);
     return (int)cudaGetLastError();
 }

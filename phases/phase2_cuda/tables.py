@@ -37,7 +37,7 @@ def t_matmul(v: View) -> str:
 def t_ladder(v: View) -> str:
     """What each rung bought: at the largest N every rung ran, TFLOP/s, the factor over the rung
     before it (same dtype) and the share of cuBLAS, per GPU."""
-    from .matmul import VARIANTS
+    from .matmul import RUNGS, VARIANTS
     sub = latest(v.df, "phase2.matmul")
     if not len(sub):
         return NO_RECORDS.format(ex="phase2.matmul")
@@ -55,9 +55,11 @@ def t_ladder(v: View) -> str:
                 continue
             r = at.loc[variant]
             dtype = r["params.dtype"]
-            before = previous.get(dtype)
+            base = RUNGS[variant].base
+            before = (base, at.loc[base]["metrics.tflops"]) if base in at.index else previous.get(dtype)
             gain = f"{r['metrics.tflops'] / before[1]:.2f}x over {before[0]}" if before else "(first rung)"
-            previous[dtype] = (variant, r["metrics.tflops"])
+            if not base:                           # a side branch does not become the next rung's base
+                previous[dtype] = (variant, r["metrics.tflops"])
             lib = g(r, "metrics.library")
             rows.append([r["hardware_name"], num(n), variant, dtype, num(r["metrics.tflops"]), gain,
                          f"{pct(g(r, 'metrics.pct_of_library'))} of {lib}" if lib else "-"])
