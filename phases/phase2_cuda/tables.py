@@ -35,8 +35,8 @@ def t_matmul(v: View) -> str:
 
 
 def t_ladder(v: View) -> str:
-    """What each rung bought: at the largest N every rung ran, TFLOP/s, the factor over the rung
-    before it (same dtype) and the share of cuBLAS, per GPU."""
+    """What each rung bought: at the two largest N every rung ran, TFLOP/s, the factor over the
+    rung it builds on (same dtype) and the share of cuBLAS, per GPU."""
     from .matmul import RUNGS, VARIANTS
     sub = latest(v.df, "phase2.matmul")
     if not len(sub):
@@ -47,23 +47,28 @@ def t_ladder(v: View) -> str:
         if not len(mine):
             continue
         counts = mine.groupby("params.n")["variant"].nunique()
-        n = counts[counts == counts.max()].index.max()
-        at = mine[mine["params.n"] == n].set_index("variant")
-        previous = {}
-        for variant in VARIANTS:
-            if variant not in at.index:
-                continue
-            r = at.loc[variant]
-            dtype = r["params.dtype"]
-            base = RUNGS[variant].base
-            before = (base, at.loc[base]["metrics.tflops"]) if base in at.index else previous.get(dtype)
-            gain = f"{r['metrics.tflops'] / before[1]:.2f}x over {before[0]}" if before else "(first rung)"
-            if not base:                           # a side branch does not become the next rung's base
-                previous[dtype] = (variant, r["metrics.tflops"])
-            lib = g(r, "metrics.library")
-            rows.append([r["hardware_name"], num(n), variant, dtype, num(r["metrics.tflops"]), gain,
-                         f"{pct(g(r, 'metrics.pct_of_library'))} of {lib}" if lib else "-"])
+        for n in sorted(counts[counts == counts.max()].index)[-2:]:     # the two largest complete sizes
+            rows += _ladder_rows(mine[mine["params.n"] == n].set_index("variant"), n, RUNGS, VARIANTS)
     return markdown(rows, ["hardware", "N", "rung", "dtype", "TFLOP/s", "what it bought", "% of cuBLAS (same run)"])
+
+
+def _ladder_rows(at, n, RUNGS, VARIANTS) -> list:
+    """One size's rungs in ladder order, each against the rung it builds on (same dtype)."""
+    rows, previous = [], {}
+    for variant in VARIANTS:
+        if variant not in at.index:
+            continue
+        r = at.loc[variant]
+        dtype = r["params.dtype"]
+        base = RUNGS[variant].base
+        before = (base, at.loc[base]["metrics.tflops"]) if base in at.index else previous.get(dtype)
+        gain = f"{r['metrics.tflops'] / before[1]:.2f}x over {before[0]}" if before else "(first rung)"
+        if not base:                           # a side branch does not become the next rung's base
+            previous[dtype] = (variant, r["metrics.tflops"])
+        lib = g(r, "metrics.library")
+        rows.append([r["hardware_name"], num(n), variant, dtype, num(r["metrics.tflops"]), gain,
+                     f"{pct(g(r, 'metrics.pct_of_library'))} of {lib}" if lib else "-"])
+    return rows
 
 
 def t_softmax(v: View) -> str:
