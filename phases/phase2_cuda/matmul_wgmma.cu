@@ -348,6 +348,69 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
 #define WS_SMEM_BYTES (1024 + WS_STAGES * WS_STAGE_BYTES + 2 * WS_STAGES * 8)   // 197696
 #define WS_GROUP_M 16
 
+// The pieces wgmma_tma_ws and wgmma_tma_ws_tma_store share: the barrier set-up, the producer and
+// the consumers' mainloop for one tile. Only their epilogues differ.
+__device__ __forceinline__ void ws_init_barriers(uint32_t full0, uint32_t empty0) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);          // the producer's arrive.expect_tx
+            mbar_init(empty0 + 8 * s, 8);         // lane 0 of each of the 8 consumer warps
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();                              // the barriers exist before anyone waits on them
+}
+
+// Producer (one thread): for every tile this CTA owns, every k-tile of A and B into the ring.
+__device__ __forceinline__ void ws_produce(const CUtensorMap* tmA, const CUtensorMap* tmB, uint32_t base,
+                                           uint32_t full0, uint32_t empty0, int tiles_m, int tiles_n,
+                                           int num_tiles, int KT) {
+    tma_prefetch_map(tmA);
+    tma_prefetch_map(tmB);
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+        for (int kt = 0; kt < KT; ++kt) {
+            const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
+            mbar_wait(empty0 + 8 * s, phase ^ 1);          // consumers released this stage
+            mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
+            tma_load_2d(sa, tmA, bar, kt * WG_BK, tm * WS_BM);
+            tma_load_2d(sa + WS_A_BYTES, tmB, bar, kt * WG_BK, tn * WS_BN);
+            if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+        }
+    }
+}
+
+// Consumer warpgroup cw, one tile: all k-tiles into acc, one wgmma batch kept in flight, each stage
+// released as soon as the batch reading it is done. (s, phase) carry the ring position across tiles.
+__device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base, uint32_t full0, uint32_t empty0,
+                                                int cw, int lane, int KT, int& s, uint32_t& phase) {
+    int prev = 0;
+    for (int kt = 0; kt < KT; ++kt) {
+        const uint32_t sa = base + s * WS_STAGE_BYTES;
+        mbar_wait(full0 + 8 * s, phase);          // TMA has landed this stage
+        __syncwarp();
+        wgmma_fence();
+        const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
+        const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
+#pragma unroll
+        for (int k = 0; k < WG_BK / 16; ++k)
+            wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+        wgmma_commit();
+        if (kt > 0) {
+            wgmma_wait<1>();                      // the previous stage's batch is done
+            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+        }
+        prev = s;
+        if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+    fence_accumulators(acc);
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                     __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
@@ -361,37 +424,12 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     const int tiles_m = cdiv(M, WS_BM), tiles_n = cdiv(N, WS_BN);
     const int num_tiles = tiles_m * tiles_n;
     const int KT = cdiv(K, WG_BK);
-
-    if (tid == 0) {
-        for (int s = 0; s < WS_STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 8);
-        }
-        fence_barrier_init();
-    }
-    __syncthreads();
+    ws_init_barriers(full0, empty0);
 
     if (wg == 0) {
         // Producer warpgroup: give registers back, one thread issues every copy.
         setmaxnreg_dec40();
-        if (tid == 0) {
-            tma_prefetch_map(&tmA);
-            tma_prefetch_map(&tmB);
-            int s = 0;
-            uint32_t phase = 0;
-            for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-                int tm, tn;
-                tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-                for (int kt = 0; kt < KT; ++kt) {
-                    const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
-                    mbar_wait(empty0 + 8 * s, phase ^ 1);
-                    mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
-                    tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * WS_BM);
-                    tma_load_2d(sa + WS_A_BYTES, &tmB, bar, kt * WG_BK, tn * WS_BN);
-                    if (++s == WS_STAGES) { s = 0; phase ^= 1; }
-                }
-            }
-        }
+        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT);
     } else {
         setmaxnreg_inc232();
         const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
@@ -403,28 +441,7 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
             int tm, tn;
             tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            int prev = 0;
-            for (int kt = 0; kt < KT; ++kt) {
-                const uint32_t sa = base + s * WS_STAGE_BYTES;
-                mbar_wait(full0 + 8 * s, phase);
-                __syncwarp();
-                wgmma_fence();
-                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
-                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
-#pragma unroll
-                for (int k = 0; k < WG_BK / 16; ++k)
-                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
-                wgmma_commit();
-                if (kt > 0) {
-                    wgmma_wait<1>();              // the previous stage's batch is done
-                    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
-                }
-                prev = s;
-                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
-            }
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
-            fence_accumulators(acc);
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
@@ -692,37 +709,12 @@ matmul_wgmma_tma_ws_tma_store(const __grid_constant__ CUtensorMap tmA, const __g
     const int tiles_m = cdiv(M, WS_BM), tiles_n = cdiv(N, WS_BN);
     const int num_tiles = tiles_m * tiles_n;
     const int KT = cdiv(K, WG_BK);
-
-    if (tid == 0) {
-        for (int s = 0; s < WS_STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);          // the producer's arrive.expect_tx
-            mbar_init(empty0 + 8 * s, 8);         // lane 0 of each of the 8 consumer warps
-        }
-        fence_barrier_init();
-    }
-    __syncthreads();                              // the barriers exist before anyone waits on them
+    ws_init_barriers(full0, empty0);
 
     if (wg == 0) {
         // Producer warpgroup: exactly wgmma_tma_ws's.
         setmaxnreg_dec40();
-        if (tid == 0) {
-            tma_prefetch_map(&tmA);
-            tma_prefetch_map(&tmB);
-            int s = 0;
-            uint32_t phase = 0;
-            for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-                int tm, tn;
-                tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-                for (int kt = 0; kt < KT; ++kt) {
-                    const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
-                    mbar_wait(empty0 + 8 * s, phase ^ 1);          // consumers released this stage
-                    mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
-                    tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * WS_BM);
-                    tma_load_2d(sa + WS_A_BYTES, &tmB, bar, kt * WG_BK, tn * WS_BN);
-                    if (++s == WS_STAGES) { s = 0; phase ^= 1; }
-                }
-            }
-        }
+        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT);
     } else {
         setmaxnreg_inc232();
         const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
@@ -736,28 +728,7 @@ matmul_wgmma_tma_ws_tma_store(const __grid_constant__ CUtensorMap tmA, const __g
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
             int tm, tn;
             tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            int prev = 0;
-            for (int kt = 0; kt < KT; ++kt) {
-                const uint32_t sa = base + s * WS_STAGE_BYTES;
-                mbar_wait(full0 + 8 * s, phase);  // TMA has landed this stage
-                __syncwarp();
-                wgmma_fence();
-                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
-                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
-#pragma unroll
-                for (int k = 0; k < WG_BK / 16; ++k)
-                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
-                wgmma_commit();
-                if (kt > 0) {
-                    wgmma_wait<1>();              // the previous stage's batch is done
-                    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
-                }
-                prev = s;
-                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
-            }
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
-            fence_accumulators(acc);
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
 
             // Epilogue through shared memory (see above). Thread (g = lane / 4, q = lane % 4) holds,
             // for 8-column chunk j, columns 8j + 2q, 8j + 2q + 1 of warp rows g (acc[4j], acc[4j+1])
