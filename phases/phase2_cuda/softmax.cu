@@ -231,6 +231,41 @@ __device__ __forceinline__ void warp_combine(float& m, float& s) {
 
 __device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
+// The combine rule over a block: warp shuffles, then each warp's pair through shared memory and
+// one more warp combine in every warp (the same shape as block_max and block_sum).
+template <int WARPS>
+__device__ __forceinline__ void block_combine(float& m, float& s, float* red_m, float* red_s) {
+    warp_combine(m, s);
+    if constexpr (WARPS == 1) return;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) {
+        red_m[threadIdx.x / 32] = m;
+        red_s[threadIdx.x / 32] = s;
+    }
+    __syncthreads();
+    m = lane < WARPS ? red_m[lane] : -INFINITY;
+    s = lane < WARPS ? red_s[lane] : 0.f;
+    warp_combine(m, s);
+}
+
+// A block's slice in registers -> its max m (over the whole block) and, in place, exp2(v - m),
+// whose block-wide sum is returned in s. Two reductions, each with its own shared array.
+template <int WARPS, int E>
+__device__ __forceinline__ void block_max_exp2_sum(float (&v)[E], float* red_max, float* red_sum, float& m, float& s) {
+    m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
+    m = block_max<WARPS>(m, red_max);
+    const float ref = finite_or_zero(m);            // an all-padding block: m = -inf, s = 0
+    s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        v[i] = ex2(v[i] - ref);
+        s += v[i];
+    }
+    s = block_sum<WARPS>(s, red_sum);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Warp kernels: a group of LANES lanes per row, E values per lane (C = LANES * E >= cols), 32/LANES
 // rows per warp, WARP_KERNEL_WARPS warps per block. LANES = 32 is the seed's one warp per row.
@@ -279,18 +314,8 @@ __device__ __forceinline__ void block_row(const void* xv, void* yv, int rows, in
     const size_t base = (size_t)blockIdx.x * cols;
     float v[E];
     load_slice<Ty, PACK, ITERS>(static_cast<const S*>(xv) + base, threadIdx.x, THREADS, cols, vec, v);
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
-    m = block_max<WARPS>(m, red_max);
-    const float ref = finite_or_zero(m);
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-        v[i] = ex2(v[i] - ref);
-        s += v[i];
-    }
-    s = block_sum<WARPS>(s, red_sum);
+    float m, s;
+    block_max_exp2_sum<WARPS>(v, red_max, red_sum, m, s);
     store_slice<Ty, PACK, ITERS>(static_cast<S*>(yv) + base, threadIdx.x, THREADS, cols, vec, v, 1.f / s);
 }
 
@@ -317,18 +342,9 @@ __device__ __forceinline__ void cluster_row(const void* xv, void* yv, int rows, 
     const int limit = cols - rank * CHUNK;          // <= 0: a CTA past the end of a short row
     float v[E];
     load_slice<Ty, PACK, ITERS>(static_cast<const S*>(xv) + base, threadIdx.x, THREADS, limit, vec, v);
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
-    m = block_max<WARPS>(m, red_max);
-    const float ref = finite_or_zero(m);            // an all-padding CTA: m = -inf, s = 0
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-        v[i] = ex2(v[i] - ref);
-        s += v[i];
-    }
-    s = block_sum<WARPS>(s, red_sum);
+    float m, s;                                     // an all-padding CTA: m = -inf, s = 0
+    block_max_exp2_sum<WARPS>(v, red_max, red_sum, m, s);
+    const float ref = finite_or_zero(m);
     if (threadIdx.x == 0) cta_pair = make_float2(m, s);
     cluster.sync();                                 // release/acquire: every CTA's pair is visible
     const int lane = threadIdx.x % 32;
@@ -378,18 +394,7 @@ __device__ __forceinline__ void online_row(const void* xv, void* yv, int rows, i
         s = s * ex2(m - ref) + add;                 // m = -inf (nothing seen yet): 0 * 0
         m = new_m;
     }
-    warp_combine(m, s);
-    if constexpr (WARPS > 1) {
-        const int lane = threadIdx.x % 32;
-        if (lane == 0) {
-            red_m[threadIdx.x / 32] = m;
-            red_s[threadIdx.x / 32] = s;
-        }
-        __syncthreads();
-        m = lane < WARPS ? red_m[lane] : -INFINITY;
-        s = lane < WARPS ? red_s[lane] : 0.f;
-        warp_combine(m, s);
-    }
+    block_combine<WARPS>(m, s, red_m, red_s);
     const float ref = finite_or_zero(m), inv = 1.f / s;
     const int tiles = cols / TILE + (cols % TILE != 0);
     for (int tile = tiles - 1; tile >= 0; --tile) {
@@ -545,16 +550,8 @@ __device__ __forceinline__ void smem_row(const void* xv, void* yv, int rows, int
         s = s * ex2(m - ref) + add;                 // m = -inf (nothing yet): 0 * 0
         m = new_m;
     }
-    warp_combine(m, s);
+    block_combine<WARPS>(m, s, red_m, red_s);
     const int lane = threadIdx.x % 32;
-    if (lane == 0) {
-        red_m[threadIdx.x / 32] = m;
-        red_s[threadIdx.x / 32] = s;
-    }
-    __syncthreads();
-    m = lane < WARPS ? red_m[lane] : -INFINITY;
-    s = lane < WARPS ? red_s[lane] : 0.f;
-    warp_combine(m, s);
 #if __CUDA_ARCH__ >= 900
     if constexpr (CLUSTER) {
         __shared__ float2 cta_pair;
