@@ -51,3 +51,16 @@ def profile(target_module: str, args: list[str], metrics: tuple[str, ...], timeo
         msg = next((ln for ln in reversed(tail) if "ERR" in ln or "rror" in ln), tail[-1] if tail else "no output")
         raise LabError(f"ncu could not profile {what}: {msg.strip()[:200]}")
     return kernels
+
+
+def profiled_once(op) -> None:
+    """For a target program: run `op` once unprofiled (compilation, module loading, library set-up),
+    then once between cudaProfilerStart/Stop, the region `command()` asks ncu to profile."""
+    import torch
+
+    op()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    op()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()

@@ -10,6 +10,8 @@ import sys
 
 import torch
 
+from common import ncu
+
 
 def main(kind: str, n: int) -> None:
     dev = torch.device("cuda")
@@ -24,12 +26,7 @@ def main(kind: str, n: int) -> None:
         op = lambda: torch.matmul(a, b, out=c)  # noqa: E731
     else:
         raise SystemExit(f"unknown kernel '{kind}'")
-    op()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    op()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    ncu.profiled_once(op)
 
 
 if __name__ == "__main__":

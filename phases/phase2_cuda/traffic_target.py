@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from common import ncu
+
 from . import matmul, vector_add
 
 
@@ -26,12 +28,7 @@ def main(kind: str, n: int) -> None:
         op = lambda: matmul.matmul(a, b, kind, c)  # noqa: E731
     else:
         raise SystemExit(f"unknown kernel '{kind}'")
-    op()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    op()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    ncu.profiled_once(op)
 
 
 if __name__ == "__main__":
