@@ -20,7 +20,6 @@ dies the parent reports the case and resumes in a fresh child at the next one.
 import argparse
 import ctypes
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,13 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from isolated_cases import report, run_in_children  # noqa: E402  (scripts/ is on the path)
+
 RUNGS = ("mma_bf16", "mma_bf16_pipelined")
 # (M, N, K, offset): offset 1 = A, B and C are views starting one element into their storage.
 CHECKS = [(1, 1, 1, 0), (17, 33, 9, 0), (65, 130, 31, 0), (1000, 777, 555, 0), (64, 64, 64, 1),  # scalar path
           (128, 256, 64, 0), (130, 264, 200, 0), (1000, 776, 552, 0), (300, 8, 1032, 0),          # cp.async path
           (1000, 776, 552, 1), (2048, 2048, 2048, 0)]
 TIMED = [(4096, 10), (8192, 5)]
-TAG = "@@case "
 CHILD_TIMEOUT_S = 90
 
 
@@ -56,9 +56,6 @@ def child(start: int, timing: bool) -> int:
 
     dev = torch.device("cuda")
     todo = cases(timing)
-
-    def report(i, **kw):
-        print(TAG + json.dumps({"i": i, **kw}), flush=True)
 
     def lib_and_build():
         lib, b = build.load("matmul_mma.cu", mm.signatures("matmul_mma.cu"))
@@ -169,6 +166,24 @@ def describe(case: dict) -> str:
     return f"time  n={case['n']}"
 
 
+def show(case: dict, status: str, r: dict) -> None:
+    head = f"[{status:5s}] {describe(case)}"
+    if case["kind"] == "check" and "rel" in r:
+        rel = r["rel"]
+        print(f"{head:<70s} rel err {rel:.2e}" if rel is not None else head,
+              ("" if status == "ok" else f"  {r.get('reason')}"))
+    elif case["kind"] == "time" and "rows" in r:
+        print(f"{head}  (timed output rel err vs fp32 matmul {r['rel_vs_fp32_matmul']:.1e})")
+        for name, row in r["rows"].items():
+            if "error" in row:
+                print(f"    {name:<30s} ERROR {row['error']}")
+            else:
+                pct = f"{row['pct_of_cublas']:5.1f}% of cuBLAS" if row["pct_of_cublas"] else ""
+                print(f"    {name:<30s} {row['ms']:9.3f} ms  {row['tflops']:7.1f} TFLOP/s  {pct}")
+    else:
+        print(head, json.dumps(r))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-timing", action="store_true")
@@ -183,56 +198,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU; none is visible on this machine")
         return 2
-    todo, i, failures, t_all = cases(timing), 0, 0, time.perf_counter()
-    while i < len(todo):
-        cmd = [sys.executable, __file__, "--child", "--start", str(i)] + (["--no-timing"] if not timing else [])
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
-            out, rc = proc.stdout, proc.returncode
-            err = proc.stderr
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            rc, err = "timeout", ""
-        last_started, done = None, set()
-        for line in out.splitlines():
-            if not line.startswith(TAG):
-                continue
-            r = json.loads(line[len(TAG):])
-            j = r.pop("i")
-            if r["status"] == "started":
-                last_started = j
-                continue
-            done.add(j)
-            status = r.pop("status")
-            failures += status != "ok"
-            head = f"[{status:5s}] {describe(todo[j])}"
-            if todo[j]["kind"] == "check" and "rel" in r:
-                rel = r["rel"]
-                print(f"{head:<70s} rel err {rel:.2e}" if rel is not None else head,
-                      ("" if status == "ok" else f"  {r.get('reason')}"))
-            elif todo[j]["kind"] == "time" and "rows" in r:
-                print(f"{head}  (timed output rel err vs fp32 matmul {r['rel_vs_fp32_matmul']:.1e})")
-                for name, row in r["rows"].items():
-                    if "error" in row:
-                        print(f"    {name:<30s} ERROR {row['error']}")
-                    else:
-                        pct = f"{row['pct_of_cublas']:5.1f}% of cuBLAS" if row["pct_of_cublas"] else ""
-                        print(f"    {name:<30s} {row['ms']:9.3f} ms  {row['tflops']:7.1f} TFLOP/s  {pct}")
-            else:
-                print(head, json.dumps(r))
-        if last_started is not None and last_started not in done:      # died inside a case
-            failures += 1
-            tail = " | ".join(err.strip().splitlines()[-3:])
-            print(f"[DIED ] {describe(todo[last_started])}: child exit {rc}; {tail}"[:400])
-            i = last_started + 1
-        elif rc != 0 and done:                      # stopped after reporting a case's error
-            i = max(done) + 1
-        elif rc != 0:
-            failures += 1
-            print(f"[DIED ] child exit {rc} before any case: {err.strip()[-400:]}")
-            break
-        else:
-            i = len(todo)
+    todo, t_all = cases(timing), time.perf_counter()
+    failures = run_in_children(
+        todo, lambda i: [sys.executable, __file__, "--child", "--start", str(i)] + (["--no-timing"] if not timing else []),
+        CHILD_TIMEOUT_S, show, describe)
     print(f"{'all ok' if not failures else f'{failures} case(s) failed'} in {time.perf_counter() - t_all:.0f} s")
     return 1 if failures else 0
 

@@ -20,13 +20,14 @@ dies the parent reports the case and resumes in a fresh child at the next one.
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from isolated_cases import report, run_in_children  # noqa: E402  (scripts/ is on the path)
 
 RUNGS = ("naive", "tiled", "regblock_1d", "coalesced_regblock", "warptiled_1stage", "warptiled")
 # (M, N, K, offset): offset 1 = A, B and C are views starting one element into their storage.
@@ -36,7 +37,6 @@ CHECKS = [(1, 1, 1, 0), (17, 33, 9, 0), (65, 130, 31, 0), (1000, 777, 555, 0), (
 NAIVE_MAX = 1000 * 1000 * 1000            # naive only where M * N * K is at most this
 TIMED = [(4096, 10), (8192, 3)]
 NOT_TIMED = {"naive"}
-TAG = "@@case "
 CHILD_TIMEOUT_S = 120
 
 
@@ -61,9 +61,6 @@ def child(rungs: tuple, start: int, timing: bool) -> int:
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     todo = cases(rungs, timing)
-
-    def report(i, **kw):
-        print(TAG + json.dumps({"i": i, **kw}), flush=True)
 
     def view(t: torch.Tensor, offset: int) -> torch.Tensor:
         """The same values, stored `offset` elements into a fresh buffer (contiguous view)."""
@@ -202,42 +199,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU; none is visible on this machine")
         return 2
-    todo, i, failures, t_all = cases(rungs, timing), 0, 0, time.perf_counter()
-    while i < len(todo):
-        cmd = [sys.executable, __file__, "--child", "--start", str(i), "--rungs", ",".join(rungs)]
-        cmd += ["--no-timing"] if not timing else []
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
-            out, rc, err = proc.stdout, proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            rc, err = "timeout", ""
-        last_started, done = None, set()
-        for line in out.splitlines():
-            if not line.startswith(TAG):
-                continue
-            r = json.loads(line[len(TAG):])
-            j = r.pop("i")
-            if r["status"] == "started":
-                last_started = j
-                continue
-            done.add(j)
-            status = r.pop("status")
-            failures += status != "ok"
-            print_result(todo[j], status, r)
-        if last_started is not None and last_started not in done:      # died inside a case
-            failures += 1
-            tail = " | ".join(err.strip().splitlines()[-3:])
-            print(f"[DIED ] {describe(todo[last_started])}: child exit {rc}; {tail}"[:400])
-            i = last_started + 1
-        elif rc != 0 and done:                      # stopped after reporting a case's error
-            i = max(done) + 1
-        elif rc != 0:
-            failures += 1
-            print(f"[DIED ] child exit {rc} before any case: {err.strip()[-400:]}")
-            break
-        else:
-            i = len(todo)
+    todo, t_all = cases(rungs, timing), time.perf_counter()
+    failures = run_in_children(
+        todo, lambda i: [sys.executable, __file__, "--child", "--start", str(i), "--rungs", ",".join(rungs)]
+        + (["--no-timing"] if not timing else []), CHILD_TIMEOUT_S, print_result, describe)
     print(f"{'all ok' if not failures else f'{failures} case(s) failed'} in {time.perf_counter() - t_all:.0f} s")
     return 1 if failures else 0
 

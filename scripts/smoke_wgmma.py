@@ -1,25 +1,21 @@
 """GPU smoke test for the Hopper wgmma rungs (phases/phase2_cuda/matmul_wgmma.cu), for a first run on
 an H100/H200 where GPU time is scarce.
 
-    python scripts/smoke_wgmma.py                    # both rungs + the experimental one: correctness, then timing
+    python scripts/smoke_wgmma.py                    # every wgmma rung: correctness, then timing
     python scripts/smoke_wgmma.py --rungs wgmma_tma_ws --no-timing
-    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws_cluster     # the experimental cluster kernel
-    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws,wgmma_tma_ws_tma_store   # the two epilogues side by side
+    python scripts/smoke_wgmma.py --rungs wgmma_tma_ws_tma_store --versus wgmma_tma_ws   # the two epilogues, same rounds
 
 Builds the source once (nvcc, sm_90a), then runs each rung in its own child process, one case at a
 time: first correctness at irregular shapes against a float64 matmul of the same bf16 inputs (the
 relative error is printed), then timing at 4096^3 and 8192^3 against torch.matmul(a, b_col) (cuBLAS
 with B column-major, the storage the rungs read) with CUDA events, in interleaved rounds (each round
 times every contender once, in rotating order; the median round counts), so clock drift hits all
-alike. An experimental rung is also timed against --versus (default wgmma_tma_ws) in the same rounds.
+alike. With --versus, each rung is also timed against that rung in the same rounds.
 A kernel fault poisons the CUDA context of its process, and a hung kernel would hold it forever (the kernels trap after a 4 s
 barrier wait, and each child has a time limit), so when a child dies the parent reports the case it
 was on and starts a fresh child at the next case: one failure never hides the others.
 """
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,19 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from isolated_cases import report, run_in_children  # noqa: E402  (scripts/ is on the path)
+
 RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster", "wgmma_tma_ws_tma_store")
-# Launchers in matmul_wgmma.cu that are not (yet) rungs of matmul.py: registered in the child only,
-# as copies of wgmma_tma_ws's entry. wgmma_tma_ws_cluster: clusters of 2 CTAs, B multicast by TMA.
-# wgmma_tma_ws_tma_store: the epilogue staged through shared memory and written by TMA stores (for N % 8 != 0
-# its launcher runs wgmma_tma_ws instead: no C tensor map exists then).
-EXPERIMENTAL = {}          # launcher name -> (launcher, kernel) of kernels not yet in matmul.RUNGS
 # (M, N, K): tiny, odd, tails in every dimension, exact tiles, more tiles than SMs, then the timed sizes.
 # N % 8 == 0 with partial tiles and boxes (17x40, 300x296, 1000x776, 2500x4000) exercises the TMA-store
 # epilogue's clipping; N % 8 != 0 (33, 130, 777) its fallback.
 CHECKS = [(1, 1, 8), (17, 33, 8), (17, 40, 64), (65, 130, 24), (128, 256, 64), (300, 296, 200), (1000, 776, 552),
           (1000, 777, 552), (2500, 4000, 136), (4096, 4096, 4096), (8192, 8192, 8192)]
 TIMED = [4096, 8192]
-TAG = "@@case "
 CHILD_TIMEOUT_S = 60
 ROUNDS = 7                      # interleaved timing rounds
 
@@ -60,19 +52,12 @@ def child(rung: str, start: int, timing: bool, versus: str = "") -> int:
     from phases.phase2_cuda import matmul as mm
 
     dev = torch.device("cuda")
-    if rung not in mm.RUNGS and rung in EXPERIMENTAL:
-        import dataclasses
-        launcher_name, kernel = EXPERIMENTAL[rung]
-        mm.RUNGS[rung] = dataclasses.replace(mm.RUNGS["wgmma_tma_ws"], launcher=launcher_name, kernel=kernel)
     lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
     launcher = getattr(lib, mm.RUNGS[rung].launcher)
-    # An experimental rung is timed against `versus` (a rung of matmul.py) as well as cuBLAS.
-    ref_name = versus if (rung in EXPERIMENTAL and versus and versus != rung and versus in mm.RUNGS) else ""
+    # With --versus, the rung is also timed against that rung (as well as cuBLAS), in the same rounds.
+    ref_name = versus if (versus and versus != rung and versus in mm.RUNGS) else ""
     ref_launcher = getattr(lib, mm.RUNGS[ref_name].launcher) if ref_name else None
     todo = cases(timing)
-
-    def report(i, **kw):
-        print(TAG + json.dumps({"i": i, **kw}), flush=True)
 
     def context_alive() -> bool:
         try:
@@ -181,12 +166,15 @@ def describe(case: dict) -> str:
     return "check %s" % "x".join(map(str, case["shape"])) if case["kind"] == "check" else f"time {case['n']}^3"
 
 
+def show(case: dict, status: str, r: dict) -> None:
+    print(f"  [{status:>6}] {describe(case):<24} " + ", ".join(f"{k}={v}" for k, v in r.items() if v is not None))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rungs", default=",".join(RUNGS))
     p.add_argument("--no-timing", action="store_true")
-    p.add_argument("--versus", default="wgmma_tma_ws",
-                   help="rung an experimental rung is also timed against, in the same rounds ('' for none)")
+    p.add_argument("--versus", default="", help="a rung each rung is also timed against, in the same rounds")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -221,54 +209,10 @@ def main() -> int:
     failures = 0
     for rung in [r for r in args.rungs.split(",") if r]:
         print(f"\n== {rung}")
-        start, restarts = 0, 0
-        while start < len(todo):
-            cmd = [sys.executable, __file__, "--child", rung, "--start", str(start), "--versus", args.versus] + \
-                (["--no-timing"] if not timing else [])
-            t0 = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
-            except subprocess.TimeoutExpired as e:
-                stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-                rc = f"killed after {CHILD_TIMEOUT_S} s"
-            last_started, finished = None, set()
-            for line in stdout.splitlines():
-                if not line.startswith(TAG):
-                    continue
-                r = json.loads(line[len(TAG):])
-                if r["status"] == "started":
-                    last_started = r["i"]
-                    continue
-                finished.add(r["i"])
-                i = r.pop("i")
-                status = r.pop("status")
-                failures += status != "ok"
-                print(f"  [{status:>6}] {describe(todo[i]):<24} " + ", ".join(f"{k}={v}" for k, v in r.items()
-                                                                            if v is not None))
-            if rc == 0:
-                break
-            # The child died (fault, trap, timeout): blame the case it was on, restart after it.
-            if last_started is not None and last_started not in finished:
-                failures += 1
-                tail = " | ".join(l.strip() for l in stderr.strip().splitlines()[-3:])
-                print(f"  [ CRASH] {describe(todo[last_started]):<24} child rc={rc} after "
-                      f"{time.perf_counter() - t0:.1f} s: {tail[:400]}")
-                start = last_started + 1
-            elif last_started is None:
-                # It died before its first case (import, build, no GPU): a restart would do the same.
-                print(f"  [ CRASH] child rc={rc} before its first case: "
-                      f"{' | '.join(stderr.strip().splitlines()[-3:])[:400]}")
-                failures += 1
-                break
-            else:
-                start = max(finished) + 1
-            restarts += 1
-            if restarts > 4:
-                print("  (too many crashes; skipping the rest of this rung)")
-                break
+        failures += run_in_children(
+            todo, lambda start: [sys.executable, __file__, "--child", rung, "--start", str(start), "--versus",
+                                 args.versus] + (["--no-timing"] if not timing else []),
+            CHILD_TIMEOUT_S, show, describe, max_restarts=4)
     print(f"\n{'all ok' if failures == 0 else f'{failures} failing case(s)'} in {time.perf_counter() - t_all:.1f} s")
     return 0 if failures == 0 else 1
 
