@@ -134,10 +134,29 @@ def _checksums(tr: Trainer) -> dict:
     return out
 
 
-def _bucket(tr: Trainer, cap_mb: float, x, y) -> dict:
-    """compute (no_sync), comm (DDP's own buckets, all-reduced alone) and the DDP step, per rank."""
+def avg_hook(state, bucket):
+    """A DDP comm hook: all-reduce the bucket with ReduceOp.AVG. Without a hook DDP divides every
+    gradient by the world size itself, a separate read-and-write pass over all of them (805 MB of
+    fp32 here) on the compute stream during backward; with AVG, NCCL scales inside its own
+    all-reduce kernel (a premultiplied sum). gloo has no AVG: there the hook sums, then divides."""
+    t = bucket.buffer()
+    if dist.get_backend() == "nccl":
+        return dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True).get_future().then(lambda f: f.value()[0])
+    n = dist.get_world_size()
+    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].div_(n))
+
+
+COMM_HOOKS = ("builtin", "avg")         # builtin: DDP's own sum + div_; avg: avg_hook
+
+
+def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
+    """compute (no_sync), comm (DDP's own buckets, all-reduced alone, with the op the hook uses) and
+    the DDP step, per rank."""
     me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
     ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
+    if hook == "avg":
+        ddp.register_comm_hook(None, avg_hook)
+    op = dist.ReduceOp.AVG if hook == "avg" and dist.get_backend() == "nccl" else dist.ReduceOp.SUM
     for _ in range(3):                     # DDP rebuilds its buckets in step 2's backward; logged from step 3
         tr.step(ddp, opt, x, y)
     me.sync()
@@ -149,13 +168,13 @@ def _bucket(tr: Trainer, cap_mb: float, x, y) -> dict:
             tr.step(ddp, opt, x, y)
 
     def comm():
-        for w in [dist.all_reduce(b, async_op=True) for b in bufs]:
+        for w in [dist.all_reduce(b, op=op, async_op=True) for b in bufs]:
             w.wait()
 
     def step():
         tr.step(ddp, opt, x, y)
 
-    entry = {"bucket_cap_mb": cap_mb, "bucket_bytes": sizes, "warmup": warm}
+    entry = {"bucket_cap_mb": cap_mb, "comm_hook": hook, "bucket_bytes": sizes, "warmup": warm}
     for name, fn in (("compute", compute), ("comm", comm), ("ddp", step)):
         entry[name] = me.gather(col.time_calls(fn, warm, iters, me.device))
     return entry
@@ -199,10 +218,11 @@ def worker_task(me, params: dict) -> dict:
     gc.collect()
     x, y = tr.batch()
     out["buckets"] = []
-    for cap in params["bucket_caps_mb"]:
-        me.stage(f"ddp bucket_cap_mb={cap}")
-        out["buckets"].append(_bucket(tr, cap, x, y))
-        gc.collect()
+    for hook in params["comm_hooks"]:
+        for cap in params["bucket_caps_mb"]:
+            me.stage(f"ddp bucket_cap_mb={cap} comm hook {hook}")
+            out["buckets"].append(_bucket(tr, cap, hook, x, y))
+            gc.collect()
     me.stage("ddp per-rank steps")
     out["wall"] = _wall(tr, x, y)
     return out
@@ -235,9 +255,11 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
     method = col.timing_method(backend)
     peak = roofs.peak(params["dtype"])
     for b in res["buckets"]:
-        p = {**base, "bucket_cap_mb": b["bucket_cap_mb"]}
+        hook = b.get("comm_hook", "builtin")
+        p = {**base, "bucket_cap_mb": b["bucket_cap_mb"], "comm_hook": hook}
+        name = f"bucket_{b['bucket_cap_mb']}mb" + ("" if hook == "builtin" else f"_{hook}")
         if not chk["passed"]:
-            rows.append(row(f"bucket_{b['bucket_cap_mb']}mb", p, "failed",
+            rows.append(row(name, p, "failed",
                             "not timed: the parameter checksums differ across ranks", check=chk))
             continue
         slow = {k: col.slowest_rank(b[k]) for k in ("compute", "comm", "ddp")}
@@ -260,7 +282,7 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
                    "mfu_vs_phase1_ceiling": tflops / ceiling["tflops"] if ceiling else None}
         # perfect overlap: the step takes max(FLOPs / peak, gradient wire bytes / link)
         wire = col.wire_bytes("all_reduce", grad_bytes, n)
-        rows.append(row(f"bucket_{b['bucket_cap_mb']}mb", p, "ok", None, check=chk, timing=med["ddp"],
+        rows.append(row(name, p, "ok", None, check=chk, timing=med["ddp"],
                         metrics=metrics, prediction=roofline.predict(flops, wire, roofs, params["dtype"], d_ms)))
     w = res["wall"]
     for variant, local, ddp_ms, straggle in (("per_rank_steps", w["local"], w["ddp"], 0.0),
@@ -283,29 +305,38 @@ def run(ctx, params):
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
                "roofs_source": roofs.source, "best": []}
-    # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Capping NCCL's channels
-    # (NCCL_MAX_NCHANNELS, one launch per setting) makes each all-reduce slower but takes fewer SMs
-    # from compute: the sweep shows which way that trade goes. None = NCCL's own choice.
-    channel_settings = params["nccl_max_channels"] if pl.backend == "nccl" else [None]
+    # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Two process-wide
+    # settings change how that contest goes, one launch per combination: capping NCCL's channels
+    # (NCCL_MAX_NCHANNELS: each all-reduce slower, fewer SMs taken from compute; None = NCCL's own
+    # choice) and putting NCCL's stream at high priority (its CTAs are scheduled before queued
+    # compute CTAs, so a bucket's all-reduce starts as soon as it is ready instead of after the
+    # matmul in flight).
+    settings = [(ch, hp) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]] \
+        if pl.backend == "nccl" else [(None, False)]
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
         timed = []
-        for ch in channel_settings:
+        for ch, hp in settings:
             env = {"NCCL_MAX_NCHANNELS": str(ch)} if ch else None
-            res = launch("ddp", n, pl.backend, params, params["timeout_s"],
-                         f"phase4.ddp on {n} ranks" + (f" (NCCL_MAX_NCHANNELS={ch})" if ch else ""), extra_env=env)
-            summary["launch_s"][f"{n}" + (f"_ch{ch}" if ch else "")] = res["_launch_s"]
+            tag = "".join([f"_ch{ch}" if ch else "", "_hp" if hp else ""])
+            what = ", ".join(([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if hp else []))
+            res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp}, params["timeout_s"],
+                         f"phase4.ddp on {n} ranks" + (f" ({what})" if what else ""), extra_env=env)
+            summary["launch_s"][f"{n}{tag}"] = res["_launch_s"]
             summary["params_count"] = res["params"]
             new = rows_from(res, n, pl.backend, params, roofs, ceiling)
             for r in new:
                 r["params"]["nccl_max_channels"] = ch
-                if ch and r["variant"].startswith("bucket_"):
-                    r["variant"] += f"_ch{ch}"
+                r["params"]["nccl_high_priority"] = hp
+                if r["variant"].startswith("bucket_"):
+                    r["variant"] += tag
             timed += [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
-            rows += new if ch is None else [r for r in new if r["variant"].startswith("bucket_")]
+            rows += new if (ch, hp) == settings[0] else [r for r in new if r["variant"].startswith("bucket_")]
         if timed:
             best = max(timed, key=lambda r: r["metrics"]["hidden_fraction"])
             summary["best"].append({"world_size": n, "bucket_cap_mb": best["params"]["bucket_cap_mb"],
                                     "nccl_max_channels": best["params"]["nccl_max_channels"],
+                                    "nccl_high_priority": best["params"]["nccl_high_priority"],
+                                    "comm_hook": best["params"]["comm_hook"],
                                     "hidden_fraction": best["metrics"]["hidden_fraction"],
                                     "met": best["metrics"]["hidden_fraction"] >= GOAL_HIDDEN})
     return rows, summary
@@ -321,9 +352,9 @@ EXERCISE = Exercise(
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [1, 5, 25, 100, 400], "gradient_as_bucket_view": True,
-            "nccl_max_channels": [None, 8],
+            "nccl_max_channels": [None, 8], "nccl_high_priority": [False, True], "comm_hooks": ["builtin", "avg"],
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
-    cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32",
+    cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
                 "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"n_layers": 2, "bucket_caps_mb": [0.01, 1], "iters": 3, "warmup_iters": 1, "wall_steps": 3},

@@ -21,6 +21,20 @@ provided that add was queued first. One transfer of lookahead keeps that true fo
 two scratch buffers alternate so a receive never lands on data an add is still reading. Small
 buffers are not cut below `min_subchunk_bytes`: every transfer costs a launch and a handshake.
 
+Lanes. One send moves at the speed of the NCCL channels it is given, and NCCL gives a
+point-to-point transfer fewer channels the more ranks the communicator has: on one node it starts
+a send on p2pnChannelsPerPeer / (halved until x nRanks <= p2pnChannels) channels and doubles them
+only while a channel's part exceeds 32 x NCCL_P2P_NVL_CHUNKSIZE (16 MiB). On 4 H200s that made
+every send of 128 MiB or less run at about 160 GB/s, half of what the link carries (the 4-rank
+shift rows of the interconnect sweep). `lanes` splits the buffer into that many contiguous
+slices and runs one complete ring per slice, each on its own process group, so its own NCCL
+communicator, channels and stream: the lanes' transfers run side by side, and one lane's add runs
+while another lane's data is on the wire. This is what NCCL does inside its own all-reduce (one
+ring per channel), done here with whole communicators.
+Concurrent communicators are only safe while all their kernels fit on the GPU at once (a kernel
+waiting for a peer that cannot be scheduled would wait forever): a few lanes of up to 32 one-SM
+channels fit easily in 132 SMs.
+
 Why the naive version can deadlock. Written the obvious way, every rank calls the blocking
 dist.send(right) and then dist.recv(left). Where a send of any real size completes only once the
 receiver has posted the matching receive (gloo waits for the peer's "ready"), every rank sits in
@@ -33,7 +47,7 @@ H200s, NCCL 2.28 let the 256 MiB naive exchange complete: it is the ordering, no
 that makes the code correct, and a transport that happens to buffer hides the bug).
 
 Correctness gates timing: before any timing, the ring is checked against dist.all_reduce on
-irregular sizes (not multiples of n) at every depth: integer-valued data must match exactly (and
+irregular sizes (not multiples of n) in every (lanes, depth) configuration: integer-valued data must match exactly (and
 match the sum computed locally), random floats within fp32 tolerance (the summation order
 differs). Then each timed configuration is checked once more at its own size.
 """
@@ -70,54 +84,86 @@ def pipeline_depth(chunk_numel: int, itemsize: int, depth: int, min_subchunk_byt
     return max(1, min(depth, (chunk_numel * itemsize) // min_subchunk_bytes))
 
 
-def ring_all_reduce(t: torch.Tensor, depth: int = 4, min_subchunk_bytes: int = 0, group=None) -> torch.Tensor:
-    """Sum `t` over every rank, in place, with isend/irecv only. Returns t."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
+class _Ring:
+    """One ring over one slice of the buffer, on one process group: its schedule and its state."""
+
+    def __init__(self, flat: torch.Tensor, depth: int, min_subchunk_bytes: int, group):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        self.flat, self.group = flat, group
+        chunks = bounds(flat.numel(), n)
+        d = pipeline_depth(chunks[0][1] - chunks[0][0], flat.element_size(), depth, min_subchunk_bytes)
+        self.subs = [[(c0 + a, c0 + b) for a, b in bounds(c1 - c0, d)] for c0, c1 in chunks]
+        # The schedule: (phase, chunk sent, chunk received, sub-chunk), reduce-scatter then all-gather.
+        self.items = [("rs", (r - s) % n, (r - s - 1) % n, k) for s in range(n - 1) for k in range(d)]
+        self.items += [("ag", (r + 1 - s) % n, (r - s) % n, k) for s in range(n - 1) for k in range(d)]
+        self.lookahead = 1 if d >= 2 else 0    # depth 1: each add must be queued before the next send
+        biggest = max(b - a for row_ in self.subs for a, b in row_)
+        self.scratch = [torch.empty(biggest, dtype=flat.dtype, device=flat.device)
+                        for _ in range(self.lookahead + 1)]
+        self.right, self.left = (r + 1) % n, (r - 1) % n
+        self.works: dict[int, list] = {}
+
+    def piece(self, c: int, k: int) -> torch.Tensor:
+        a, b = self.subs[c][k]
+        return self.flat[a:b]
+
+    def target(self, i: int) -> torch.Tensor:
+        phase, _, recv_c, k = self.items[i]
+        dst = self.piece(recv_c, k)
+        return self.scratch[i % len(self.scratch)][: dst.numel()] if phase == "rs" else dst
+
+    def issue(self, i: int) -> None:
+        if i >= len(self.items):
+            return
+        _, send_c, _, k = self.items[i]
+        src, dst = self.piece(send_c, k), self.target(i)
+        ops = []
+        if src.numel():                        # the peer posts the matching receive: same chunk, same size
+            ops.append(dist.P2POp(dist.isend, src, self.right, self.group))
+        if dst.numel():
+            ops.append(dist.P2POp(dist.irecv, dst, self.left, self.group))
+        self.works[i] = dist.batch_isend_irecv(ops) if ops else []
+
+    def start(self) -> None:
+        for i in range(self.lookahead + 1):
+            self.issue(i)
+
+    def finish(self, i: int) -> None:
+        """Wait for transfer i, add it in (reduce-scatter), then send transfer i + 1 + lookahead."""
+        if i >= len(self.items):
+            return
+        for w in self.works.pop(i):
+            w.wait()                           # NCCL: our stream waits; gloo: the host waits
+        phase, _, recv_c, k = self.items[i]
+        if phase == "rs" and self.piece(recv_c, k).numel():
+            self.piece(recv_c, k).add_(self.target(i))
+        self.issue(i + 1 + self.lookahead)     # queued after add i: NCCL's stream will wait for it
+
+
+def ring_all_reduce(t: torch.Tensor, depth: int = 1, min_subchunk_bytes: int = 0, groups=(None,)) -> torch.Tensor:
+    """Sum `t` over every rank, in place, with isend/irecv only. Returns t.
+
+    `groups`: one process group per lane. Each lane runs the whole ring on its own contiguous slice
+    of t through its own communicator, so the lanes' transfers run side by side, and one lane's add
+    overlaps the others' transfers."""
+    n = dist.get_world_size(groups[0])
     if n == 1 or t.numel() == 0:
         return t
     flat = t.view(-1)
-    chunks = bounds(flat.numel(), n)
-    d = pipeline_depth(chunks[0][1] - chunks[0][0], flat.element_size(), depth, min_subchunk_bytes)
-    subs = [[(c0 + a, c0 + b) for a, b in bounds(c1 - c0, d)] for c0, c1 in chunks]
-
-    def piece(c: int, k: int) -> torch.Tensor:
-        a, b = subs[c][k]
-        return flat[a:b]
-
-    # The schedule: (phase, chunk sent, chunk received, sub-chunk), reduce-scatter then all-gather.
-    items = [("rs", (r - s) % n, (r - s - 1) % n, k) for s in range(n - 1) for k in range(d)]
-    items += [("ag", (r + 1 - s) % n, (r - s) % n, k) for s in range(n - 1) for k in range(d)]
-    lookahead = 1 if d >= 2 else 0            # depth 1: each add must be queued before the next send
-    biggest = max(b - a for row_ in subs for a, b in row_)
-    scratch = [torch.empty(biggest, dtype=t.dtype, device=t.device) for _ in range(lookahead + 1)]
-    right, left = (r + 1) % n, (r - 1) % n
-    works: dict[int, list] = {}
-
-    def target(i: int) -> torch.Tensor:
-        phase, _, recv_c, k = items[i]
-        dst = piece(recv_c, k)
-        return scratch[i % len(scratch)][: dst.numel()] if phase == "rs" else dst
-
-    def issue(i: int) -> None:
-        _, send_c, _, k = items[i]
-        src, dst = piece(send_c, k), target(i)
-        ops = []
-        if src.numel():                        # the peer posts the matching receive: same chunk, same size
-            ops.append(dist.P2POp(dist.isend, src, right, group))
-        if dst.numel():
-            ops.append(dist.P2POp(dist.irecv, dst, left, group))
-        works[i] = dist.batch_isend_irecv(ops) if ops else []
-
-    issued = 0
-    for i, (phase, _, recv_c, k) in enumerate(items):
-        while issued <= min(i + lookahead, len(items) - 1):
-            issue(issued)                      # transfer i+1 goes out before add i
-            issued += 1
-        for w in works.pop(i):
-            w.wait()                           # NCCL: our stream waits; gloo: the host waits
-        if phase == "rs" and piece(recv_c, k).numel():
-            piece(recv_c, k).add_(target(i))
+    rings = [_Ring(flat[a:b], depth, min_subchunk_bytes, g)
+             for (a, b), g in zip(bounds(flat.numel(), len(groups)), groups) if b > a]
+    for ring in rings:
+        ring.start()
+    for i in range(max(len(ring.items) for ring in rings)):
+        for ring in rings:                     # lane by lane: lane 0's next send leaves before lane 1's add
+            ring.finish(i)
     return t
+
+
+def lane_groups(lanes: int) -> list:
+    """The default group plus lanes - 1 new ones over the same ranks: one NCCL communicator each, so
+    one set of NCCL channels (and CTAs) each. Every rank must call this, in the same order."""
+    return [None] + [dist.new_group(list(range(dist.get_world_size()))) for _ in range(lanes - 1)]
 
 
 # ------------------------------------------------------------------------------ on every rank
@@ -126,49 +172,57 @@ def _random(numel: int, rank: int, device) -> torch.Tensor:
     return torch.randn(numel, generator=g, device=device) + 0.5
 
 
-def _check_depth(me, numel: int, depth: int, min_sub: int) -> dict:
-    """One rank's checks of the ring at one size and depth: integers exactly, random floats within tolerance."""
+def configs(params: dict) -> list[tuple[int, int]]:
+    """(lanes, depth) pairs the exercise checks and times: every combination of the two params."""
+    return [(lanes, depth) for lanes in params["lanes"] for depth in params["depths"]]
+
+
+def _check(me, numel: int, groups: list, depth: int) -> dict:
+    """One rank's checks of one ring configuration at one size: integers exactly, random floats
+    within tolerance. min_subchunk_bytes 0: the depth asked is the depth run, even on tiny buffers."""
     dev = me.device
     x = col.fill_pattern(torch.empty(numel, device=dev), me.rank)
     ours, ref = x.clone(), x.clone()
-    ring_all_reduce(ours, depth, min_sub)
+    ring_all_reduce(ours, depth, 0, groups)
     dist.all_reduce(ref)
     me.sync()
     wrong = col.count_wrong(ours, lambda s, e: col.pattern_sum(s, e, me.world, dev))
     ints = exact(ours, ref, "dist.all_reduce of the same integer-valued inputs")
     y = _random(numel, me.rank, dev)
     ours_f, ref_f = y.clone(), y.clone()
-    ring_all_reduce(ours_f, depth, min_sub)
+    ring_all_reduce(ours_f, depth, 0, groups)
     dist.all_reduce(ref_f)
     me.sync()
     floats = compare(ours_f, ref_f, "fp32", "dist.all_reduce of the same random fp32 inputs")
     return {"wrong_vs_local_sum": wrong, "ints": ints, "floats": floats}
 
 
-def _timed_size(me, size: int, params: dict, checks_ok: bool) -> list[dict]:
-    """dist.all_reduce and the ring at every depth on one buffer: each checked at this size (exact
-    on integer data), then timed if every rank found it right (and the ring passed its checks)."""
+def _timed_size(me, size: int, params: dict, lanes: list, checks_ok: bool) -> list[dict]:
+    """dist.all_reduce and the ring in every configuration on one buffer: each checked at this size
+    (exact on integer data), then timed if every rank found it right (and the ring passed its checks)."""
     n, dev, min_sub = me.world, me.device, params["min_subchunk_bytes"]
     numel = size // 4
     buf = torch.empty(numel, device=dev)
     out = []
-    for variant, depth in [("nccl", None)] + [(f"ring_d{d}", d) for d in params["depths"]]:
+    for variant, cfg in [("nccl", None)] + [(f"ring_l{L}_d{d}", (L, d)) for L, d in configs(params)]:
         me.stage(f"{variant} {size} bytes")
 
-        def call(depth=depth):
-            if depth is None:
+        def call(cfg=cfg):
+            if cfg is None:
                 dist.all_reduce(buf)
             else:
-                ring_all_reduce(buf, depth, min_sub)
+                ring_all_reduce(buf, cfg[1], min_sub, lanes[:cfg[0]])
 
         col.fill_pattern(buf, me.rank)
         call()
         me.sync()
         wrong = sum(me.gather(col.count_wrong(buf, lambda s, e: col.pattern_sum(s, e, n, dev))))
-        entry = {"variant": variant, "depth": depth, "size_bytes": numel * 4, "wrong": wrong,
-                 "elements": numel * n, "effective_depth": None if depth is None else
-                 pipeline_depth(bounds(numel, n)[0][1], 4, depth, min_sub)}
-        if wrong == 0 and (depth is None or checks_ok):       # the same verdict on every rank
+        lane_numel = None if cfg is None else bounds(numel, cfg[0])[0][1]
+        entry = {"variant": variant, "lanes": None if cfg is None else cfg[0], "depth": None if cfg is None else cfg[1],
+                 "size_bytes": numel * 4, "wrong": wrong, "elements": numel * n,
+                 "effective_depth": None if cfg is None else
+                 pipeline_depth(bounds(lane_numel, n)[0][1], 4, cfg[1], min_sub)}
+        if wrong == 0 and (cfg is None or checks_ok):        # the same verdict on every rank
             warmup, iters = col.iterations(size, params)
             entry.update(warmup=warmup, per_rank_samples_ms=me.gather(col.time_calls(call, warmup, iters, dev)))
         out.append(entry)
@@ -176,17 +230,18 @@ def _timed_size(me, size: int, params: dict, checks_ok: bool) -> list[dict]:
 
 
 def worker_task(me, params: dict) -> dict:
+    lanes = lane_groups(max(params["lanes"]))
     checks = []
-    for depth in params["depths"]:
+    for L, depth in configs(params):
         for numel in params["check_numels"]:
-            me.stage(f"check depth {depth} numel {numel}")
-            got = me.gather(_check_depth(me, numel, depth, 0))   # min 0: the depth asked is the depth run
-            checks.append({"depth": depth, "numel": numel, "per_rank": got})
+            me.stage(f"check lanes {L} depth {depth} numel {numel}")
+            got = me.gather(_check(me, numel, lanes[:L], depth))
+            checks.append({"lanes": L, "depth": depth, "numel": numel, "per_rank": got})
     checks_ok = all(c["wrong_vs_local_sum"] == 0 and c["ints"]["passed"] and c["floats"]["passed"]
                     for ch in checks for c in ch["per_rank"])
     timed = []
     for size in params["sizes_bytes"]:
-        timed += _timed_size(me, size, params, checks_ok)
+        timed += _timed_size(me, size, params, lanes, checks_ok)
     return {"checks": checks, "checks_ok": checks_ok, "timed": timed}
 
 
@@ -223,8 +278,8 @@ def _check_row(ch: dict, n: int, backend: str) -> dict:
              "metric": "exact + rel_l2", "precision": "fp32", "tolerance": per[0]["floats"]["tolerance"],
              "rel_l2_error": rel, "max_abs_error": max_abs, "wrong_elements": wrong,
              "passed": ints_ok and floats_ok, "reason": reason}
-    return row(f"check_d{ch['depth']}", {"world_size": n, "backend": backend, "numel": ch["numel"],
-                                         "depth": ch["depth"]},
+    return row(f"check_l{ch['lanes']}_d{ch['depth']}", {"world_size": n, "backend": backend, "numel": ch["numel"],
+                                                        "lanes": ch["lanes"], "depth": ch["depth"]},
                "ok" if check["passed"] else "failed", reason, check=check,
                metrics={"max_abs_diff_vs_nccl": max_abs, "integers_exact": ints_ok})
 
@@ -234,7 +289,7 @@ def rows_from(result: dict, n: int, backend: str, roofs, params: dict) -> list[d
     method = col.timing_method(backend)
     nccl_busbw = {}
     for t in result["timed"]:
-        p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"], "depth": t["depth"],
+        p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"], "lanes": t["lanes"], "depth": t["depth"],
              "effective_depth": t["effective_depth"], "min_subchunk_bytes": params["min_subchunk_bytes"]}
         op = "all_reduce" if t["variant"] == "nccl" else "ring_allreduce"
         if t["wrong"] == 0 and "per_rank_samples_ms" not in t:
@@ -317,14 +372,14 @@ COMMON = {"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeou
 EXERCISE = Exercise(
     id="phase4.ring_allreduce", title="Ring all-reduce from scratch (isend/irecv only), pipelined, vs NCCL",
     run=run,
-    params={**COMMON, "depths": [1, 2, 4, 8], "min_subchunk_bytes": 4 * 2**20,
+    params={**COMMON, "lanes": [1, 2, 4], "depths": [1, 2, 4], "min_subchunk_bytes": 4 * 2**20,
             "check_numels": [1, 3, 1031, 1_000_003, 2**24 + 7],
             "sizes_bytes": [64 * 2**20, 256 * 2**20, 2**30],
             "deadlock_demo": True, "deadlock_bytes": 256 * 2**20, "deadlock_wait_s": 5.0},
-    cpu_params={"depths": [1, 4], "min_subchunk_bytes": 64 * 2**10, "check_numels": [1, 3, 1031, 100_003],
+    cpu_params={"lanes": [1, 2], "depths": [1, 4], "min_subchunk_bytes": 64 * 2**10, "check_numels": [1, 3, 1031, 100_003],
                 "sizes_bytes": [2**20, 4 * 2**20], "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "warmup_iters": 2, "timeout_s": 180, "pg_timeout_s": 60,
                 "deadlock_bytes": 2**20, "deadlock_wait_s": 2.0},
-    quick_params={"depths": [1, 3], "check_numels": [1, 5, 1031], "sizes_bytes": [2**18],
+    quick_params={"lanes": [1, 2], "depths": [1, 3], "check_numels": [1, 5, 1031], "sizes_bytes": [2**18],
                   "min_iters": 3, "max_iters": 3, "warmup_iters": 1, "deadlock_wait_s": 1.5},
 )

@@ -31,14 +31,14 @@ from common.exercise import Exercise
 
 from . import collectives as col
 from .launch import launch, link_roofs, plan
-from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, ring_all_reduce
+from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, lane_groups, ring_all_reduce
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 # ------------------------------------------------------------------------------ on every rank
-def _setup(me, op: str, size: int, params: dict):
+def _setup(me, op: str, size: int, params: dict, lanes: list):
     """(call, check) for `op` at nccl-tests size `size`: call() runs it once; check() fills the
     inputs, poisons the outputs, runs once and returns this rank's #wrong."""
     n, r, dev = me.world, me.rank, me.device
@@ -51,7 +51,7 @@ def _setup(me, op: str, size: int, params: dict):
                 dist.all_reduce(buf)
         else:
             def call():
-                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"])
+                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"], lanes)
 
         def check():
             col.fill_pattern(buf, r); call(); me.sync()
@@ -93,11 +93,12 @@ def _setup(me, op: str, size: int, params: dict):
 
 def worker_task(me, params: dict) -> dict:
     ops = list(params["ops"]) + (["ring_allreduce"] if params["ours"] else [])
+    lanes = lane_groups(params["ring_lanes"]) if params["ours"] else [None]
     out = []
     for size in params["sizes_bytes"]:
         for op in ops:
             me.stage(f"{op} {size} bytes")
-            call, check, numel = _setup(me, op, size, params)
+            call, check, numel = _setup(me, op, size, params, lanes)
             wrong = sum(me.gather(check()))
             entry = {"op": op, "size_bytes": col.elements_for(op, size, me.world)[0] * 4, "wrong": wrong,
                      "elements": numel * (1 if op in ("all_gather", "reduce_scatter") else me.world)}
@@ -108,7 +109,8 @@ def worker_task(me, params: dict) -> dict:
             del call, check
         if me.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": out}
+    return {"rows": out, "ring": {"lanes": params["ring_lanes"], "depth": params["ring_depth"],
+                                  "min_subchunk_bytes": params["ring_min_subchunk_bytes"]}}
 
 
 def probe_task(me, params: dict) -> dict:
@@ -117,7 +119,7 @@ def probe_task(me, params: dict) -> dict:
         for op in params["ops"]:
             if op in col.NCCL_FUNC:
                 me.stage(f"probe {op} {size} bytes")
-                call, _, _ = _setup(me, op, size, params)
+                call, _, _ = _setup(me, op, size, params, [None])
                 call()
                 me.sync()
                 del call
@@ -146,7 +148,9 @@ def rows_from(result: dict, n: int, backend: str, roofs, algos: dict | None) -> 
         elif op == "sendrecv":
             r["metrics"].update(algo="P2P", algo_source="point-to-point: no collective algorithm")
         elif op == "ring_allreduce":
-            r["metrics"].update(algo="ours: ring", algo_source="ring.py")
+            cfg = result.get("ring") or {}
+            r["metrics"].update(algo="ours: ring", algo_source="ring.py", ring_lanes=cfg.get("lanes"),
+                                ring_depth=cfg.get("depth"), ring_min_subchunk_bytes=cfg.get("min_subchunk_bytes"))
         else:
             r["metrics"].update(algo=None, algo_source="gloo does not report its algorithm")
         if r["status"] == "ok" and op == "all_reduce":
@@ -208,7 +212,7 @@ EXERCISE = Exercise(
     run=run,
     params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
             "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
-            "ours": True, "ring_depth": 4, "ring_min_subchunk_bytes": 32 * 2**20, "probe_algorithms": True,
+            "ours": True, "ring_lanes": 2, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20, "probe_algorithms": True,
             "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
     cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,
                 "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,

@@ -216,40 +216,49 @@ def t_plots(v: View) -> str:
 
 
 # ------------------------------------------------------------------------------ the ring
+def _cfg(r) -> tuple[int, int]:
+    """(lanes, depth) of a ring row; records from before lanes existed ran one lane."""
+    return r["params"].get("lanes") or 1, r["params"]["depth"]
+
+
+def _is_ring(r) -> bool:
+    return r["variant"].startswith("ring_")
+
+
 def t_ring(v: View) -> str:
     gs = groups(v.records, EX_RING)
     if not gs:
         return NO_RECORDS.format(ex=EX_RING)
     out = []
     for g in gs:
-        checks = [r for r in g.rows if r["variant"].startswith("check_d")]
-        depths = sorted({r["params"]["depth"] for r in checks})
+        checks = [r for r in g.rows if r["variant"].startswith("check_")]
         crow = []
-        for d in depths:
-            rs = [r for r in checks if r["params"]["depth"] == d]
-            crow.append([str(d), ", ".join(f"{r['params']['numel']:,}" for r in rs),
+        for cfg in sorted({_cfg(r) for r in checks}):
+            rs = [r for r in checks if _cfg(r) == cfg]
+            crow.append([str(cfg[0]), str(cfg[1]), ", ".join(f"{r['params']['numel']:,}" for r in rs),
                          "yes" if all(_m(r, "integers_exact") for r in rs) else "NO",
                          num(max((r["check"] or {}).get("max_abs_error") or 0 for r in rs)),
                          num(max((r["check"] or {}).get("rel_l2_error") or 0 for r in rs)),
                          "passed" if all(r["status"] == "ok" for r in rs) else "FAILED"])
         out += [f"**{g.label}** ({_run(v, g.rec)})", "",
-                markdown(crow, ["depth", "sizes checked (elements)", "integer data: exact, = dist.all_reduce",
+                markdown(crow, ["lanes", "depth", "sizes checked (elements)", "integer data: exact, = dist.all_reduce",
                                 "random fp32: max |ours - NCCL|", "relative error", "check"]), ""]
-        timed = [r for r in g.rows if r["variant"] == "nccl" or r["variant"].startswith("ring_d")]
-        sizes = sorted({r["params"]["size_bytes"] for r in timed})
-        tdepths = sorted({r["params"]["depth"] for r in timed if r["params"].get("depth") is not None})
-        trows = []
-        for s in sizes:
-            nc = g.row("nccl", size_bytes=s)
-            cells = [size_bytes(s), num(_m(nc, "busbw_gbps"))]
-            for d in tdepths:
-                r = g.row(f"ring_d{d}", size_bytes=s)
-                cells.append(f"{num(_m(r, 'busbw_gbps'))} ({_ratio(_m(r, 'ours_over_nccl_busbw'))}, "
-                             f"{_m(r, 'effective_depth', r['params'].get('effective_depth') if r else '-')} pieces)"
-                             if _ok(r) else (r["status"] if r else "-"))
+        ring_rows = [r for r in g.rows if _is_ring(r)]
+        sizes = sorted({r["params"]["size_bytes"] for r in ring_rows + [r for r in g.rows if r["variant"] == "nccl"]})
+        trows = [["NCCL all-reduce", "-", "-"] + [num(_m(g.row("nccl", size_bytes=s), "busbw_gbps")) for s in sizes]]
+        for cfg in sorted({_cfg(r) for r in ring_rows}):
+            cells = [f"ours: ring", str(cfg[0]), str(cfg[1])]
+            for s in sizes:
+                r = next((r for r in ring_rows if _cfg(r) == cfg and r["params"]["size_bytes"] == s), None)
+                if not _ok(r):
+                    cells.append(r["status"] if r else "-")
+                    continue
+                pieces = r["params"].get("effective_depth")
+                cells.append(f"{num(_m(r, 'busbw_gbps'))} ({_ratio(_m(r, 'ours_over_nccl_busbw'))}"
+                             + (f", {pieces} pieces run" if pieces not in (None, cfg[1]) else "") + ")")
             trows.append(cells)
-        out += [markdown(trows, ["size", "NCCL busbw GB/s"] + [f"ring, depth {d}: busbw (of NCCL, pieces run)"
-                                                               for d in tdepths]), ""]
+        out += [markdown(trows, ["all-reduce", "lanes", "depth"] + [f"{size_bytes(s)}: busbw GB/s (of NCCL)"
+                                                                   for s in sizes]), ""]
         for naive in [r for r in g.rows if r["variant"] == "naive_blocking"]:
             out.append(f"Naive blocking order ({naive['params'].get('order')}), {size_bytes(naive['params']['size_bytes'])} "
                        f"per rank on {g.n} ranks over {naive['params'].get('backend')}: "
@@ -260,9 +269,22 @@ def t_ring(v: View) -> str:
 
 
 # ------------------------------------------------------------------------------ DDP
+def _settings(p: dict) -> list[str]:
+    """The non-default settings of a DDP row (or of the summary's best), in words."""
+    ch = p.get("nccl_max_channels")
+    return (([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if p.get("nccl_high_priority") else [])
+            + (["AVG comm hook"] if p.get("comm_hook") == "avg" else []))
+
+
 def _bucket_label(r) -> str:
-    ch = r["params"].get("nccl_max_channels")
-    return num(r["params"]["bucket_cap_mb"]) + (f" (NCCL_MAX_NCHANNELS={ch})" if ch else "")
+    extra = _settings(r["params"])
+    return num(r["params"]["bucket_cap_mb"]) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _ddp_order(r) -> tuple:
+    p = r["params"]
+    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("comm_hook") or "builtin",
+            p["bucket_cap_mb"])
 
 
 def t_ddp(v: View) -> str:
@@ -289,8 +311,7 @@ def t_ddp(v: View) -> str:
                        if before else "")
             out.append("")
         rows = []
-        for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")),
-                        key=lambda r: (r["params"].get("nccl_max_channels") or 0, r["params"]["bucket_cap_mb"])):
+        for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")), key=_ddp_order):
             if not _ok(r):
                 rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 10)
                 continue
@@ -318,15 +339,18 @@ def t_ddp(v: View) -> str:
 
 
 # ------------------------------------------------------------------------------ goals and findings
-def _ring_ratio(g: Group, min_size: int, variants) -> float | None:
-    """The smallest, over sizes >= min_size, of the best ours/NCCL busbw among `variants`."""
-    per_size: dict = {}
+def _ring_ratio(g: Group, min_size: int, variants) -> tuple[float | None, str | None]:
+    """(ratio, variant): the best single configuration among `variants`, judged by its worst ours/NCCL
+    busbw over sizes >= min_size (one configuration must hold at every size, not a different one per size)."""
+    worst: dict = {}
     for r in g.rows:
         if r["variant"] in variants and _ok(r) and r["params"]["size_bytes"] >= min_size and \
                 _m(r, "ours_over_nccl_busbw") is not None:
-            s = r["params"]["size_bytes"]
-            per_size[s] = max(per_size.get(s, 0.0), _m(r, "ours_over_nccl_busbw"))
-    return min(per_size.values()) if per_size else None
+            worst[r["variant"]] = min(worst.get(r["variant"], float("inf")), _m(r, "ours_over_nccl_busbw"))
+    if not worst:
+        return None, None
+    best = max(worst, key=worst.get)
+    return worst[best], best
 
 
 def t_goals(v: View) -> str:
@@ -338,25 +362,26 @@ def t_goals(v: View) -> str:
                          f"{num(goal['best_busbw_gbps_from_1gib'])} GB/s", _met(goal.get("met")), _run(v, g.rec)])
         s = g.rec["summary"]
         if s.get("goal_ring_over_nccl"):
-            x = _ring_ratio(g, s["goal_ring_min_size_bytes"], ("ring_allreduce",))
+            x, _ = _ring_ratio(g, s["goal_ring_min_size_bytes"], ("ring_allreduce",))
             rows.append([g.label, f"our ring / NCCL busbw, worst size >= {size_bytes(s['goal_ring_min_size_bytes'])} (sweep)",
                          f">= {_ratio(s['goal_ring_over_nccl'])}", _ratio(x),
                          _met(None if x is None else x >= s["goal_ring_over_nccl"]), _run(v, g.rec)])
     for g in [g for g in preferred(v.records, EX_RING) if g.gpu]:
         s = g.rec["summary"]
         if s.get("goal_ours_over_nccl_busbw"):
-            variants = {r["variant"] for r in g.rows if r["variant"].startswith("ring_d")}
-            x = _ring_ratio(g, s["goal_min_size_bytes"], variants)
-            rows.append([g.label, f"our ring / NCCL busbw, best depth, worst size >= {size_bytes(s['goal_min_size_bytes'])}",
+            variants = {r["variant"] for r in g.rows if _is_ring(r)}
+            x, best = _ring_ratio(g, s["goal_min_size_bytes"], variants)
+            cfg = next((_cfg(r) for r in g.rows if r["variant"] == best), None)
+            rows.append([g.label, f"our ring / NCCL busbw, worst size >= {size_bytes(s['goal_min_size_bytes'])}, "
+                                  f"best configuration" + (f" ({cfg[0]} lane{'s' if cfg[0] != 1 else ''}, depth {cfg[1]})" if cfg else ""),
                          f">= {_ratio(s['goal_ours_over_nccl_busbw'])}", _ratio(x),
                          _met(None if x is None else x >= s["goal_ours_over_nccl_busbw"]), _run(v, g.rec)])
     for g in [g for g in preferred(v.records, EX_DDP) if g.gpu]:
         s = g.rec["summary"]
         best = next((x for x in s.get("best", []) if x.get("world_size") == g.n), None)
         if best:
-            ch = best.get("nccl_max_channels")
-            rows.append([g.label, f"DDP: gradient communication hidden under backward (best bucket: "
-                                  f"{num(best['bucket_cap_mb'])} MB" + (f", NCCL_MAX_NCHANNELS={ch}" if ch else "") + ")",
+            rows.append([g.label, f"DDP: gradient communication hidden under backward (best: "
+                                  + ", ".join([f"{num(best['bucket_cap_mb'])} MB buckets"] + _settings(best)) + ")",
                          f">= {_ratio(s.get('goal_hidden_fraction'))}",
                          _ratio(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
     if not rows:
@@ -429,7 +454,7 @@ def t_findings(v: View) -> str:
         s = [f"**DDP on {g.label}.** With {_bucket_label(best)} MB buckets, "
              f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
              f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
-             f"with no communication at all. With {num(worst['params']['bucket_cap_mb'])} MB buckets only "
+             f"with no communication at all. With {_bucket_label(worst)} MB buckets only "
              f"{_ratio(_m(worst, 'hidden_fraction'))} hid."]
         if _m(best, "mfu_vs_peak") is not None:
             s.append(f"The step ran at {num(_m(best, 'tflops'))} TFLOP/s of model FLOPs: MFU {_ratio(_m(best, 'mfu_vs_peak'))} "
