@@ -160,6 +160,14 @@ def ring_all_reduce(t: torch.Tensor, depth: int = 1, min_subchunk_bytes: int = 0
     return t
 
 
+def p2p_env(chunk_bytes: int | None, backend: str) -> dict | None:
+    """The environment of a job whose NCCL sends use `chunk_bytes` chunks (NCCL_P2P_NVL_CHUNKSIZE;
+    None: NCCL's default, 512 KiB). NCCL doubles a send's channels while a channel's part exceeds 32
+    chunks, so smaller chunks spread a send of a given size over more channels. The setting is read
+    only by point-to-point operations: NCCL's collectives size their steps from NCCL_BUFFSIZE."""
+    return {"NCCL_P2P_NVL_CHUNKSIZE": str(int(chunk_bytes))} if chunk_bytes and backend == "nccl" else None
+
+
 def lane_groups(lanes: int) -> list:
     """The default group plus lanes - 1 new ones over the same ranks: one NCCL communicator each, so
     one set of NCCL channels (and CTAs) each. Every rank must call this, in the same order."""
@@ -290,7 +298,8 @@ def rows_from(result: dict, n: int, backend: str, roofs, params: dict) -> list[d
     nccl_busbw = {}
     for t in result["timed"]:
         p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"], "lanes": t["lanes"], "depth": t["depth"],
-             "effective_depth": t["effective_depth"], "min_subchunk_bytes": params["min_subchunk_bytes"]}
+             "effective_depth": t["effective_depth"], "min_subchunk_bytes": params["min_subchunk_bytes"],
+             "p2p_chunk_bytes": params.get("p2p_chunk_bytes") if t["variant"] != "nccl" else None}
         op = "all_reduce" if t["variant"] == "nccl" else "ring_allreduce"
         if t["wrong"] == 0 and "per_rank_samples_ms" not in t:
             rows.append(row(t["variant"], p, "failed", "the ring failed its correctness checks on irregular "
@@ -352,7 +361,8 @@ def run(ctx, params):
     roofs = link_roofs(ctx, pl.backend)
     launches = {}
     for n in ctx.track(pl.world_sizes, "ring all-reduce world sizes"):
-        res = launch("ring", n, pl.backend, params, params["timeout_s"], f"phase4.ring_allreduce on {n} ranks")
+        res = launch("ring", n, pl.backend, params, params["timeout_s"], f"phase4.ring_allreduce on {n} ranks",
+                     extra_env=p2p_env(params["p2p_chunk_bytes"], pl.backend))
         launches[str(n)] = res["_launch_s"]
         rows += rows_from(res, n, pl.backend, roofs, params)
     if params["deadlock_demo"]:
@@ -362,7 +372,8 @@ def run(ctx, params):
             rows.append(deadlock_demo(min(pl.world_sizes), backend, params))
     return rows, {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": launches,
                   "link_roof": {"gbps": roofs.bandwidth_gbps, "source": roofs.source},
-                  "goal_ours_over_nccl_busbw": GOAL_RATIO, "goal_min_size_bytes": GOAL_MIN_SIZE}
+                  "goal_ours_over_nccl_busbw": GOAL_RATIO, "goal_min_size_bytes": GOAL_MIN_SIZE,
+                  "p2p_env": p2p_env(params["p2p_chunk_bytes"], pl.backend)}
 
 
 GOAL_RATIO, GOAL_MIN_SIZE = 0.85, 256 * 2**20      # the issue's goal: >= 85% of NCCL's busbw from 256 MiB up
@@ -372,7 +383,7 @@ COMMON = {"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeou
 EXERCISE = Exercise(
     id="phase4.ring_allreduce", title="Ring all-reduce from scratch (isend/irecv only), pipelined, vs NCCL",
     run=run,
-    params={**COMMON, "lanes": [1, 2, 4], "depths": [1, 2, 4], "min_subchunk_bytes": 4 * 2**20,
+    params={**COMMON, "lanes": [1, 2, 4], "depths": [1, 2, 4], "min_subchunk_bytes": 4 * 2**20, "p2p_chunk_bytes": None,
             "check_numels": [1, 3, 1031, 1_000_003, 2**24 + 7],
             "sizes_bytes": [64 * 2**20, 256 * 2**20, 2**30],
             "deadlock_demo": True, "deadlock_bytes": 256 * 2**20, "deadlock_wait_s": 5.0},
