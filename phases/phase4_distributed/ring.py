@@ -12,9 +12,10 @@ Rank r sends to r+1 and receives from r-1.
 Each rank sends 2(n-1) chunks of S/n bytes: 2(n-1)/n x S, the least any all-reduce on a ring can
 send, which is why busbw = algbw x 2(n-1)/n measures the link and not the algorithm.
 
-Pipelining. Each chunk is cut into `depth` sub-chunks, and transfer k+1 is issued before
-sub-chunk k is added, so the add (a memory-bound kernel: read 2, write 1) runs while the link
-carries the next piece. With NCCL the transfers run on NCCL's stream and the adds on ours:
+Pipelining. In the reduce-scatter each chunk is cut into `depth` sub-chunks, and transfer k+1 is
+issued before sub-chunk k is added, so the add (a memory-bound kernel: read 2, write 1) runs while
+the link carries the next piece. The all-gather moves whole chunks: it has no add to hide, and
+every extra transfer costs a launch and a ramp. With NCCL the transfers run on NCCL's stream and the adds on ours:
 issuing a transfer makes NCCL's stream wait for everything already queued on ours, which is
 exactly the dependency the ring needs (sub-chunk k of step s+1 must be the sum made at step s)
 provided that add was queued first. One transfer of lookahead keeps that true for depth >= 2, and
@@ -90,21 +91,25 @@ class _Ring:
     def __init__(self, flat: torch.Tensor, depth: int, min_subchunk_bytes: int, group):
         n, r = dist.get_world_size(group), dist.get_rank(group)
         self.flat, self.group = flat, group
-        chunks = bounds(flat.numel(), n)
-        d = pipeline_depth(chunks[0][1] - chunks[0][0], flat.element_size(), depth, min_subchunk_bytes)
-        self.subs = [[(c0 + a, c0 + b) for a, b in bounds(c1 - c0, d)] for c0, c1 in chunks]
-        # The schedule: (phase, chunk sent, chunk received, sub-chunk), reduce-scatter then all-gather.
+        self.chunks = bounds(flat.numel(), n)
+        d = pipeline_depth(self.chunks[0][1] - self.chunks[0][0], flat.element_size(), depth, min_subchunk_bytes)
+        self.subs = [[(c0 + a, c0 + b) for a, b in bounds(c1 - c0, d)] for c0, c1 in self.chunks]
+        # The schedule: (phase, chunk sent, chunk received, sub-chunk). The reduce-scatter is cut
+        # into d sub-chunks per step so each add hides under the next transfer; the all-gather has
+        # no add to hide, so it moves whole chunks (sub-chunk None): cutting it would only add launches.
         self.items = [("rs", (r - s) % n, (r - s - 1) % n, k) for s in range(n - 1) for k in range(d)]
-        self.items += [("ag", (r + 1 - s) % n, (r - s) % n, k) for s in range(n - 1) for k in range(d)]
+        self.first_ag = len(self.items)
+        self.items += [("ag", (r + 1 - s) % n, (r - s) % n, None) for s in range(n - 1)]
         self.lookahead = 1 if d >= 2 else 0    # depth 1: each add must be queued before the next send
         biggest = max(b - a for row_ in self.subs for a, b in row_)
         self.scratch = [torch.empty(biggest, dtype=flat.dtype, device=flat.device)
                         for _ in range(self.lookahead + 1)]
         self.right, self.left = (r + 1) % n, (r - 1) % n
         self.works: dict[int, list] = {}
+        self.next = 0                          # the next item to issue
 
-    def piece(self, c: int, k: int) -> torch.Tensor:
-        a, b = self.subs[c][k]
+    def piece(self, c: int, k: int | None) -> torch.Tensor:
+        a, b = self.chunks[c] if k is None else self.subs[c][k]
         return self.flat[a:b]
 
     def target(self, i: int) -> torch.Tensor:
@@ -112,24 +117,31 @@ class _Ring:
         dst = self.piece(recv_c, k)
         return self.scratch[i % len(self.scratch)][: dst.numel()] if phase == "rs" else dst
 
-    def issue(self, i: int) -> None:
-        if i >= len(self.items):
-            return
-        _, send_c, _, k = self.items[i]
-        src, dst = self.piece(send_c, k), self.target(i)
-        ops = []
-        if src.numel():                        # the peer posts the matching receive: same chunk, same size
-            ops.append(dist.P2POp(dist.isend, src, self.right, self.group))
-        if dst.numel():
-            ops.append(dist.P2POp(dist.irecv, dst, self.left, self.group))
-        self.works[i] = dist.batch_isend_irecv(ops) if ops else []
+    def issue_until(self, last: int) -> None:
+        """Issue items self.next .. last (in order)."""
+        while self.next <= min(last, len(self.items) - 1):
+            i = self.next
+            _, send_c, _, k = self.items[i]
+            src, dst = self.piece(send_c, k), self.target(i)
+            ops = []
+            if src.numel():                    # the peer posts the matching receive: same chunk, same size
+                ops.append(dist.P2POp(dist.isend, src, self.right, self.group))
+            if dst.numel():
+                ops.append(dist.P2POp(dist.irecv, dst, self.left, self.group))
+            self.works[i] = dist.batch_isend_irecv(ops) if ops else []
+            self.next += 1
 
     def start(self) -> None:
-        for i in range(self.lookahead + 1):
-            self.issue(i)
+        self.issue_until(min(self.lookahead, self.first_ag - 1))
 
     def finish(self, i: int) -> None:
-        """Wait for transfer i, add it in (reduce-scatter), then send transfer i + 1 + lookahead."""
+        """Wait for transfer i, add it in (reduce-scatter), then issue what may go next.
+
+        What may go next: in the reduce-scatter, up to `lookahead` transfers ahead, but the first
+        all-gather transfer (which sends a chunk whole) only once the last add into that chunk is
+        queued; in the all-gather, the next transfer only after this one is waited for, since it
+        sends the chunk this one received. Issuing after the add is what orders NCCL's stream after
+        it; on gloo the wait itself blocks the host."""
         if i >= len(self.items):
             return
         for w in self.works.pop(i):
@@ -137,7 +149,10 @@ class _Ring:
         phase, _, recv_c, k = self.items[i]
         if phase == "rs" and self.piece(recv_c, k).numel():
             self.piece(recv_c, k).add_(self.target(i))
-        self.issue(i + 1 + self.lookahead)     # queued after add i: NCCL's stream will wait for it
+        if i < self.first_ag - 1:
+            self.issue_until(min(i + 1 + self.lookahead, self.first_ag - 1))
+        else:
+            self.issue_until(i + 1)
 
 
 def ring_all_reduce(t: torch.Tensor, depth: int = 1, min_subchunk_bytes: int = 0, groups=(None,)) -> torch.Tensor:
