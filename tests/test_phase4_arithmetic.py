@@ -236,9 +236,9 @@ def test_ring_goal_takes_one_configuration_at_every_size():
     tables = importlib.import_module("phases.phase4_distributed.tables")
     mk = lambda v, size, x: {"variant": v, "status": "ok", "params": {"world_size": 4, "size_bytes": size},  # noqa: E731
                              "metrics": {"ours_over_nccl_busbw": x}}
-    rows = [mk("ring_l1_d1", 2**28, 0.95), mk("ring_l1_d1", 2**30, 0.60),      # great at 256 MiB only
-            mk("ring_l4_d1", 2**28, 0.80), mk("ring_l4_d1", 2**30, 0.90),      # decent everywhere
-            mk("ring_l4_d1", 2**26, 0.10)]                                      # below the goal's sizes
+    rows = [mk("ring_l1_dir1_d1", 2**28, 0.95), mk("ring_l1_dir1_d1", 2**30, 0.60),      # great at 256 MiB only
+            mk("ring_l4_dir1_d1", 2**28, 0.80), mk("ring_l4_dir1_d1", 2**30, 0.90),      # decent everywhere
+            mk("ring_l4_dir1_d1", 2**26, 0.10)]                                      # below the goal's sizes
     g = tables.Group("h200_sxm", "H200", 4, 4, {"rows": rows})
-    assert tables._ring_ratio(g, 2**28, {"ring_l1_d1", "ring_l4_d1"}) == (0.80, "ring_l4_d1")
-    assert tables._ring_ratio(g, 2**31, {"ring_l1_d1"}) == (None, None)
+    assert tables._ring_ratio(g, 2**28, {"ring_l1_dir1_d1", "ring_l4_dir1_d1"}) == (0.80, "ring_l4_dir1_d1")
+    assert tables._ring_ratio(g, 2**31, {"ring_l1_dir1_d1"}) == (None, None)

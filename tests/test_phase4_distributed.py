@@ -72,9 +72,10 @@ def test_ring_records_checks_before_timing(gloo_run):
     rows = _rec(gloo_run, "phase4.ring_allreduce")["rows"]
     checks = [r for r in rows if r["variant"].startswith("check_")]
     assert checks and all(r["status"] == "ok" and r["metrics"]["integers_exact"] for r in checks)
-    assert {(r["params"]["lanes"], r["params"]["depth"]) for r in checks} == {(1, 1), (1, 3), (2, 1), (2, 3)}
+    assert {(r["params"]["lanes"], r["params"]["directions"], r["params"]["depth"]) for r in checks} == \
+        {(1, 2, 1), (1, 2, 3), (2, 2, 1), (2, 2, 3)}
     timed = [r for r in rows if r["variant"].startswith("ring_l")]
-    assert {r["variant"] for r in timed} == {"ring_l1_d1", "ring_l1_d3", "ring_l2_d1", "ring_l2_d3"}
+    assert {r["variant"] for r in timed} == {"ring_l1_dir2_d1", "ring_l1_dir2_d3", "ring_l2_dir2_d1", "ring_l2_dir2_d3"}
     assert timed and all(r["status"] == "ok" and r["metrics"]["ours_over_nccl_busbw"] > 0 for r in timed)
     assert all(r["check"]["wrong_elements"] == 0 for r in timed)
 
@@ -126,7 +127,7 @@ def test_tables_and_plot_from_records(gloo_run, tmp_path):
 @pytest.fixture(scope="module")
 def four_ranks():
     p = {"pg_timeout_s": 60,
-         "ring": cpu_params(ring, lanes=[1, 3], depths=[1, 2, 3], check_numels=[1, 3, 1031, 100_003]),
+         "ring": cpu_params(ring, lanes=[1, 3], directions=[1, 2], depths=[1, 2, 3], check_numels=[1, 3, 1031, 100_003]),
          "sweep": cpu_params(sweep), "ddp": cpu_params(ddp)}
     res = launch.launch("ring+sweep+ddp", 4, "gloo", p, 240, "4 ranks")
     return p, res
@@ -136,13 +137,14 @@ def test_ring_equals_all_reduce_on_4_ranks(four_ranks):
     p, res = four_ranks
     rows = ring.rows_from(res["ring"], 4, "gloo", ROOFS, p["ring"])
     checks = [r for r in rows if r["variant"].startswith("check_")]
-    assert len(checks) == 2 * 3 * 4 and all(r["status"] == "ok" for r in checks)
+    assert len(checks) == 2 * 2 * 3 * 4 and all(r["status"] == "ok" for r in checks)
     for r in checks:
         assert r["check"]["wrong_elements"] == 0 and r["metrics"]["integers_exact"]
         assert r["check"]["rel_l2_error"] < 1e-6                   # random floats: only the order of sums differs
     assert {r["params"]["numel"] for r in checks} == {1, 3, 1031, 100_003}
     assert all(r["status"] == "ok" for r in rows if r["variant"].startswith("ring_l"))
-    assert {r["params"]["lanes"] for r in rows if r["variant"].startswith("ring_l")} == {1, 3}
+    assert {(r["params"]["lanes"], r["params"]["directions"]) for r in rows if r["variant"].startswith("ring_l")} == \
+        {(1, 1), (1, 2), (3, 1), (3, 2)}
 
 
 def test_sweep_counts_zero_wrong_on_4_ranks(four_ranks):

@@ -351,8 +351,8 @@ EXERCISE = Exercise(
             # 201M parameters as 24 blocks of d=1024 (not 6 of 2048): the gradients computed last
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
-            "bucket_caps_mb": [1, 5, 25, 100, 400], "gradient_as_bucket_view": True,
-            "nccl_max_channels": [None, 8], "nccl_high_priority": [False, True], "comm_hooks": ["builtin", "avg"],
+            "bucket_caps_mb": [5, 25, 100, 400], "gradient_as_bucket_view": True,
+            "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "comm_hooks": ["builtin", "avg"],
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,

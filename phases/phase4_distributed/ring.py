@@ -22,18 +22,25 @@ provided that add was queued first. One transfer of lookahead keeps that true fo
 two scratch buffers alternate so a receive never lands on data an add is still reading. Small
 buffers are not cut below `min_subchunk_bytes`: every transfer costs a launch and a handshake.
 
-Lanes. One send moves at the speed of the NCCL channels it is given, and NCCL gives a
-point-to-point transfer fewer channels the more ranks the communicator has: on one node it starts
-a send on p2pnChannelsPerPeer / (halved until x nRanks <= p2pnChannels) channels and doubles them
-only while a channel's part exceeds 32 x NCCL_P2P_NVL_CHUNKSIZE (16 MiB). On 4 H200s that made
-every send of 128 MiB or less run at about 160 GB/s, half of what the link carries (the 4-rank
-shift rows of the interconnect sweep). `lanes` splits the buffer into that many contiguous
-slices and runs one complete ring per slice, each on its own process group, so its own NCCL
-communicator, channels and stream: the lanes' transfers run side by side, and one lane's add runs
-while another lane's data is on the wire. This is what NCCL does inside its own all-reduce (one
-ring per channel), done here with whole communicators.
+Why one send is not enough, and what the ring does about it. A send moves at the speed of the
+NCCL channels (one CTA each) it is given, and NCCL's point-to-point scheduler (enqueue.cc) gives
+a send on one node p2pnChannelsPerPeer channels halved until x nRanks fits p2pnChannels, then
+doubles them only while a channel's part exceeds 32 chunks of NCCL_P2P_NVL_CHUNKSIZE (512 KiB:
+16 MiB per channel). On 4 H200s every send of 128 MiB or less therefore ran on 8 channels at about
+160 GB/s, half of what the link carries (see the 4-rank send/recv rows of the interconnect sweep),
+and a ring of 256 MiB sends 64 MiB per step. Three things answer that, each measured:
+- p2p_chunk_bytes (NCCL_P2P_NVL_CHUNKSIZE for the ring's job): 64 KiB chunks let a 64 MiB send
+  reach 32 channels (measured once on 4 H200s while choosing it: a 64 MiB shift went from 155 to
+  311 GB/s); 32 KiB chunks cost more per chunk than they gain (a 256 MiB shift fell to 290 GB/s). Only point-to-point reads it: NCCL's collectives size their steps from
+  NCCL_BUFFSIZE, and the NCCL all-reduce rows of the same job are unchanged.
+- directions: 2 splits the buffer in halves that go round the ring in opposite directions. A step
+  then sends to both neighbours in one batch_isend_irecv, so in one NCCL kernel on two sets of
+  channels, and the link, which is full duplex through the switch, carries both.
+- lanes: one process group per slice of the buffer, so one more NCCL communicator (channels,
+  stream) per lane, the lanes' transfers side by side. They multiply the calls from Python, and
+  the host's cost per call (about 80 us) is what limits them below 1 GiB.
 Concurrent communicators are only safe while all their kernels fit on the GPU at once (a kernel
-waiting for a peer that cannot be scheduled would wait forever): a few lanes of up to 32 one-SM
+waiting for a peer that cannot be scheduled would wait forever): two lanes of up to 32 one-SM
 channels fit easily in 132 SMs.
 
 Why the naive version can deadlock. Written the obvious way, every rank calls the blocking
@@ -54,6 +61,7 @@ differs). Then each timed configuration is checked once more at its own size.
 """
 import subprocess
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -86,27 +94,21 @@ def pipeline_depth(chunk_numel: int, itemsize: int, depth: int, min_subchunk_byt
 
 
 class _Ring:
-    """One ring over one slice of the buffer, on one process group: its schedule and its state."""
+    """One ring over one slice of the buffer: its schedule and its pieces. direction +1 sends to
+    rank r+1 and receives from r-1; direction -1 runs the same ring the other way round."""
 
-    def __init__(self, flat: torch.Tensor, depth: int, min_subchunk_bytes: int, group):
-        n, r = dist.get_world_size(group), dist.get_rank(group)
-        self.flat, self.group = flat, group
+    def __init__(self, flat: torch.Tensor, d: int, n: int, r: int, direction: int):
+        p = r if direction == 1 else (-r) % n   # this rank's position on the ring; chunk ids follow positions
+        self.flat = flat
         self.chunks = bounds(flat.numel(), n)
-        d = pipeline_depth(self.chunks[0][1] - self.chunks[0][0], flat.element_size(), depth, min_subchunk_bytes)
         self.subs = [[(c0 + a, c0 + b) for a, b in bounds(c1 - c0, d)] for c0, c1 in self.chunks]
         # The schedule: (phase, chunk sent, chunk received, sub-chunk). The reduce-scatter is cut
         # into d sub-chunks per step so each add hides under the next transfer; the all-gather has
         # no add to hide, so it moves whole chunks (sub-chunk None): cutting it would only add launches.
-        self.items = [("rs", (r - s) % n, (r - s - 1) % n, k) for s in range(n - 1) for k in range(d)]
-        self.first_ag = len(self.items)
-        self.items += [("ag", (r + 1 - s) % n, (r - s) % n, None) for s in range(n - 1)]
-        self.lookahead = 1 if d >= 2 else 0    # depth 1: each add must be queued before the next send
-        biggest = max(b - a for row_ in self.subs for a, b in row_)
-        self.scratch = [torch.empty(biggest, dtype=flat.dtype, device=flat.device)
-                        for _ in range(self.lookahead + 1)]
-        self.right, self.left = (r + 1) % n, (r - 1) % n
-        self.works: dict[int, list] = {}
-        self.next = 0                          # the next item to issue
+        self.items = [("rs", (p - s) % n, (p - s - 1) % n, k) for s in range(n - 1) for k in range(d)]
+        self.items += [("ag", (p + 1 - s) % n, (p - s) % n, None) for s in range(n - 1)]
+        self.right, self.left = (r + direction) % n, (r - direction) % n
+        self.scratch: list[torch.Tensor] = []
 
     def piece(self, c: int, k: int | None) -> torch.Tensor:
         a, b = self.chunks[c] if k is None else self.subs[c][k]
@@ -117,18 +119,47 @@ class _Ring:
         dst = self.piece(recv_c, k)
         return self.scratch[i % len(self.scratch)][: dst.numel()] if phase == "rs" else dst
 
+    def ops(self, i: int, group) -> list:
+        _, send_c, _, k = self.items[i]
+        src, dst = self.piece(send_c, k), self.target(i)
+        out = []
+        if src.numel():                        # the peer posts the matching receive: same chunk, same size
+            out.append(dist.P2POp(dist.isend, src, self.right, group))
+        if dst.numel():
+            out.append(dist.P2POp(dist.irecv, dst, self.left, group))
+        return out
+
+    def add(self, i: int) -> None:
+        phase, _, recv_c, k = self.items[i]
+        if phase == "rs" and self.piece(recv_c, k).numel():
+            self.piece(recv_c, k).add_(self.target(i))
+
+
+class _Lane:
+    """The rings that share one process group (one ring, or two running opposite ways): item i of
+    every ring goes out in one batch_isend_irecv, so NCCL runs them in one kernel, each direction
+    on its own channels."""
+
+    def __init__(self, flat: torch.Tensor, depth: int, min_subchunk_bytes: int, group, directions: int):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        self.group = group
+        halves = bounds(flat.numel(), directions)
+        d = pipeline_depth((halves[0][1] - halves[0][0]) // n, flat.element_size(), depth, min_subchunk_bytes)
+        self.rings = [_Ring(flat[a:b], d, n, r, +1 if j == 0 else -1) for j, (a, b) in enumerate(halves)]
+        self.first_ag = d * (n - 1)
+        self.lookahead = 1 if d >= 2 else 0    # depth 1: each add must be queued before the next send
+        for ring in self.rings:
+            biggest = max(b - a for row_ in ring.subs for a, b in row_)
+            ring.scratch = [torch.empty(biggest, dtype=flat.dtype, device=flat.device)
+                            for _ in range(self.lookahead + 1)]
+        self.count = len(self.rings[0].items)
+        self.works: dict[int, list] = {}
+        self.next = 0                          # the next item to issue
+
     def issue_until(self, last: int) -> None:
-        """Issue items self.next .. last (in order)."""
-        while self.next <= min(last, len(self.items) - 1):
-            i = self.next
-            _, send_c, _, k = self.items[i]
-            src, dst = self.piece(send_c, k), self.target(i)
-            ops = []
-            if src.numel():                    # the peer posts the matching receive: same chunk, same size
-                ops.append(dist.P2POp(dist.isend, src, self.right, self.group))
-            if dst.numel():
-                ops.append(dist.P2POp(dist.irecv, dst, self.left, self.group))
-            self.works[i] = dist.batch_isend_irecv(ops) if ops else []
+        while self.next <= min(last, self.count - 1):
+            ops = [op for ring in self.rings for op in ring.ops(self.next, self.group)]
+            self.works[self.next] = dist.batch_isend_irecv(ops) if ops else []
             self.next += 1
 
     def start(self) -> None:
@@ -142,36 +173,36 @@ class _Ring:
         queued; in the all-gather, the next transfer only after this one is waited for, since it
         sends the chunk this one received. Issuing after the add is what orders NCCL's stream after
         it; on gloo the wait itself blocks the host."""
-        if i >= len(self.items):
+        if i >= self.count:
             return
         for w in self.works.pop(i):
             w.wait()                           # NCCL: our stream waits; gloo: the host waits
-        phase, _, recv_c, k = self.items[i]
-        if phase == "rs" and self.piece(recv_c, k).numel():
-            self.piece(recv_c, k).add_(self.target(i))
+        for ring in self.rings:
+            ring.add(i)
         if i < self.first_ag - 1:
             self.issue_until(min(i + 1 + self.lookahead, self.first_ag - 1))
         else:
             self.issue_until(i + 1)
 
 
-def ring_all_reduce(t: torch.Tensor, depth: int = 1, min_subchunk_bytes: int = 0, groups=(None,)) -> torch.Tensor:
+def ring_all_reduce(t: torch.Tensor, depth: int = 1, min_subchunk_bytes: int = 0, groups=(None,),
+                    directions: int = 1) -> torch.Tensor:
     """Sum `t` over every rank, in place, with isend/irecv only. Returns t.
 
-    `groups`: one process group per lane. Each lane runs the whole ring on its own contiguous slice
-    of t through its own communicator, so the lanes' transfers run side by side, and one lane's add
-    overlaps the others' transfers."""
+    `groups`: one process group per lane; each lane all-reduces its own contiguous slice of t
+    through its own communicator. `directions`: 2 splits each lane's slice in halves that go round
+    the ring in opposite directions, in the same batched calls."""
     n = dist.get_world_size(groups[0])
     if n == 1 or t.numel() == 0:
         return t
     flat = t.view(-1)
-    rings = [_Ring(flat[a:b], depth, min_subchunk_bytes, g)
+    lanes = [_Lane(flat[a:b], depth, min_subchunk_bytes, g, directions)
              for (a, b), g in zip(bounds(flat.numel(), len(groups)), groups) if b > a]
-    for ring in rings:
-        ring.start()
-    for i in range(max(len(ring.items) for ring in rings)):
-        for ring in rings:                     # lane by lane: lane 0's next send leaves before lane 1's add
-            ring.finish(i)
+    for lane in lanes:
+        lane.start()
+    for i in range(max(lane.count for lane in lanes)):
+        for lane in lanes:                     # lane by lane: lane 0's next send leaves before lane 1's add
+            lane.finish(i)
     return t
 
 
@@ -195,25 +226,41 @@ def _random(numel: int, rank: int, device) -> torch.Tensor:
     return torch.randn(numel, generator=g, device=device) + 0.5
 
 
-def configs(params: dict) -> list[tuple[int, int]]:
-    """(lanes, depth) pairs the exercise checks and times: every combination of the two params."""
-    return [(lanes, depth) for lanes in params["lanes"] for depth in params["depths"]]
+@dataclass(frozen=True)
+class Config:
+    """One way to run the ring: lanes (process groups side by side), directions (1, or 2 opposite
+    rings per lane) and depth (reduce-scatter sub-chunks)."""
+    lanes: int
+    directions: int
+    depth: int
+
+    @property
+    def name(self) -> str:
+        return f"ring_l{self.lanes}_dir{self.directions}_d{self.depth}"
+
+    def run(self, t: torch.Tensor, min_subchunk_bytes: int, lanes: list) -> torch.Tensor:
+        return ring_all_reduce(t, self.depth, min_subchunk_bytes, lanes[:self.lanes], self.directions)
 
 
-def _check(me, numel: int, groups: list, depth: int) -> dict:
+def configs(params: dict) -> list[Config]:
+    """Every combination of the params lanes x directions x depths: each is checked, then timed."""
+    return [Config(L, D, d) for L in params["lanes"] for D in params["directions"] for d in params["depths"]]
+
+
+def _check(me, numel: int, cfg: Config, lanes: list) -> dict:
     """One rank's checks of one ring configuration at one size: integers exactly, random floats
     within tolerance. min_subchunk_bytes 0: the depth asked is the depth run, even on tiny buffers."""
     dev = me.device
     x = col.fill_pattern(torch.empty(numel, device=dev), me.rank)
     ours, ref = x.clone(), x.clone()
-    ring_all_reduce(ours, depth, 0, groups)
+    cfg.run(ours, 0, lanes)
     dist.all_reduce(ref)
     me.sync()
     wrong = col.count_wrong(ours, lambda s, e: col.pattern_sum(s, e, me.world, dev))
     ints = exact(ours, ref, "dist.all_reduce of the same integer-valued inputs")
     y = _random(numel, me.rank, dev)
     ours_f, ref_f = y.clone(), y.clone()
-    ring_all_reduce(ours_f, depth, 0, groups)
+    cfg.run(ours_f, 0, lanes)
     dist.all_reduce(ref_f)
     me.sync()
     floats = compare(ours_f, ref_f, "fp32", "dist.all_reduce of the same random fp32 inputs")
@@ -227,24 +274,24 @@ def _timed_size(me, size: int, params: dict, lanes: list, checks_ok: bool) -> li
     numel = size // 4
     buf = torch.empty(numel, device=dev)
     out = []
-    for variant, cfg in [("nccl", None)] + [(f"ring_l{L}_d{d}", (L, d)) for L, d in configs(params)]:
+    for cfg in [None] + configs(params):
+        variant = "nccl" if cfg is None else cfg.name
         me.stage(f"{variant} {size} bytes")
 
         def call(cfg=cfg):
             if cfg is None:
                 dist.all_reduce(buf)
             else:
-                ring_all_reduce(buf, cfg[1], min_sub, lanes[:cfg[0]])
+                cfg.run(buf, min_sub, lanes)
 
         col.fill_pattern(buf, me.rank)
         call()
         me.sync()
         wrong = sum(me.gather(col.count_wrong(buf, lambda s, e: col.pattern_sum(s, e, n, dev))))
-        lane_numel = None if cfg is None else bounds(numel, cfg[0])[0][1]
-        entry = {"variant": variant, "lanes": None if cfg is None else cfg[0], "depth": None if cfg is None else cfg[1],
+        entry = {"variant": variant, "config": None if cfg is None else asdict(cfg),
                  "size_bytes": numel * 4, "wrong": wrong, "elements": numel * n,
-                 "effective_depth": None if cfg is None else
-                 pipeline_depth(bounds(lane_numel, n)[0][1], 4, cfg[1], min_sub)}
+                 "effective_depth": None if cfg is None else   # sub-chunks of one direction's chunk in lane 0
+                 pipeline_depth(numel // (cfg.lanes * cfg.directions * n), 4, cfg.depth, min_sub)}
         if wrong == 0 and (cfg is None or checks_ok):        # the same verdict on every rank
             warmup, iters = col.iterations(size, params)
             entry.update(warmup=warmup, per_rank_samples_ms=me.gather(col.time_calls(call, warmup, iters, dev)))
@@ -255,11 +302,11 @@ def _timed_size(me, size: int, params: dict, lanes: list, checks_ok: bool) -> li
 def worker_task(me, params: dict) -> dict:
     lanes = lane_groups(max(params["lanes"]))
     checks = []
-    for L, depth in configs(params):
+    for cfg in configs(params):
         for numel in params["check_numels"]:
-            me.stage(f"check lanes {L} depth {depth} numel {numel}")
-            got = me.gather(_check(me, numel, lanes[:L], depth))
-            checks.append({"lanes": L, "depth": depth, "numel": numel, "per_rank": got})
+            me.stage(f"check {cfg.name} numel {numel}")
+            got = me.gather(_check(me, numel, cfg, lanes))
+            checks.append({"config": asdict(cfg), "numel": numel, "per_rank": got})
     checks_ok = all(c["wrong_vs_local_sum"] == 0 and c["ints"]["passed"] and c["floats"]["passed"]
                     for ch in checks for c in ch["per_rank"])
     timed = []
@@ -301,8 +348,8 @@ def _check_row(ch: dict, n: int, backend: str) -> dict:
              "metric": "exact + rel_l2", "precision": "fp32", "tolerance": per[0]["floats"]["tolerance"],
              "rel_l2_error": rel, "max_abs_error": max_abs, "wrong_elements": wrong,
              "passed": ints_ok and floats_ok, "reason": reason}
-    return row(f"check_l{ch['lanes']}_d{ch['depth']}", {"world_size": n, "backend": backend, "numel": ch["numel"],
-                                                        "lanes": ch["lanes"], "depth": ch["depth"]},
+    return row("check_" + Config(**ch["config"]).name[len("ring_"):],
+               {"world_size": n, "backend": backend, "numel": ch["numel"], **ch["config"]},
                "ok" if check["passed"] else "failed", reason, check=check,
                metrics={"max_abs_diff_vs_nccl": max_abs, "integers_exact": ints_ok})
 
@@ -312,7 +359,8 @@ def rows_from(result: dict, n: int, backend: str, roofs, params: dict) -> list[d
     method = col.timing_method(backend)
     nccl_busbw = {}
     for t in result["timed"]:
-        p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"], "lanes": t["lanes"], "depth": t["depth"],
+        p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"],
+             **(t["config"] or {"lanes": None, "directions": None, "depth": None}),
              "effective_depth": t["effective_depth"], "min_subchunk_bytes": params["min_subchunk_bytes"],
              "p2p_chunk_bytes": params.get("p2p_chunk_bytes") if t["variant"] != "nccl" else None}
         op = "all_reduce" if t["variant"] == "nccl" else "ring_allreduce"
@@ -398,14 +446,17 @@ COMMON = {"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeou
 EXERCISE = Exercise(
     id="phase4.ring_allreduce", title="Ring all-reduce from scratch (isend/irecv only), pipelined, vs NCCL",
     run=run,
-    params={**COMMON, "lanes": [1, 2, 4], "depths": [1, 2, 4], "min_subchunk_bytes": 4 * 2**20, "p2p_chunk_bytes": None,
+    params={**COMMON, "lanes": [1, 2], "directions": [1, 2], "depths": [1, 2], "min_subchunk_bytes": 4 * 2**20,
+            "p2p_chunk_bytes": 65536,
             "check_numels": [1, 3, 1031, 1_000_003, 2**24 + 7],
             "sizes_bytes": [64 * 2**20, 256 * 2**20, 2**30],
             "deadlock_demo": True, "deadlock_bytes": 256 * 2**20, "deadlock_wait_s": 5.0},
-    cpu_params={"lanes": [1, 2], "depths": [1, 4], "min_subchunk_bytes": 64 * 2**10, "check_numels": [1, 3, 1031, 100_003],
+    cpu_params={"lanes": [1, 2], "directions": [1, 2], "depths": [1, 4], "min_subchunk_bytes": 64 * 2**10,
+                "check_numels": [1, 3, 1031, 100_003],
                 "sizes_bytes": [2**20, 4 * 2**20], "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "warmup_iters": 2, "timeout_s": 180, "pg_timeout_s": 60,
                 "deadlock_bytes": 2**20, "deadlock_wait_s": 2.0},
-    quick_params={"lanes": [1, 2], "depths": [1, 3], "check_numels": [1, 5, 1031], "sizes_bytes": [2**18],
+    quick_params={"lanes": [1, 2], "directions": [2], "depths": [1, 3], "check_numels": [1, 5, 1031],
+                  "sizes_bytes": [2**18],
                   "min_iters": 3, "max_iters": 3, "warmup_iters": 1, "deadlock_wait_s": 1.5},
 )

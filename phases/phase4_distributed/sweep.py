@@ -31,7 +31,8 @@ from common.exercise import Exercise
 
 from . import collectives as col
 from .launch import launch, link_roofs, plan
-from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, lane_groups, ring_all_reduce
+from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, lane_groups, p2p_env, \
+    ring_all_reduce
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -51,7 +52,8 @@ def _setup(me, op: str, size: int, params: dict, lanes: list):
                 dist.all_reduce(buf)
         else:
             def call():
-                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"], lanes)
+                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"], lanes,
+                                params["ring_directions"])
 
         def check():
             col.fill_pattern(buf, r); call(); me.sync()
@@ -109,8 +111,9 @@ def worker_task(me, params: dict) -> dict:
             del call, check
         if me.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": out, "ring": {"lanes": params["ring_lanes"], "depth": params["ring_depth"],
-                                  "min_subchunk_bytes": params["ring_min_subchunk_bytes"]}}
+    return {"rows": out, "ring": {"lanes": params["ring_lanes"], "directions": params["ring_directions"],
+                                  "depth": params["ring_depth"], "min_subchunk_bytes": params["ring_min_subchunk_bytes"],
+                                  "p2p_chunk_bytes": params["ring_p2p_chunk_bytes"]}}
 
 
 def probe_task(me, params: dict) -> dict:
@@ -149,8 +152,8 @@ def rows_from(result: dict, n: int, backend: str, roofs, algos: dict | None) -> 
             r["metrics"].update(algo="P2P", algo_source="point-to-point: no collective algorithm")
         elif op == "ring_allreduce":
             cfg = result.get("ring") or {}
-            r["metrics"].update(algo="ours: ring", algo_source="ring.py", ring_lanes=cfg.get("lanes"),
-                                ring_depth=cfg.get("depth"), ring_min_subchunk_bytes=cfg.get("min_subchunk_bytes"))
+            r["metrics"].update(algo="ours: ring", algo_source="ring.py",
+                                **{f"ring_{k}": v for k, v in cfg.items()})
         else:
             r["metrics"].update(algo=None, algo_source="gloo does not report its algorithm")
         if r["status"] == "ok" and op == "all_reduce":
@@ -197,8 +200,16 @@ def run(ctx, params):
                            nccl_debug=True)
             algos = col.parse_nccl_tuning(line for log in probe["_nccl_logs"] for line in log.splitlines())
             summary["algo_probe"][str(n)] = {"tuning_lines_parsed": len(algos), "launch_s": probe["_launch_s"]}
-        res = launch("sweep", n, pl.backend, params, params["timeout_s"], label)
+        # Our ring runs in a job of its own when its sends get their own NCCL chunk size
+        # (ring.p2p_env): the NCCL rows, send/recv included, keep NCCL's defaults, as nccl-tests has them.
+        env = p2p_env(params["ring_p2p_chunk_bytes"], pl.backend)
+        res = launch("sweep", n, pl.backend, {**params, "ours": params["ours"] and env is None}, params["timeout_s"], label)
         summary["launch_s"][str(n)] = res["_launch_s"]
+        if params["ours"] and env is not None:
+            ours = launch("sweep", n, pl.backend, {**params, "ops": [], "ours": True}, params["timeout_s"],
+                          label + " (our ring, " + ", ".join(f"{k}={v}" for k, v in env.items()) + ")", extra_env=env)
+            summary["launch_s"][f"{n}_ours"] = ours["_launch_s"]
+            res = {"rows": res["rows"] + ours["rows"], "ring": ours["ring"]}
         new = rows_from(res, n, pl.backend, roofs, algos)
         summary["goals"].append(_goal(new, n))
         rows += new
@@ -212,7 +223,8 @@ EXERCISE = Exercise(
     run=run,
     params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
             "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
-            "ours": True, "ring_lanes": 2, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20, "probe_algorithms": True,
+            "ours": True, "ring_lanes": 1, "ring_directions": 2, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20,
+            "ring_p2p_chunk_bytes": 65536, "probe_algorithms": True,
             "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
     cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,
                 "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
