@@ -31,8 +31,9 @@ doubles them only while a channel's part exceeds 32 chunks of NCCL_P2P_NVL_CHUNK
 and a ring of 256 MiB sends 64 MiB per step. Three things answer that, each measured:
 - p2p_chunk_bytes (NCCL_P2P_NVL_CHUNKSIZE for the ring's job): 64 KiB chunks let a 64 MiB send
   reach 32 channels (measured once on 4 H200s while choosing it: a 64 MiB shift went from 155 to
-  311 GB/s); 32 KiB chunks cost more per chunk than they gain (a 256 MiB shift fell to 290 GB/s). Only point-to-point reads it: NCCL's collectives size their steps from
-  NCCL_BUFFSIZE, and the NCCL all-reduce rows of the same job are unchanged.
+  311 GB/s); 32 KiB chunks cost more per chunk than they gain (a 256 MiB shift fell to 290 GB/s).
+  Only point-to-point reads it: NCCL's collectives size their steps from NCCL_BUFFSIZE, and the
+  NCCL all-reduce rows of the same job are unchanged.
 - directions: 2 splits the buffer in halves that go round the ring in opposite directions. A step
   then sends to both neighbours in one batch_isend_irecv, so in one NCCL kernel on two sets of
   channels, and the link, which is full duplex through the switch, carries both.
@@ -153,6 +154,7 @@ class _Lane:
             ring.scratch = [torch.empty(biggest, dtype=flat.dtype, device=flat.device)
                             for _ in range(self.lookahead + 1)]
         self.count = len(self.rings[0].items)
+        self.stream_ordered = dist.get_backend(group) == "nccl"
         self.works: dict[int, list] = {}
         self.next = 0                          # the next item to issue
 
@@ -171,8 +173,9 @@ class _Lane:
         What may go next: in the reduce-scatter, up to `lookahead` transfers ahead, but the first
         all-gather transfer (which sends a chunk whole) only once the last add into that chunk is
         queued; in the all-gather, the next transfer only after this one is waited for, since it
-        sends the chunk this one received. Issuing after the add is what orders NCCL's stream after
-        it; on gloo the wait itself blocks the host."""
+        sends the chunk this one received (gloo: the host waits), or, with NCCL, all of them at once,
+        since NCCL's stream already runs them one after the other. Issuing after the add is what
+        orders NCCL's stream after it."""
         if i >= self.count:
             return
         for w in self.works.pop(i):
@@ -181,7 +184,9 @@ class _Lane:
             ring.add(i)
         if i < self.first_ag - 1:
             self.issue_until(min(i + 1 + self.lookahead, self.first_ag - 1))
-        else:
+        elif self.stream_ordered:
+            self.issue_until(self.count - 1)  # NCCL runs one communicator's transfers in issue order on one
+        else:                                  # stream: the all-gather needs no round trip through ours
             self.issue_until(i + 1)
 
 

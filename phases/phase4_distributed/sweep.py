@@ -223,7 +223,7 @@ EXERCISE = Exercise(
     run=run,
     params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
             "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
-            "ours": True, "ring_lanes": 1, "ring_directions": 2, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20,
+            "ours": True, "ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20,
             "ring_p2p_chunk_bytes": 65536, "probe_algorithms": True,
             "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
     cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,
