@@ -26,9 +26,10 @@ Why one send is not enough, and what the ring does about it. A send moves at the
 NCCL channels (one CTA each) it is given, and NCCL's point-to-point scheduler (enqueue.cc) gives
 a send on one node p2pnChannelsPerPeer channels halved until x nRanks fits p2pnChannels, then
 doubles them only while a channel's part exceeds 32 chunks of NCCL_P2P_NVL_CHUNKSIZE (512 KiB:
-16 MiB per channel). On 4 H200s every send of 128 MiB or less therefore ran on 8 channels at about
-160 GB/s, half of what the link carries (see the 4-rank send/recv rows of the interconnect sweep),
-and a ring of 256 MiB sends 64 MiB per step. Three things answer that, each measured:
+16 MiB per channel). On 4 H200s every send of 128 MiB or less therefore ran (by that rule, on 8
+channels) at 130-160 GB/s, half of what the link carries (the 4-rank send/recv rows of the sweep),
+and a ring of 256 MiB sends 64 MiB per step. Three answers, each measured in every combination
+(the phase README has the numbers); the first is the one that paid:
 - p2p_chunk_bytes (NCCL_P2P_NVL_CHUNKSIZE for the ring's job): 64 KiB chunks let a 64 MiB send
   reach 32 channels (measured once on 4 H200s while choosing it: a 64 MiB shift went from 155 to
   311 GB/s); 32 KiB chunks cost more per chunk than they gain (a 256 MiB shift fell to 290 GB/s).
@@ -36,10 +37,11 @@ and a ring of 256 MiB sends 64 MiB per step. Three things answer that, each meas
   NCCL all-reduce rows of the same job are unchanged.
 - directions: 2 splits the buffer in halves that go round the ring in opposite directions. A step
   then sends to both neighbours in one batch_isend_irecv, so in one NCCL kernel on two sets of
-  channels, and the link, which is full duplex through the switch, carries both.
+  channels. Measured on 4 H200s it lost at 256 MiB: two 32 MiB sends get fewer channels each than
+  one 64 MiB send.
 - lanes: one process group per slice of the buffer, so one more NCCL communicator (channels,
   stream) per lane, the lanes' transfers side by side. They multiply the calls from Python, and
-  the host's cost per call (about 80 us) is what limits them below 1 GiB.
+  the host's cost per call is what limits them below 1 GiB.
 Concurrent communicators are only safe while all their kernels fit on the GPU at once (a kernel
 waiting for a peer that cannot be scheduled would wait forever): two lanes of up to 32 one-SM
 channels fit easily in 132 SMs.

@@ -10,6 +10,7 @@ Records are grouped by (hardware, GPUs on the machine, world size): a 4-GPU mach
 the newest record of its group. Plots and findings use, per world size, the machine with exactly
 that many GPUs when there is one. The seed's figures appear only labelled with seed.CITATION.
 """
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,11 @@ def _m(r, key, default=None):
 
 def _us(ms) -> str:
     return "-" if ms is None else num(ms * 1e3)
+
+
+def _ratio1(x) -> str:
+    """A measured ratio in the goal table: one decimal, so a value at the line reads as what it is."""
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _ratio(x) -> str:
@@ -286,6 +292,11 @@ def _bucket_label(r) -> str:
     return num(r["params"]["bucket_cap_mb"]) + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _buckets_in_words(r) -> str:
+    extra = _settings(r["params"])
+    return f"{num(r['params']['bucket_cap_mb'])} MB buckets" + (f" ({', '.join(extra)})" if extra else "")
+
+
 def _ddp_order(r) -> tuple:
     p = r["params"]
     return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("comm_hook") or "builtin",
@@ -364,12 +375,13 @@ def t_goals(v: View) -> str:
         goal = next((x for x in g.rec["summary"].get("goals", []) if x.get("world_size") == g.n), None)
         if goal:
             rows.append([g.label, "NCCL all-reduce busbw, best at >= 1 GiB", f">= {num(goal['goal_gbps'])} GB/s",
-                         f"{num(goal['best_busbw_gbps_from_1gib'])} GB/s", _met(goal.get("met")), _run(v, g.rec)])
+                         f"{goal['best_busbw_gbps_from_1gib']:.1f} GB/s" if goal.get("best_busbw_gbps_from_1gib") else "-",
+                         _met(goal.get("met")), _run(v, g.rec)])
         s = g.rec["summary"]
         if s.get("goal_ring_over_nccl"):
             x, _ = _ring_ratio(g, s["goal_ring_min_size_bytes"], ("ring_allreduce",))
             rows.append([g.label, f"our ring / NCCL busbw, worst size >= {size_bytes(s['goal_ring_min_size_bytes'])} (sweep)",
-                         f">= {_ratio(s['goal_ring_over_nccl'])}", _ratio(x),
+                         f">= {_ratio(s['goal_ring_over_nccl'])}", _ratio1(x),
                          _met(None if x is None else x >= s["goal_ring_over_nccl"]), _run(v, g.rec)])
     for g in [g for g in preferred(v.records, EX_RING) if g.gpu]:
         s = g.rec["summary"]
@@ -381,7 +393,7 @@ def t_goals(v: View) -> str:
                                   f"best configuration" + (f" ({cfg[0]} lane{'s' if cfg[0] != 1 else ''}, {cfg[1]} "
                                                            f"direction{'s' if cfg[1] != 1 else ''}, depth {cfg[2]})"
                                                            if cfg else ""),
-                         f">= {_ratio(s['goal_ours_over_nccl_busbw'])}", _ratio(x),
+                         f">= {_ratio(s['goal_ours_over_nccl_busbw'])}", _ratio1(x),
                          _met(None if x is None else x >= s["goal_ours_over_nccl_busbw"]), _run(v, g.rec)])
     for g in [g for g in preferred(v.records, EX_DDP) if g.gpu]:
         s = g.rec["summary"]
@@ -390,7 +402,7 @@ def t_goals(v: View) -> str:
             rows.append([g.label, f"DDP: gradient communication hidden under backward (best: "
                                   + ", ".join([f"{num(best['bucket_cap_mb'])} MB buckets"] + _settings(best)) + ")",
                          f">= {_ratio(s.get('goal_hidden_fraction'))}",
-                         _ratio(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
+                         _ratio1(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
     if not rows:
         return "_No phase 4 records yet: run `lab run 4` on 2 or more GPUs, then `lab report`._"
     return markdown(rows, ["ranks", "goal", "target", "measured", "met", "run"])
@@ -412,6 +424,46 @@ def _half_size(g: Group, op: str):
         return None
     best = max(_m(r, "busbw_gbps") for r in ok)
     return next(r["params"]["size_bytes"] for r in ok if _m(r, "busbw_gbps") >= best / 2)
+
+
+def _p2p_jump(g: Group):
+    """(row, next row) of the send/recv shift where busbw rose 1.5x or more from one size to the
+    next, from 16 MiB up (where the fixed cost no longer dominates); None if it never did."""
+    ok = sorted((r for r in g.rows if r["params"].get("op") == "sendrecv" and _ok(r)
+                 and r["params"]["size_bytes"] >= 16 * 2**20), key=lambda r: r["params"]["size_bytes"])
+    return next(((a, b) for a, b in zip(ok, ok[1:]) if _m(b, "busbw_gbps") >= 1.5 * _m(a, "busbw_gbps")), None)
+
+
+def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict]) -> list[str]:
+    """Sentences on why the exposed time is what it is: the spread over the settings tried at the
+    best bucket size, and the SM share NCCL's all-reduce took (its channels, from the sweep's probe)."""
+    cap = best["params"]["bucket_cap_mb"]
+    same = [_m(r, "hidden_fraction") for r in timed if r["params"]["bucket_cap_mb"] == cap]
+    out = []
+    if len(same) > 1:
+        out.append(f"Across the {len(same)} settings tried with {num(cap)} MB buckets (NCCL channel cap, stream "
+                   f"priority, comm hook) the hidden share ranged from {_ratio(min(same))} to {_ratio(max(same))} "
+                   f"(median {_ratio(statistics.median(same))}): none came near 70%.")
+    sweep = next((s for s in preferred(v.records, EX_SWEEP) if s.hw == g.hw and s.n == g.n), None)
+    sms = (g.rec["hardware"].get("gpu") or {}).get("sm_count")
+    sizes = _m(best, "bucket_bytes") or []
+    if sweep is None or not sms or not sizes:
+        return out
+    mean = sum(sizes) / len(sizes)
+    rows = [r for r in sweep.rows if r["params"].get("op") == "all_reduce" and _ok(r) and _m(r, "channels")]
+    if not rows:
+        return out
+    near = min(rows, key=lambda r: abs(r["params"]["size_bytes"] - mean))
+    ch, comm, exposed = _m(near, "channels"), _m(best, "comm_ms"), _m(best, "exposed_comm_ms")
+    out.append(f"The last bucket can never hide, but an all-reduce of its size takes only {_us(_m(near, 'ms'))} µs "
+               f"({size_bytes(near['params']['size_bytes'])} in the sweep); the rest of the {num(exposed)} ms the step "
+               f"lost is what backward and the all-reduce cost each other running side by side. NCCL ran all-reduces of this size on {ch} "
+               f"channels (the sweep's probe), one CTA on one SM each: {pct(100 * ch / sms)} of the {sms} SMs, which "
+               f"for the {num(comm)} ms of communication is worth about {num(ch / sms * comm)} ms of compute; and it "
+               f"streams every byte through HBM, which backward's memory-bound kernels need too. NVLink SHARP, where "
+               f"the switch does the reduction, would take both off the GPU; the lab's machines keep it off "
+               f"(NCCL_NVLS_ENABLE=0).")
+    return out
 
 
 def t_findings(v: View) -> str:
@@ -449,6 +501,18 @@ def t_findings(v: View) -> str:
                      f"the same run; at {size_bytes(small['params']['size_bytes'])} it managed "
                      f"{_ratio(_m(small, 'ours_over_nccl_busbw'))}, paying a launch per transfer where NCCL runs "
                      f"the whole ring in one kernel.")
+        jump = _p2p_jump(g)
+        if jump is not None:
+            lo, hi = jump
+            cfg = _m(ours, "ring_p2p_chunk_bytes") if ours is not None else None
+            s.append(f"The send/recv shift jumped from {num(_m(lo, 'busbw_gbps'))} GB/s at "
+                     f"{size_bytes(lo['params']['size_bytes'])} to {num(_m(hi, 'busbw_gbps'))} GB/s at "
+                     f"{size_bytes(hi['params']['size_bytes'])}: by NCCL's scheduling rule for point-to-point "
+                     f"(enqueue.cc) a send starts on fewer channels the more ranks share the communicator and gets "
+                     f"more only once each channel's part exceeds 32 chunks of NCCL_P2P_NVL_CHUNKSIZE (16 MiB at the "
+                     f"default 512 KiB). A ring step sends size/{g.n}, so this is the ring's bottleneck"
+                     + (f"; its sends ran with NCCL_P2P_NVL_CHUNKSIZE={cfg}, which spreads a 64 MiB send over 32 "
+                        f"channels (the NCCL rows keep the default)." if cfg else "."))
         paras.append(" ".join(s))
     for g in preferred(v.records, EX_DDP):
         if not g.gpu:
@@ -458,16 +522,17 @@ def t_findings(v: View) -> str:
             continue
         best = max(timed, key=lambda r: _m(r, "hidden_fraction"))
         worst = min(timed, key=lambda r: _m(r, "hidden_fraction"))
-        s = [f"**DDP on {g.label}.** With {_bucket_label(best)} MB buckets, "
+        s = [f"**DDP on {g.label}.** With {_buckets_in_words(best)}, "
              f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
              f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
-             f"with no communication at all. With {_bucket_label(worst)} MB buckets only "
+             f"with no communication at all. With {_buckets_in_words(worst)} only "
              f"{_ratio(_m(worst, 'hidden_fraction'))} hid."]
         if _m(best, "mfu_vs_peak") is not None:
             s.append(f"The step ran at {num(_m(best, 'tflops'))} TFLOP/s of model FLOPs: MFU {_ratio(_m(best, 'mfu_vs_peak'))} "
                      f"of the {num(_m(best, 'peak_tflops'))} TFLOP/s spec peak"
                      + (f", {_ratio(_m(best, 'mfu_vs_phase1_ceiling'))} of the {num(_m(best, 'phase1_ceiling_tflops'))} "
                         f"TFLOP/s best matmul phase 1 measured." if _m(best, "mfu_vs_phase1_ceiling") is not None else "."))
+        s += _ddp_contention(v, g, best, timed)
         st = g.row("per_rank_steps_straggler")
         if st is not None:
             s.append(f"With the last rank sleeping {num(st['params']['straggler_ms'])} ms per step, local work spread "
