@@ -23,6 +23,10 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    ran under backward. The last bucket can never hide (backward is over when it is ready); huge
    buckets hide little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
    (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
+   Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide, or
+   avg_hook), and, one launch each, NCCL's channel cap (nccl_max_channels) and the priority of
+   NCCL's stream (nccl_high_priority): the settings that decide how the all-reduce and backward
+   share SMs and HBM, which is where the exposed time goes (the phase README's findings).
 3. The barrier, made visible. Per-rank wall-clock step times with and without one straggler (the
    last rank sleeps `straggler_ms` before each step): local work differs per rank, DDP steps do
    not, because every rank waits in the all-reduce for the slowest.
