@@ -242,3 +242,15 @@ def test_ring_goal_takes_one_configuration_at_every_size():
     g = tables.Group("h200_sxm", "H200", 4, 4, {"rows": rows})
     assert tables._ring_ratio(g, 2**28, {"ring_l1_dir1_d1", "ring_l4_dir1_d1"}) == (0.80, "ring_l4_dir1_d1")
     assert tables._ring_ratio(g, 2**31, {"ring_l1_dir1_d1"}) == (None, None)
+
+
+def test_ring_configurations_and_their_names():
+    p = {"lanes": [1, 2], "directions": [1], "depths": [1, 2], "graphs": [False, True]}
+    on_gpu = ring.configs(p, "cuda")
+    assert len(on_gpu) == 8 and sum(c.graph for c in on_gpu) == 4
+    assert [c.name for c in ring.configs(p, "cpu")] == ["ring_l1_dir1_d1", "ring_l1_dir1_d2", "ring_l2_dir1_d1",
+                                                        "ring_l2_dir1_d2"]       # no CUDA graphs without a GPU
+    assert ring.Config(1, 2, 1, True).name == "ring_l1_dir2_d1_graph"
+    sweep_cfg = importlib.import_module("phases.phase4_distributed.sweep").ring_config
+    params = {"ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_graph": True}
+    assert sweep_cfg(params, "cuda").graph and not sweep_cfg(params, "cpu").graph

@@ -28,7 +28,7 @@ a send on one node p2pnChannelsPerPeer channels halved until x nRanks fits p2pnC
 doubles them only while a channel's part exceeds 32 chunks of NCCL_P2P_NVL_CHUNKSIZE (512 KiB:
 16 MiB per channel). On 4 H200s every send of 128 MiB or less therefore ran (by that rule, on 8
 channels) at 130-160 GB/s, half of what the link carries (the 4-rank send/recv rows of the sweep),
-and a ring of 256 MiB sends 64 MiB per step. Three answers, each measured in every combination
+and a ring of 256 MiB sends 64 MiB per step. The answers, each measured in every combination
 (the phase README has the numbers); the first is the one that paid:
 - p2p_chunk_bytes (NCCL_P2P_NVL_CHUNKSIZE for the ring's job): 64 KiB chunks let a 64 MiB send
   reach 32 channels (measured once on 4 H200s while choosing it: a 64 MiB shift went from 155 to
@@ -42,6 +42,10 @@ and a ring of 256 MiB sends 64 MiB per step. Three answers, each measured in eve
 - lanes: one process group per slice of the buffer, so one more NCCL communicator (channels,
   stream) per lane, the lanes' transfers side by side. They multiply the calls from Python, and
   the host's cost per call is what limits them below 1 GiB.
+- graph: the whole ring captured once as a CUDA graph and replayed, so one host launch per
+  all-reduce instead of one Python call per step (batch_isend_irecv, wait, add). It takes away
+  the host's cost per step, which is what sets the pace below 1 GiB and what makes extra
+  transfers (depth, directions, lanes) lose.
 Concurrent communicators are only safe while all their kernels fit on the GPU at once (a kernel
 waiting for a peer that cannot be scheduled would wait forever): two lanes of up to 32 one-SM
 channels fit easily in 132 SMs.
@@ -233,25 +237,50 @@ def _random(numel: int, rank: int, device) -> torch.Tensor:
     return torch.randn(numel, generator=g, device=device) + 0.5
 
 
+def captured(fn):
+    """fn as a CUDA graph: the replay re-issues every kernel fn queued (NCCL's sends and receives,
+    our adds, the waits between streams) with one launch from the host, instead of one Python call
+    per step. Capturing records and runs nothing, so fn runs once first, on a side stream (the
+    allocations and NCCL's lazy connections happen outside the graph): every rank must call this
+    at the same time, since that run is a collective."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 @dataclass(frozen=True)
 class Config:
     """One way to run the ring: lanes (process groups side by side), directions (1, or 2 opposite
-    rings per lane) and depth (reduce-scatter sub-chunks)."""
+    rings per lane), depth (reduce-scatter sub-chunks) and graph (the whole ring replayed as one
+    CUDA graph; NCCL on GPUs only)."""
     lanes: int
     directions: int
     depth: int
+    graph: bool = False
 
     @property
     def name(self) -> str:
-        return f"ring_l{self.lanes}_dir{self.directions}_d{self.depth}"
+        return f"ring_l{self.lanes}_dir{self.directions}_d{self.depth}" + ("_graph" if self.graph else "")
 
-    def run(self, t: torch.Tensor, min_subchunk_bytes: int, lanes: list) -> torch.Tensor:
-        return ring_all_reduce(t, self.depth, min_subchunk_bytes, lanes[:self.lanes], self.directions)
+    def bind(self, t: torch.Tensor, min_subchunk_bytes: int, lanes: list):
+        """A call that all-reduces t in place. With graph, binding captures it (and so all-reduces
+        t once: refill t after binding)."""
+        def ring():
+            ring_all_reduce(t, self.depth, min_subchunk_bytes, lanes[:self.lanes], self.directions)
+        return captured(ring) if self.graph else ring
 
 
-def configs(params: dict) -> list[Config]:
-    """Every combination of the params lanes x directions x depths: each is checked, then timed."""
-    return [Config(L, D, d) for L in params["lanes"] for D in params["directions"] for d in params["depths"]]
+def configs(params: dict, device_type: str = "cuda") -> list[Config]:
+    """Every combination of the params lanes x directions x depths x graphs (graphs on GPUs only):
+    each is checked, then timed."""
+    return [Config(L, D, d, g) for g in params["graphs"] if not (g and device_type != "cuda")
+            for L in params["lanes"] for D in params["directions"] for d in params["depths"]]
 
 
 def _check(me, numel: int, cfg: Config, lanes: list) -> dict:
@@ -260,14 +289,18 @@ def _check(me, numel: int, cfg: Config, lanes: list) -> dict:
     dev = me.device
     x = col.fill_pattern(torch.empty(numel, device=dev), me.rank)
     ours, ref = x.clone(), x.clone()
-    cfg.run(ours, 0, lanes)
+    call = cfg.bind(ours, 0, lanes)
+    ours.copy_(x)
+    call()
     dist.all_reduce(ref)
     me.sync()
     wrong = col.count_wrong(ours, lambda s, e: col.pattern_sum(s, e, me.world, dev))
     ints = exact(ours, ref, "dist.all_reduce of the same integer-valued inputs")
     y = _random(numel, me.rank, dev)
     ours_f, ref_f = y.clone(), y.clone()
-    cfg.run(ours_f, 0, lanes)
+    call = cfg.bind(ours_f, 0, lanes)
+    ours_f.copy_(y)
+    call()
     dist.all_reduce(ref_f)
     me.sync()
     floats = compare(ours_f, ref_f, "fp32", "dist.all_reduce of the same random fp32 inputs")
@@ -281,16 +314,10 @@ def _timed_size(me, size: int, params: dict, lanes: list, checks_ok: bool) -> li
     numel = size // 4
     buf = torch.empty(numel, device=dev)
     out = []
-    for cfg in [None] + configs(params):
+    for cfg in [None] + configs(params, dev.type):
         variant = "nccl" if cfg is None else cfg.name
         me.stage(f"{variant} {size} bytes")
-
-        def call(cfg=cfg):
-            if cfg is None:
-                dist.all_reduce(buf)
-            else:
-                cfg.run(buf, min_sub, lanes)
-
+        call = (lambda: dist.all_reduce(buf)) if cfg is None else cfg.bind(buf, min_sub, lanes)
         col.fill_pattern(buf, me.rank)
         call()
         me.sync()
@@ -303,13 +330,14 @@ def _timed_size(me, size: int, params: dict, lanes: list, checks_ok: bool) -> li
             warmup, iters = col.iterations(size, params)
             entry.update(warmup=warmup, per_rank_samples_ms=me.gather(col.time_calls(call, warmup, iters, dev)))
         out.append(entry)
+        del call                               # a graph holds its memory until it goes
     return out
 
 
 def worker_task(me, params: dict) -> dict:
     lanes = lane_groups(max(params["lanes"]))
     checks = []
-    for cfg in configs(params):
+    for cfg in configs(params, me.device.type):
         for numel in params["check_numels"]:
             me.stage(f"check {cfg.name} numel {numel}")
             got = me.gather(_check(me, numel, cfg, lanes))
@@ -367,7 +395,7 @@ def rows_from(result: dict, n: int, backend: str, roofs, params: dict) -> list[d
     nccl_busbw = {}
     for t in result["timed"]:
         p = {"world_size": n, "backend": backend, "size_bytes": t["size_bytes"],
-             **(t["config"] or {"lanes": None, "directions": None, "depth": None}),
+             **(t["config"] or {"lanes": None, "directions": None, "depth": None, "graph": None}),
              "effective_depth": t["effective_depth"], "min_subchunk_bytes": params["min_subchunk_bytes"],
              "p2p_chunk_bytes": params.get("p2p_chunk_bytes") if t["variant"] != "nccl" else None}
         op = "all_reduce" if t["variant"] == "nccl" else "ring_allreduce"
@@ -453,12 +481,14 @@ COMMON = {"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeou
 EXERCISE = Exercise(
     id="phase4.ring_allreduce", title="Ring all-reduce from scratch (isend/irecv only), pipelined, vs NCCL",
     run=run,
-    params={**COMMON, "lanes": [1, 2], "directions": [1, 2], "depths": [1, 2], "min_subchunk_bytes": 4 * 2**20,
+    params={**COMMON, "lanes": [1, 2], "directions": [1, 2], "depths": [1, 2], "graphs": [False, True],
+            "min_subchunk_bytes": 4 * 2**20,
             "p2p_chunk_bytes": 65536,
             "check_numels": [1, 3, 1031, 1_000_003, 2**24 + 7],
             "sizes_bytes": [64 * 2**20, 256 * 2**20, 2**30],
             "deadlock_demo": True, "deadlock_bytes": 256 * 2**20, "deadlock_wait_s": 5.0},
-    cpu_params={"lanes": [1, 2], "directions": [1, 2], "depths": [1, 4], "min_subchunk_bytes": 64 * 2**10,
+    cpu_params={"lanes": [1, 2], "directions": [1, 2], "depths": [1, 4], "graphs": [False],
+                "min_subchunk_bytes": 64 * 2**10,
                 "check_numels": [1, 3, 1031, 100_003],
                 "sizes_bytes": [2**20, 4 * 2**20], "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "warmup_iters": 2, "timeout_s": 180, "pg_timeout_s": 60,

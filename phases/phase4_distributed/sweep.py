@@ -31,14 +31,20 @@ from common.exercise import Exercise
 
 from . import collectives as col
 from .launch import launch, link_roofs, plan
-from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, lane_groups, p2p_env, \
-    ring_all_reduce
+from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, Config, lane_groups, \
+    p2p_env
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 # ------------------------------------------------------------------------------ on every rank
+def ring_config(params: dict, device_type: str) -> Config:
+    """The one configuration of our ring the sweep runs (a CUDA graph on GPUs only)."""
+    return Config(params["ring_lanes"], params["ring_directions"], params["ring_depth"],
+                  bool(params["ring_graph"]) and device_type == "cuda")
+
+
 def _setup(me, op: str, size: int, params: dict, lanes: list):
     """(call, check) for `op` at nccl-tests size `size`: call() runs it once; check() fills the
     inputs, poisons the outputs, runs once and returns this rank's #wrong."""
@@ -51,9 +57,7 @@ def _setup(me, op: str, size: int, params: dict, lanes: list):
             def call():
                 dist.all_reduce(buf)
         else:
-            def call():
-                ring_all_reduce(buf, params["ring_depth"], params["ring_min_subchunk_bytes"], lanes,
-                                params["ring_directions"])
+            call = ring_config(params, dev.type).bind(buf, params["ring_min_subchunk_bytes"], lanes)
 
         def check():
             col.fill_pattern(buf, r); call(); me.sync()
@@ -111,8 +115,9 @@ def worker_task(me, params: dict) -> dict:
             del call, check
         if me.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": out, "ring": {"lanes": params["ring_lanes"], "directions": params["ring_directions"],
-                                  "depth": params["ring_depth"], "min_subchunk_bytes": params["ring_min_subchunk_bytes"],
+    cfg = ring_config(params, me.device.type)
+    return {"rows": out, "ring": {"lanes": cfg.lanes, "directions": cfg.directions, "depth": cfg.depth,
+                                  "graph": cfg.graph, "min_subchunk_bytes": params["ring_min_subchunk_bytes"],
                                   "p2p_chunk_bytes": params["ring_p2p_chunk_bytes"]}}
 
 
@@ -223,7 +228,7 @@ EXERCISE = Exercise(
     run=run,
     params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
             "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
-            "ours": True, "ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_min_subchunk_bytes": 32 * 2**20,
+            "ours": True, "ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_graph": True, "ring_min_subchunk_bytes": 32 * 2**20,
             "ring_p2p_chunk_bytes": 65536, "probe_algorithms": True,
             "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
     cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,

@@ -222,10 +222,17 @@ def t_plots(v: View) -> str:
 
 
 # ------------------------------------------------------------------------------ the ring
-def _cfg(r) -> tuple[int, int, int]:
-    """(lanes, directions, depth) of a ring row; records from before lanes and directions existed
-    ran one lane in one direction."""
-    return r["params"].get("lanes") or 1, r["params"].get("directions") or 1, r["params"]["depth"]
+def _cfg(r) -> tuple[int, int, int, bool]:
+    """(lanes, directions, depth, graph) of a ring row; records from before those existed ran one
+    lane in one direction, call by call."""
+    p = r["params"]
+    return p.get("lanes") or 1, p.get("directions") or 1, p["depth"], bool(p.get("graph"))
+
+
+def _cfg_words(cfg) -> str:
+    lanes, dirs, depth, graph = cfg
+    return (f"{lanes} lane{'s' if lanes != 1 else ''}, {dirs} direction{'s' if dirs != 1 else ''}, depth {depth}"
+            + (", CUDA graph" if graph else ""))
 
 
 def _is_ring(r) -> bool:
@@ -242,19 +249,20 @@ def t_ring(v: View) -> str:
         crow = []
         for cfg in sorted({_cfg(r) for r in checks}):
             rs = [r for r in checks if _cfg(r) == cfg]
-            crow.append([str(cfg[0]), str(cfg[1]), str(cfg[2]), ", ".join(f"{r['params']['numel']:,}" for r in rs),
+            crow.append([str(cfg[0]), str(cfg[1]), str(cfg[2]), "yes" if cfg[3] else "no", ", ".join(f"{r['params']['numel']:,}" for r in rs),
                          "yes" if all(_m(r, "integers_exact") for r in rs) else "NO",
                          num(max((r["check"] or {}).get("max_abs_error") or 0 for r in rs)),
                          num(max((r["check"] or {}).get("rel_l2_error") or 0 for r in rs)),
                          "passed" if all(r["status"] == "ok" for r in rs) else "FAILED"])
         out += [f"**{g.label}** ({_run(v, g.rec)})", "",
-                markdown(crow, ["lanes", "directions", "depth", "sizes checked (elements)", "integer data: exact, = dist.all_reduce",
+                markdown(crow, ["lanes", "directions", "depth", "CUDA graph", "sizes checked (elements)", "integer data: exact, = dist.all_reduce",
                                 "random fp32: max |ours - NCCL|", "relative error", "check"]), ""]
         ring_rows = [r for r in g.rows if _is_ring(r)]
         sizes = sorted({r["params"]["size_bytes"] for r in ring_rows + [r for r in g.rows if r["variant"] == "nccl"]})
-        trows = [["NCCL all-reduce", "-", "-", "-"] + [num(_m(g.row("nccl", size_bytes=s), "busbw_gbps")) for s in sizes]]
+        trows = [["NCCL all-reduce", "-", "-", "-", "-"] + [num(_m(g.row("nccl", size_bytes=s), "busbw_gbps"))
+                                                            for s in sizes]]
         for cfg in sorted({_cfg(r) for r in ring_rows}):
-            cells = ["ours: ring", str(cfg[0]), str(cfg[1]), str(cfg[2])]
+            cells = ["ours: ring", str(cfg[0]), str(cfg[1]), str(cfg[2]), "yes" if cfg[3] else "no"]
             for s in sizes:
                 r = next((r for r in ring_rows if _cfg(r) == cfg and r["params"]["size_bytes"] == s), None)
                 if not _ok(r):
@@ -265,7 +273,7 @@ def t_ring(v: View) -> str:
                              + (f", {pieces} pieces run" if pieces not in (None, cfg[2]) else "") + ")")
             trows.append(cells)
         chunk = next((r["params"].get("p2p_chunk_bytes") for r in ring_rows if r["params"].get("p2p_chunk_bytes")), None)
-        out += [markdown(trows, ["all-reduce", "lanes", "directions", "depth"] +
+        out += [markdown(trows, ["all-reduce", "lanes", "directions", "depth", "CUDA graph"] +
                          [f"{size_bytes(s)}: busbw GB/s (of NCCL)" for s in sizes]), ""]
         if chunk:
             out += [f"The ring's sends ran with NCCL_P2P_NVL_CHUNKSIZE={chunk} (NCCL's default: 524288); "
@@ -390,9 +398,7 @@ def t_goals(v: View) -> str:
             x, best = _ring_ratio(g, s["goal_min_size_bytes"], variants)
             cfg = next((_cfg(r) for r in g.rows if r["variant"] == best), None)
             rows.append([g.label, f"our ring / NCCL busbw, worst size >= {size_bytes(s['goal_min_size_bytes'])}, "
-                                  f"best configuration" + (f" ({cfg[0]} lane{'s' if cfg[0] != 1 else ''}, {cfg[1]} "
-                                                           f"direction{'s' if cfg[1] != 1 else ''}, depth {cfg[2]})"
-                                                           if cfg else ""),
+                                  f"best configuration" + (f" ({_cfg_words(cfg)})" if cfg else ""),
                          f">= {_ratio(s['goal_ours_over_nccl_busbw'])}", _ratio1(x),
                          _met(None if x is None else x >= s["goal_ours_over_nccl_busbw"]), _run(v, g.rec)])
     for g in [g for g in preferred(v.records, EX_DDP) if g.gpu]:
