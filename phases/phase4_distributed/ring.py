@@ -15,8 +15,8 @@ send, which is why busbw = algbw x 2(n-1)/n measures the link and not the algori
 Pipelining. In the reduce-scatter each chunk is cut into `depth` sub-chunks, and transfer k+1 is
 issued before sub-chunk k is added, so the add (a memory-bound kernel: read 2, write 1) runs while
 the link carries the next piece. The all-gather moves whole chunks: it has no add to hide, and
-every extra transfer costs a launch and a ramp. With NCCL the transfers run on NCCL's stream and the adds on ours:
-issuing a transfer makes NCCL's stream wait for everything already queued on ours, which is
+every extra transfer costs a launch and a ramp. With NCCL the transfers run on NCCL's stream and
+the adds on ours: issuing a transfer makes NCCL's stream wait for everything already queued on ours, which is
 exactly the dependency the ring needs (sub-chunk k of step s+1 must be the sum made at step s)
 provided that add was queued first. One transfer of lookahead keeps that true for depth >= 2, and
 two scratch buffers alternate so a receive never lands on data an add is still reading. Small
@@ -62,9 +62,10 @@ H200s, NCCL 2.28 let the 256 MiB naive exchange complete: it is the ordering, no
 that makes the code correct, and a transport that happens to buffer hides the bug).
 
 Correctness gates timing: before any timing, the ring is checked against dist.all_reduce on
-irregular sizes (not multiples of n) in every (lanes, depth) configuration: integer-valued data must match exactly (and
-match the sum computed locally), random floats within fp32 tolerance (the summation order
-differs). Then each timed configuration is checked once more at its own size.
+irregular sizes (not multiples of n) in every configuration (lanes, directions, depth, graph):
+integer-valued data must match exactly (and match the sum computed locally), random floats within
+fp32 tolerance (the summation order differs). Then each timed configuration is checked once more
+at its own size.
 """
 import subprocess
 import time
