@@ -22,6 +22,19 @@ def report(i: int, **fields) -> None:
     print(TAG + json.dumps({"i": i, **fields}), flush=True)
 
 
+def context_alive(device) -> bool:
+    """Child side, after a case failed: whether this process's CUDA context still works. A fault
+    poisons it, and then every later case would fail too: the child should exit, and the parent
+    starts a fresh one at the next case."""
+    import torch
+    try:
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize()
+        return True
+    except Exception:                                  # noqa: BLE001 - any error means a dead context
+        return False
+
+
 def run_in_children(todo: list, child_cmd: Callable[[int], list[str]], timeout_s: float,
                     show: Callable[[dict, str, dict], None], describe: Callable[[dict], str],
                     max_restarts: int = 8) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from isolated_cases import report, run_in_children  # noqa: E402  (scripts/ is on the path)
+from isolated_cases import context_alive, report, run_in_children  # noqa: E402  (scripts/ is on the path)
 
 RUNGS = ("mma_bf16", "mma_bf16_pipelined")
 # (M, N, K, offset): offset 1 = A, B and C are views starting one element into their storage.
@@ -148,10 +148,7 @@ def child(start: int, timing: bool) -> int:
                 report(i, status="ok", rows=rows, rel_vs_fp32_matmul=rel, seconds=round(time.perf_counter() - t0, 1))
         except Exception as e:                                 # noqa: BLE001 - one line per failed case
             report(i, status="ERROR", error=f"{type(e).__name__}: {e}"[:400])
-            try:                                               # a fault poisons the context: stop here
-                torch.ones(1, device=dev).add_(1)
-                torch.cuda.synchronize()
-            except Exception:                                  # noqa: BLE001
+            if not context_alive(dev):                         # a fault poisons the context: stop here
                 return 3
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from isolated_cases import report, run_in_children  # noqa: E402  (scripts/ is on the path)
+from isolated_cases import context_alive, report, run_in_children  # noqa: E402  (scripts/ is on the path)
 
 RUNGS = ("wgmma_tma", "wgmma_tma_ws", "wgmma_tma_ws_cluster", "wgmma_tma_ws_tma_store")
 # (M, N, K): tiny, odd, tails in every dimension, exact tiles, more tiles than SMs, then the timed sizes.
@@ -58,15 +58,6 @@ def child(rung: str, start: int, timing: bool, versus: str = "") -> int:
     ref_name = versus if (versus and versus != rung and versus in mm.RUNGS) else ""
     ref_launcher = getattr(lib, mm.RUNGS[ref_name].launcher) if ref_name else None
     todo = cases(timing)
-
-    def context_alive() -> bool:
-        try:
-            x = torch.ones(1, device=dev)
-            x.add_(1)
-            torch.cuda.synchronize()
-            return True
-        except Exception:
-            return False
 
     for i in range(start, len(todo)):
         case = todo[i]
@@ -156,7 +147,7 @@ def child(rung: str, start: int, timing: bool, versus: str = "") -> int:
         except Exception as e:                                   # noqa: BLE001 - report and go on
             report(i, status="ERROR", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                    seconds=round(time.perf_counter() - t0, 3))
-            if not context_alive():
+            if not context_alive(dev):
                 return 3                                         # the parent restarts us at i + 1
     return 0
 
