@@ -1215,10 +1215,9 @@ extern "C" int softmax_choose(int cols, int dtype) {
     return k;
 }
 
-extern "C" int launch_softmax(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype)) return (int)cudaErrorInvalidValue;
-    if (rows == 0) return 0;
-    switch (softmax_choose(cols, dtype)) {
+// Runs kernel k (Kernel enum) on arguments already checked.
+static int run_kernel(int k, const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    switch (k) {
         case K_WARP_PACKED: return run_packed(x, y, rows, cols, dtype, stream);
         case K_WARP_ROW: return run_seed(x, y, rows, cols, dtype, stream);
         case K_BLOCK_ROW: return run_block(x, y, rows, cols, dtype, stream);
@@ -1231,56 +1230,32 @@ extern "C" int launch_softmax(const void* x, void* y, int rows, int cols, int dt
     }
 }
 
-extern "C" int launch_softmax_warp_row(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > WARP_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_seed(x, y, rows, cols, dtype, stream);
+// One kernel by name: its own row-length limit is checked here, the GPU's abilities (clusters)
+// by the kernel's run_* function.
+static int launch_one(int k, const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    if (bad_args(rows, cols, dtype) || cols > max_cols_of(k)) return (int)cudaErrorInvalidValue;
+    return rows == 0 ? 0 : run_kernel(k, x, y, rows, cols, dtype, stream);
 }
 
-extern "C" int launch_softmax_warp_packed(const void* x, void* y, int rows, int cols, int dtype,
-                                          cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > WARP_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_packed(x, y, rows, cols, dtype, stream);
-}
-
-extern "C" int launch_softmax_block_row(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > BLOCK_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_block(x, y, rows, cols, dtype, stream);
-}
-
-extern "C" int launch_softmax_cluster_row(const void* x, void* y, int rows, int cols, int dtype,
-                                          cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_cluster(x, y, rows, cols, dtype, stream);
-}
-
-extern "C" int launch_softmax_block_row_smem(const void* x, void* y, int rows, int cols, int dtype,
-                                             cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > SMEM_BLOCK_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_block_smem(x, y, rows, cols, dtype, stream);
-}
-
-extern "C" int launch_softmax_cluster_row_smem(const void* x, void* y, int rows, int cols, int dtype,
-                                               cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > SMEM_CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
-}
-
-extern "C" int launch_softmax_cluster_row_smem64(const void* x, void* y, int rows, int cols, int dtype,
-                                                 cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > SMEM_CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_cluster_smem(x, y, rows, cols, dtype, 1, stream);
-}
-
-extern "C" int launch_softmax_cluster_row_ring(const void* x, void* y, int rows, int cols, int dtype,
-                                               cudaStream_t stream) {
-    if (bad_args(rows, cols, dtype) || cols > RING_CLUSTER_MAX_COLS) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_ring(x, y, rows, cols, dtype, stream);
-}
-
-extern "C" int launch_softmax_online(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+extern "C" int launch_softmax(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
     if (bad_args(rows, cols, dtype)) return (int)cudaErrorInvalidValue;
-    return rows == 0 ? 0 : run_online(x, y, rows, cols, dtype, cols, stream);
+    return rows == 0 ? 0 : run_kernel(softmax_choose(cols, dtype), x, y, rows, cols, dtype, stream);
 }
+
+#define SOFTMAX_LAUNCHER(name, kernel)                                                             \
+    extern "C" int launch_softmax_##name(const void* x, void* y, int rows, int cols, int dtype,    \
+                                         cudaStream_t stream) {                                    \
+        return launch_one(kernel, x, y, rows, cols, dtype, stream);                                \
+    }
+SOFTMAX_LAUNCHER(warp_row, K_WARP_ROW)
+SOFTMAX_LAUNCHER(warp_packed, K_WARP_PACKED)
+SOFTMAX_LAUNCHER(block_row, K_BLOCK_ROW)
+SOFTMAX_LAUNCHER(cluster_row, K_CLUSTER_ROW)
+SOFTMAX_LAUNCHER(block_row_smem, K_BLOCK_ROW_SMEM)
+SOFTMAX_LAUNCHER(cluster_row_smem, K_CLUSTER_ROW_SMEM)
+SOFTMAX_LAUNCHER(cluster_row_smem64, K_CLUSTER_ROW_SMEM64)
+SOFTMAX_LAUNCHER(cluster_row_ring, K_CLUSTER_ROW_RING)
+SOFTMAX_LAUNCHER(online, K_ONLINE)
 
 // A deliberately wrong launcher (tests only): the online kernel with max and sum taken over the
 // first half of each row only, then every element normalized by that. Rows sum to more than 1;
