@@ -187,6 +187,26 @@ static int check(const char* name, Launcher fn, int M, int N, int K, int offset,
     return !ok;
 }
 
+// The shared-memory wavefronts of one warp's LDS.128 at byte addresses addr[0..31]: the worst
+// bank's count of distinct 4-byte words, times 2 when pairs of lanes (L, L^1 or L, L^2) read the
+// same float4 (a half-warp per wavefront), else 4. Misaligned addresses are counted into `bad`.
+static int lds128_wavefronts(const long (&addr)[32], int& bad, int* conflict_out = nullptr,
+                             size_t* distinct_out = nullptr, bool* p1_out = nullptr, bool* p2_out = nullptr) {
+    for (int l = 0; l < 32; ++l) bad += addr[l] % 16 != 0;
+    std::set<long> distinct(addr, addr + 32);
+    std::map<int, std::set<long>> bank;
+    for (long a : distinct) for (int w = 0; w < 4; ++w) bank[(a / 4 + w) % 32].insert(a / 4 + w);
+    int conflict = 0;
+    for (auto& b : bank) conflict = std::max(conflict, (int)b.second.size());
+    bool p1 = true, p2 = true;
+    for (int l = 0; l < 32; ++l) { p1 &= addr[l] == addr[l ^ 1]; p2 &= addr[l] == addr[l ^ 2]; }
+    if (conflict_out) *conflict_out = conflict;
+    if (distinct_out) *distinct_out = distinct.size();
+    if (p1_out) *p1_out = p1;
+    if (p2_out) *p2_out = p2;
+    return (p1 || p2 ? 2 : 4) * conflict;
+}
+
 static int banks() {
     int worst_lds = 0, worst_sts = 0, bad = 0;
     for (int warp = 0; warp < WT_THREADS / 32; ++warp) {
@@ -206,20 +226,15 @@ static int banks() {
                            : which == 2 ? WT_BK * WT_AS + k * WT_BN + b_off[l]
                            : WT_BK * WT_AS + k * WT_BN + b_off[l] + 32;
                     addr[l] = 4 * f;
-                    bad += addr[l] % 16 != 0;
                 }
-                std::set<long> distinct(addr, addr + 32);
-                std::map<int, std::set<long>> bank;
-                for (long a : distinct) for (int w = 0; w < 4; ++w) bank[(a / 4 + w) % 32].insert(a / 4 + w);
-                int conflict = 0;
-                for (auto& b : bank) conflict = std::max(conflict, (int)b.second.size());
-                bool p1 = true, p2 = true;
-                for (int l = 0; l < 32; ++l) { p1 &= addr[l] == addr[l ^ 1]; p2 &= addr[l] == addr[l ^ 2]; }
-                int wavefronts = (p1 || p2 ? 2 : 4) * conflict;
+                int conflict;
+                size_t distinct;
+                bool p1, p2;
+                int wavefronts = lds128_wavefronts(addr, bad, &conflict, &distinct, &p1, &p2);
                 worst_lds = std::max(worst_lds, wavefronts);
                 if (warp == 0 && k == 0)
                     printf("  LDS.128 %s%d: %zu distinct float4s, %d-way bank conflict, lanes L,L^1 share: %s, "
-                           "L,L^2 share: %s -> %d wavefronts\n", which < 2 ? "a" : "b", which % 2, distinct.size(),
+                           "L,L^2 share: %s -> %d wavefronts\n", which < 2 ? "a" : "b", which % 2, distinct,
                            conflict, p1 ? "yes" : "no", p2 ? "yes" : "no", wavefronts);
             }
         for (int pad = 0; pad < 2; ++pad)
@@ -262,16 +277,8 @@ static int banks_wtc() {
                     long f = which < 2 ? k * WTC_AS + a_off[l] + 16 * which
                                        : BK * WTC_AS + k * WTC_BN + b_off[l] + 32 * (which - 2);
                     addr[l] = 4 * f;
-                    bad += addr[l] % 16 != 0;
                 }
-                std::set<long> distinct(addr, addr + 32);
-                std::map<int, std::set<long>> bank;
-                for (long a : distinct) for (int w = 0; w < 4; ++w) bank[(a / 4 + w) % 32].insert(a / 4 + w);
-                int conflict = 0;
-                for (auto& b : bank) conflict = std::max(conflict, (int)b.second.size());
-                bool p1 = true, p2 = true;
-                for (int l = 0; l < 32; ++l) { p1 &= addr[l] == addr[l ^ 1]; p2 &= addr[l] == addr[l ^ 2]; }
-                worst_lds = std::max(worst_lds, (p1 || p2 ? 2 : 4) * conflict);
+                worst_lds = std::max(worst_lds, lds128_wavefronts(addr, bad));
             }
         for (int j = 0; j < WTC_BM * BK / THREADS; ++j) {
             std::map<int, std::set<long>> bank;
