@@ -405,7 +405,7 @@ def t_goals(v: View) -> str:
         s = g.rec["summary"]
         best = next((x for x in s.get("best", []) if x.get("world_size") == g.n), None)
         if best:
-            rows.append([g.label, f"DDP: gradient communication hidden under backward (best: "
+            rows.append([g.label, "DDP: gradient communication hidden under backward (best: "
                                   + ", ".join([f"{num(best['bucket_cap_mb'])} MB buckets"] + _settings(best)) + ")",
                          f">= {_ratio(s.get('goal_hidden_fraction'))}",
                          _ratio1(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
