@@ -729,6 +729,191 @@ __device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, in
 }
 
 // ---------------------------------------------------------------------------------------------
+// Stream kernel, stream_row (sm_90): a PERSISTENT grid, one CTA per SM, and a ring of
+// STREAM_CHUNKS shared chunks of STREAM_CHUNK_BYTES that one producer warp keeps full with bulk
+// copies, chunk after chunk and row after row, while 16 consumer warps reduce and write. A CTA
+// holds its part of a row (at most STREAM_SLICE_CHUNKS chunks, 128 KB) until the row's (max, sum)
+// is known; the rest of the ring (at least 5 chunks, 80 KB) is the next row's bytes already on
+// their way, so the SM's loads never stop for a reduction, an exchange or a write-back. The
+// ring kernel above stalls in exactly those places at 32 KB granularity, with a cluster barrier
+// per row across 8 CTAs (fp32 65,536: 74% of copy).
+//   * A row of up to 128 KB (bf16 65,536) is one CTA's: no cluster, no exchange. Longer rows are
+//     split over a cluster of ceil(bytes / 128 KB) CTAs (fp32 65,536: 2), each with an equal
+//     share of whole chunks; the (max, sum) pairs go to every peer's shared memory with a remote
+//     store and a remote mbarrier arrive (release/acquire at cluster scope), double-buffered by
+//     row parity, so no cluster-wide barrier sits inside the loop.
+//   * Barriers: full[slot] (the producer's expect_tx, completed by the copy's bytes), empty[slot]
+//     (one arrive per consumer warp once it has read the slot in pass 2).
+//   * Pass 1, per chunk as it lands: a running (m, s) per thread (one exp2 per element); consumer
+//     combine (shuffles, one named barrier); pass 2: y = exp2(v - M) / S from shared memory to
+//     global with 16-byte stores: the second exp2 per element costs SFU time the SM has
+//     (2 per element is about half the H200's 16 per clock per SM at copy speed in bf16).
+// Needs `vec` (bulk copies: 16-byte aligned rows): the launcher falls back to cluster_row_smem.
+#define STREAM_CHUNK_BYTES 16384
+#define STREAM_CHUNKS 13                    // 208 KB of ring: one CTA per SM (227 KB usable)
+#define STREAM_SLICE_CHUNKS 8               // a CTA's part of a row: <= 128 KB, so >= 80 KB ahead
+#define STREAM_CONSUMER_WARPS 16
+#define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
+#define STREAM_MAX_CTAS 8                   // the portable cluster size
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Arrive on the mbarrier at the same shared offset as `bar` in CTA `rank` of the cluster; the
+// release orders this thread's earlier stores (the pair it wrote there) before the arrival.
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank) {
+    asm volatile("{\n\t.reg .b32 r;\n\tmapa.shared::cluster.u32 r, %0, %1;\n\t"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n\t}"
+                 ::"r"(smem_u32(bar)), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {   // acquire: peers' stores
+    unsigned done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void consumers_sync() {        // the consumer warps only (named barrier 1)
+    asm volatile("bar.sync 1, %0;" ::"n"(STREAM_CONSUMER_WARPS * 32) : "memory");
+}
+#endif
+
+template <typename Ty>
+__device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, int cols) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using S = typename Ty::storage;
+    using Raw = typename Pack<Ty, Ty::VEC>::Raw;
+    constexpr int VEC = Ty::VEC, CE = STREAM_CHUNK_BYTES / (int)sizeof(S);      // elements per chunk
+    constexpr int WARPS = STREAM_CONSUMER_WARPS, PER = CE / VEC / (WARPS * 32);   // packs per thread per chunk
+    static_assert(CE % (VEC * WARPS * 32) == 0, "whole packs per consumer thread per chunk");
+    extern __shared__ __align__(16) unsigned char smem_raw[];       // bulk copies: 16-byte aligned
+    S* const ring = reinterpret_cast<S*>(smem_raw);
+    __shared__ __align__(8) uint64_t full[STREAM_CHUNKS], empty[STREAM_CHUNKS], pair_bar[2];
+    __shared__ float2 pairs[2][STREAM_MAX_CTAS];
+    __shared__ float red_m[2][WARPS], red_s[2][WARPS];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank(), ctas = (int)cluster.num_blocks();
+    const long long group = blockIdx.x / ctas, groups = gridDim.x / ctas;
+    // This CTA's part of every row: chunks [c0, c0 + mine) of the row's ceil(cols / CE).
+    const int row_chunks = (cols + CE - 1) / CE, share = (row_chunks + ctas - 1) / ctas;
+    const int c0 = rank * share, mine = max(0, min(share, row_chunks - c0));
+    const S* x = static_cast<const S*>(xv);
+    S* y = static_cast<S*>(yv);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STREAM_CHUNKS; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], WARPS);
+        }
+        mbar_init(&pair_bar[0], ctas);
+        mbar_init(&pair_bar[1], ctas);
+        mbar_init_fence();
+    }
+    cluster.sync();                                 // every peer's barriers exist before any remote arrive
+    if (warp == WARPS) {                            // the producer: one lane issues every copy
+        if (lane == 0) {
+            long long k = 0;                        // chunks issued so far; slot k % STREAM_CHUNKS
+            for (long long u = group; u < rows; u += groups) {
+                for (int c = 0; c < mine; ++c, ++k) {
+                    const int slot = (int)(k % STREAM_CHUNKS);
+                    mbar_wait(&empty[slot], (unsigned)((k / STREAM_CHUNKS) & 1) ^ 1u);   // first lap: free
+                    const int lo = (c0 + c) * CE, n = min(CE, cols - lo);
+                    mbar_expect_tx(&full[slot], (unsigned)n * (unsigned)sizeof(S));
+                    bulk_load(ring + slot * CE, x + (size_t)u * cols + lo, (unsigned)n * (unsigned)sizeof(S),
+                              &full[slot]);
+                }
+            }
+        }
+        __syncwarp();
+    } else {                                        // the consumers
+        long long k = 0;                            // first chunk of the current row
+        int i = 0;                                  // rows done by this CTA
+        for (long long u = group; u < rows; u += groups, k += mine, ++i) {
+            float m = -INFINITY, s = 0.f;
+            for (int c = 0; c < mine; ++c) {        // pass 1: each chunk as it lands
+                const long long kc = k + c;
+                const int slot = (int)(kc % STREAM_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
+                mbar_wait(&full[slot], (unsigned)((kc / STREAM_CHUNKS) & 1));
+                const S* buf = ring + slot * CE;
+                float v[PER * VEC];
+                float cm = -INFINITY;
+#pragma unroll
+                for (int p = 0; p < PER; ++p) {
+                    const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
+                    if (e0 < n) {
+                        Pack<Ty, VEC> q;
+                        q.raw = *reinterpret_cast<const Raw*>(buf + e0);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) v[p * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) v[p * VEC + j] = -INFINITY;
+                    }
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, v[p * VEC + j]);
+                }
+                const float new_m = fmaxf(m, cm), ref = finite_or_zero(new_m);
+                float add = 0.f;
+#pragma unroll
+                for (int e = 0; e < PER * VEC; ++e) add += ex2(v[e] - ref);
+                s = s * ex2(m - ref) + add;         // m = -inf (nothing yet): 0 * 0
+                m = new_m;
+            }
+            warp_combine(m, s);                     // the consumers' combine, buffers by row parity
+            if (lane == 0) {
+                red_m[i & 1][warp] = m;
+                red_s[i & 1][warp] = s;
+            }
+            consumers_sync();
+            m = lane < WARPS ? red_m[i & 1][lane] : -INFINITY;
+            s = lane < WARPS ? red_s[i & 1][lane] : 0.f;
+            warp_combine(m, s);
+            if (ctas > 1) {                         // every CTA's pair to every CTA, then combine
+                if (threadIdx.x == 0) {
+                    for (int r = 0; r < ctas; ++r) {
+                        *cluster.map_shared_rank(&pairs[i & 1][rank], r) = make_float2(m, s);
+                        mbar_arrive_remote(&pair_bar[i & 1], (unsigned)r);
+                    }
+                }
+                mbar_wait_cluster(&pair_bar[i & 1], (unsigned)((i >> 1) & 1));
+                m = -INFINITY;
+                s = 0.f;
+                if (lane < ctas) {
+                    const float2 q = pairs[i & 1][lane];
+                    m = q.x;
+                    s = q.y;
+                }
+                warp_combine(m, s);
+            }
+            const float ref = finite_or_zero(m), inv = 1.f / s;
+            for (int c = 0; c < mine; ++c) {        // pass 2: write, then hand the slot back
+                const long long kc = k + c;
+                const int slot = (int)(kc % STREAM_CHUNKS), lo = (c0 + c) * CE, n = min(CE, cols - lo);
+                const S* buf = ring + slot * CE;
+                S* out = y + (size_t)u * cols + lo;
+#pragma unroll
+                for (int p = 0; p < PER; ++p) {
+                    const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
+                    if (e0 < n) {
+                        Pack<Ty, VEC> q, o;
+                        q.raw = *reinterpret_cast<const Raw*>(buf + e0);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j)
+                            o.e[j] = Ty::from_float(ex2(fmaf(Ty::to_float(q.e[j]), LOG2E, -ref)) * inv);
+                        __stwb(reinterpret_cast<Raw*>(out + e0), o.raw);
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[slot]);
+            }
+        }
+    }
+    cluster.sync();                                 // no CTA leaves while a peer may still write to it
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // The kernels: one extern "C" entry per (kernel, dtype, row bucket C), so the ptxas report and the
 // records name them plainly. All take (x, y, rows, cols, vec).
 #define ROW_KERNEL_ARGS const void* __restrict__ x, void* __restrict__ y, int rows, int cols, int vec
@@ -798,6 +983,14 @@ SMEM_KERNEL(softmax_cluster_row_smem_bf16_s32768, BF16, unsigned short, 32768, t
     }
 RING_KERNEL(softmax_cluster_row_ring_f32, F32)
 RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
+// Stream kernels (persistent, one CTA per SM, sm_90): (x, y, rows, cols).
+#define STREAM_KERNEL(name, Ty)                                                                      \
+    extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 1)                                  \
+        name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
+        stream_rows<Ty>(x, y, rows, cols);                                                           \
+    }
+STREAM_KERNEL(softmax_stream_row_f32, F32)
+STREAM_KERNEL(softmax_stream_row_bf16, BF16)
 
 static_assert(packed_lanes(0, 256) == 32 && packed_lanes(1, 512) == 32, "packed = seed layout from here on");
 static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the last packed kernels");
@@ -810,13 +1003,15 @@ using RingKernel = void (*)(const void*, void*, int, int);
 
 // Kernel families, the codes softmax_choose returns (softmax.py's KERNELS lists them in this order).
 enum Kernel { K_WARP_PACKED = 0, K_WARP_ROW = 1, K_BLOCK_ROW = 2, K_CLUSTER_ROW = 3, K_ONLINE = 4,
-              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_CLUSTER_ROW_RING = 8 };
+              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_CLUSTER_ROW_RING = 8,
+              K_STREAM_ROW = 9 };
 #define WARP_MAX_COLS 1024
 #define BLOCK_MAX_COLS 32768
 #define CLUSTER_MAX_COLS 131072
 #define SMEM_BLOCK_MAX_COLS 16384      // block_row_smem: one CTA's slice (64 KB fp32, 32 KB bf16)
 #define SMEM_CLUSTER_MAX_COLS 131072
 #define RING_CLUSTER_MAX_COLS 131072     // cluster_row_ring: up to 16 CTAs x 32 KB
+#define STREAM_MAX_COLS 131072           // stream_row: fp32 up to 4 CTAs x 128 KB, bf16 up to 2
 
 static const RowKernel SEED[2][6] = {       // C = 32 .. 1024
     {softmax_warp_row_f32_c32, softmax_warp_row_f32_c64, softmax_warp_row_f32_c128, softmax_warp_row_f32_c256,
@@ -1058,26 +1253,29 @@ static int cluster_smem_ready_for(int cols, int dtype, int idx) {
     return ctas <= 16 && smem_ready(SMEM_CLUSTER[dtype][idx], 1, dtype, idx, ctas) == 0;
 }
 
-// Ring kernel, per dtype: cluster_row_ring (a cluster per row). Persistent grid: as many clusters
-// as fit at once, from the occupancy calculator with the ring's 96 KB of dynamic shared memory,
-// cached per device, dtype and cluster size.
-static const RingKernel RING[2] = {softmax_cluster_row_ring_f32, softmax_cluster_row_ring_bf16};
-static int g_ring[64][2][17];               // resident clusters; 0 unknown, < 0: -(err + 1)
+// Persistent kernels (cluster_row_ring, stream_row): as many clusters as fit at once, from the
+// occupancy calculator with the kernel's dynamic shared memory, cached per device, kernel, dtype
+// and cluster size.
+struct PersistentKernel { RingKernel k[2]; int threads; int smem_bytes; };
+static const PersistentKernel RING = {{softmax_cluster_row_ring_f32, softmax_cluster_row_ring_bf16},
+                                      RING_THREADS, RING_STAGES * RING_BYTES};
+static const PersistentKernel STREAM = {{softmax_stream_row_f32, softmax_stream_row_bf16},
+                                        STREAM_THREADS, STREAM_CHUNKS * STREAM_CHUNK_BYTES};
+static int g_resident[64][2][2][17];        // [dev][ring, stream][dtype][ctas]; 0 unknown, < 0: -(err + 1)
 
-static int ring_resident(int dtype, int ctas, int* resident) {
+static int persistent_resident(const PersistentKernel& pk, int dtype, int ctas, int* resident) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
     if (ctas < 1 || ctas > 16) return (int)cudaErrorInvalidValue;
-    int* slot = dev < 64 ? &g_ring[dev][dtype][ctas] : nullptr;
+    int* slot = dev < 64 ? &g_resident[dev][&pk == &STREAM][dtype][ctas] : nullptr;
     if (slot && *slot > 0) { *resident = *slot; return 0; }
     if (slot && *slot < 0) return -*slot - 1;
-    RingKernel k = RING[dtype];
-    const int bytes = RING_STAGES * RING_BYTES;
+    RingKernel k = pk.k[dtype];
     int major = 0, n = 0;
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess && major < 9) e = cudaErrorNotSupported;        // bulk copies, clusters: sm_90
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, pk.smem_bytes);
     if (e == cudaSuccess && ctas > 8)
         e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e == cudaSuccess) {
@@ -1088,8 +1286,8 @@ static int ring_resident(int dtype, int ctas, int* resident) {
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
         cfg.gridDim = dim3(ctas);
-        cfg.blockDim = dim3(RING_THREADS);
-        cfg.dynamicSmemBytes = bytes;
+        cfg.blockDim = dim3(pk.threads);
+        cfg.dynamicSmemBytes = pk.smem_bytes;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         e = cudaOccupancyMaxActiveClusters(&n, k, &cfg);
@@ -1101,19 +1299,13 @@ static int ring_resident(int dtype, int ctas, int* resident) {
     return (int)e;
 }
 
-static int ring_ctas(int cols, int dtype) { const int tile = RING_BYTES / (dtype == 0 ? 4 : 2); return (cols + tile - 1) / tile; }
-
-// Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
-// cannot be used: cluster_row_ring runs cluster_row_smem (the same 32 KB slices).
-static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    const int ctas = ring_ctas(cols, dtype);
-    if (ctas > 16) return (int)cudaErrorInvalidValue;
+// One launch of a persistent kernel: min(rows, resident clusters) clusters of `ctas` CTAs.
+static int launch_persistent(const PersistentKernel& pk, int ctas, const void* x, void* y, int rows, int cols,
+                             int dtype, cudaStream_t stream) {
     int resident = 0;
-    const int ready = ring_resident(dtype, ctas, &resident);
+    const int ready = persistent_resident(pk, dtype, ctas, &resident);
     if (ready != 0) return ready;
-    if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
-    const long long units = rows;
-    const long long blocks = (units < resident ? units : resident) * (long long)ctas;
+    const long long blocks = (rows < resident ? rows : resident) * (long long)ctas;
     if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
@@ -1122,20 +1314,55 @@ static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaS
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(RING_THREADS);
-    cfg.dynamicSmemBytes = RING_STAGES * RING_BYTES;
+    cfg.blockDim = dim3(pk.threads);
+    cfg.dynamicSmemBytes = pk.smem_bytes;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, RING[dtype], x, y, rows, cols);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, pk.k[dtype], x, y, rows, cols);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
+}
+
+static int ring_ctas(int cols, int dtype) { const int tile = RING_BYTES / (dtype == 0 ? 4 : 2); return (cols + tile - 1) / tile; }
+// stream_row: ceil(chunks / STREAM_SLICE_CHUNKS) CTAs per row (1..STREAM_MAX_CTAS).
+static int stream_ctas(int cols, int dtype) {
+    const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
+    return (chunks + STREAM_SLICE_CHUNKS - 1) / STREAM_SLICE_CHUNKS;
+}
+
+// Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
+// cannot be used: cluster_row_ring and stream_row run cluster_row_smem (32 KB slices) instead.
+static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int ctas = ring_ctas(cols, dtype);
+    if (ctas > 16) return (int)cudaErrorInvalidValue;
+    int resident = 0;
+    const int ready = persistent_resident(RING, dtype, ctas, &resident);
+    if (ready != 0) return ready;
+    if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
+    return launch_persistent(RING, ctas, x, y, rows, cols, dtype, stream);
+}
+
+static int run_stream(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
+    const int ctas = stream_ctas(cols, dtype);
+    if (ctas > STREAM_MAX_CTAS) return (int)cudaErrorInvalidValue;
+    int resident = 0;
+    const int ready = persistent_resident(STREAM, dtype, ctas, &resident);
+    if (ready != 0) return ready;
+    if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
+    return launch_persistent(STREAM, ctas, x, y, rows, cols, dtype, stream);
 }
 
 static int ring_ready_for(int cols, int dtype) {
     const int ctas = ring_ctas(cols, dtype);
     int resident = 0;
-    return ctas <= 16 && ring_resident(dtype, ctas, &resident) == 0;
+    return ctas <= 16 && persistent_resident(RING, dtype, ctas, &resident) == 0;
+}
+
+static int stream_ready_for(int cols, int dtype) {
+    const int ctas = stream_ctas(cols, dtype);
+    int resident = 0;
+    return ctas <= STREAM_MAX_CTAS && persistent_resident(STREAM, dtype, ctas, &resident) == 0;
 }
 
 // =============================================================================================
@@ -1194,6 +1421,7 @@ static int max_cols_of(int kernel) {
         case K_CLUSTER_ROW: return CLUSTER_MAX_COLS;
         case K_CLUSTER_ROW_SMEM: case K_CLUSTER_ROW_SMEM64: return SMEM_CLUSTER_MAX_COLS;
         case K_CLUSTER_ROW_RING: return RING_CLUSTER_MAX_COLS;
+        case K_STREAM_ROW: return STREAM_MAX_COLS;
         default: return INT_MAX;
     }
 }
@@ -1211,6 +1439,7 @@ extern "C" int softmax_choose(int cols, int dtype) {
     if (ok && k == K_CLUSTER_ROW_SMEM) ok = cluster_smem_ready_for(cols, dtype, 0);
     if (ok && k == K_CLUSTER_ROW_SMEM64) ok = cluster_smem_ready_for(cols, dtype, 1);
     if (ok && k == K_CLUSTER_ROW_RING) ok = ring_ready_for(cols, dtype);
+    if (ok && k == K_STREAM_ROW) ok = stream_ready_for(cols, dtype);
     if (!ok) k = cols <= WARP_MAX_COLS ? K_WARP_ROW : (cols <= BLOCK_MAX_COLS ? K_BLOCK_ROW : K_ONLINE);
     return k;
 }
@@ -1226,6 +1455,7 @@ static int run_kernel(int k, const void* x, void* y, int rows, int cols, int dty
         case K_CLUSTER_ROW_SMEM: return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
         case K_CLUSTER_ROW_SMEM64: return run_cluster_smem(x, y, rows, cols, dtype, 1, stream);
         case K_CLUSTER_ROW_RING: return run_ring(x, y, rows, cols, dtype, stream);
+        case K_STREAM_ROW: return run_stream(x, y, rows, cols, dtype, stream);
         default: return run_online(x, y, rows, cols, dtype, cols, stream);
     }
 }
@@ -1255,6 +1485,7 @@ SOFTMAX_LAUNCHER(block_row_smem, K_BLOCK_ROW_SMEM)
 SOFTMAX_LAUNCHER(cluster_row_smem, K_CLUSTER_ROW_SMEM)
 SOFTMAX_LAUNCHER(cluster_row_smem64, K_CLUSTER_ROW_SMEM64)
 SOFTMAX_LAUNCHER(cluster_row_ring, K_CLUSTER_ROW_RING)
+SOFTMAX_LAUNCHER(stream_row, K_STREAM_ROW)
 SOFTMAX_LAUNCHER(online, K_ONLINE)
 
 // A deliberately wrong launcher (tests only): the online kernel with max and sum taken over the
