@@ -270,11 +270,11 @@ __device__ __forceinline__ void block_max_exp2_sum(float (&v)[E], float* red_max
 // Warp kernels: a group of LANES lanes per row, E values per lane (C = LANES * E >= cols), 32/LANES
 // rows per warp, WARP_KERNEL_WARPS warps per block. LANES = 32 is the seed's one warp per row.
 // Registers: E values + ~20 for addresses and loop state (E <= 32: no spills, see ptxas).
-template <typename Ty, int LANES, int E>
+template <typename Ty, int LANES, int E, int WARPS = WARP_KERNEL_WARPS>
 __device__ __forceinline__ void warp_row(const void* xv, void* yv, int rows, int cols, bool vec) {
     using S = typename Ty::storage;
     constexpr int PACK = pack_of(Ty::VEC, E), ITERS = E / PACK;
-    constexpr int ROWS_PER_WARP = 32 / LANES, ROWS_PER_BLOCK = WARP_KERNEL_WARPS * ROWS_PER_WARP;
+    constexpr int ROWS_PER_WARP = 32 / LANES, ROWS_PER_BLOCK = WARPS * ROWS_PER_WARP;
     static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: a power of two <= 32");
     static_assert(E % PACK == 0, "E: a multiple of the pack");
     const int lane = threadIdx.x % 32;
@@ -774,22 +774,24 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity
                      "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
     } while (!done);
 }
+template <int WARPS>
 __device__ __forceinline__ void consumers_sync() {        // the consumer warps only (named barrier 1)
-    asm volatile("bar.sync 1, %0;" ::"n"(STREAM_CONSUMER_WARPS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32) : "memory");
 }
 #endif
 
-template <typename Ty>
+template <typename Ty, int CHUNK_BYTES = STREAM_CHUNK_BYTES, int RING_CHUNKS = STREAM_CHUNKS,
+          int WARPS = STREAM_CONSUMER_WARPS>
 __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, int cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using S = typename Ty::storage;
     using Raw = typename Pack<Ty, Ty::VEC>::Raw;
-    constexpr int VEC = Ty::VEC, CE = STREAM_CHUNK_BYTES / (int)sizeof(S);      // elements per chunk
-    constexpr int WARPS = STREAM_CONSUMER_WARPS, PER = CE / VEC / (WARPS * 32);   // packs per thread per chunk
+    constexpr int VEC = Ty::VEC, CE = CHUNK_BYTES / (int)sizeof(S);              // elements per chunk
+    constexpr int PER = CE / VEC / (WARPS * 32);                                   // packs per thread per chunk
     static_assert(CE % (VEC * WARPS * 32) == 0, "whole packs per consumer thread per chunk");
     extern __shared__ __align__(16) unsigned char smem_raw[];       // bulk copies: 16-byte aligned
     S* const ring = reinterpret_cast<S*>(smem_raw);
-    __shared__ __align__(8) uint64_t full[STREAM_CHUNKS], empty[STREAM_CHUNKS], pair_bar[2];
+    __shared__ __align__(8) uint64_t full[RING_CHUNKS], empty[RING_CHUNKS], pair_bar[2];
     __shared__ float2 pairs[2][STREAM_MAX_CTAS];
     __shared__ float red_m[2][WARPS], red_s[2][WARPS];
     cg::cluster_group cluster = cg::this_cluster();
@@ -802,7 +804,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     S* y = static_cast<S*>(yv);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STREAM_CHUNKS; ++s) {
+        for (int s = 0; s < RING_CHUNKS; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], WARPS);
         }
@@ -813,11 +815,11 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     cluster.sync();                                 // every peer's barriers exist before any remote arrive
     if (warp == WARPS) {                            // the producer: one lane issues every copy
         if (lane == 0) {
-            long long k = 0;                        // chunks issued so far; slot k % STREAM_CHUNKS
+            long long k = 0;                        // chunks issued so far; slot k % RING_CHUNKS
             for (long long u = group; u < rows; u += groups) {
                 for (int c = 0; c < mine; ++c, ++k) {
-                    const int slot = (int)(k % STREAM_CHUNKS);
-                    mbar_wait(&empty[slot], (unsigned)((k / STREAM_CHUNKS) & 1) ^ 1u);   // first lap: free
+                    const int slot = (int)(k % RING_CHUNKS);
+                    mbar_wait(&empty[slot], (unsigned)((k / RING_CHUNKS) & 1) ^ 1u);   // first lap: free
                     const int lo = (c0 + c) * CE, n = min(CE, cols - lo);
                     mbar_expect_tx(&full[slot], (unsigned)n * (unsigned)sizeof(S));
                     bulk_load(ring + slot * CE, x + (size_t)u * cols + lo, (unsigned)n * (unsigned)sizeof(S),
@@ -833,8 +835,8 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
             float m = -INFINITY, s = 0.f;
             for (int c = 0; c < mine; ++c) {        // pass 1: each chunk as it lands
                 const long long kc = k + c;
-                const int slot = (int)(kc % STREAM_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
-                mbar_wait(&full[slot], (unsigned)((kc / STREAM_CHUNKS) & 1));
+                const int slot = (int)(kc % RING_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
+                mbar_wait(&full[slot], (unsigned)((kc / RING_CHUNKS) & 1));
                 const S* buf = ring + slot * CE;
                 float v[PER * VEC];
                 float cm = -INFINITY;
@@ -865,7 +867,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
                 red_m[i & 1][warp] = m;
                 red_s[i & 1][warp] = s;
             }
-            consumers_sync();
+            consumers_sync<WARPS>();
             m = lane < WARPS ? red_m[i & 1][lane] : -INFINITY;
             s = lane < WARPS ? red_s[i & 1][lane] : 0.f;
             warp_combine(m, s);
@@ -889,7 +891,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
             const float ref = finite_or_zero(m), inv = 1.f / s;
             for (int c = 0; c < mine; ++c) {        // pass 2: write, then hand the slot back
                 const long long kc = k + c;
-                const int slot = (int)(kc % STREAM_CHUNKS), lo = (c0 + c) * CE, n = min(CE, cols - lo);
+                const int slot = (int)(kc % RING_CHUNKS), lo = (c0 + c) * CE, n = min(CE, cols - lo);
                 const S* buf = ring + slot * CE;
                 S* out = y + (size_t)u * cols + lo;
 #pragma unroll
