@@ -751,9 +751,12 @@ __device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, in
 // Needs `vec` (bulk copies: 16-byte aligned rows): the launcher falls back to cluster_row_smem.
 #define STREAM_CHUNK_BYTES 16384
 #define STREAM_CHUNKS 13                    // 208 KB of ring: one CTA per SM (227 KB usable)
-#define STREAM_SLICE_CHUNKS 8               // a CTA's part of a row: <= 128 KB, so >= 80 KB ahead
+#define STREAM_SLICE_CHUNKS 8               // a CTA's part of a row in shared memory: <= 128 KB, so >= 80 KB ahead
+#define STREAM_KEEP_F32 8                   // and in registers: 8 chunks x 8 fp32 (64 registers per consumer thread)
+#define STREAM_KEEP_BF16 4                  //                   4 chunks x 16 bf16 values as fp32
 #define STREAM_CONSUMER_WARPS 16
 #define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
+#define STREAM_REGISTERS 120                // 544 threads x 120 = 65,280 of the SM's 65,536
 #define STREAM_MAX_CTAS 8                   // the portable cluster size
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -780,7 +783,7 @@ __device__ __forceinline__ void consumers_sync() {        // the consumer warps 
 }
 #endif
 
-template <typename Ty, int CHUNK_BYTES = STREAM_CHUNK_BYTES, int RING_CHUNKS = STREAM_CHUNKS,
+template <typename Ty, int KEEP, int CHUNK_BYTES = STREAM_CHUNK_BYTES, int RING_CHUNKS = STREAM_CHUNKS,
           int WARPS = STREAM_CONSUMER_WARPS>
 __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, int cols) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -789,6 +792,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     constexpr int VEC = Ty::VEC, CE = CHUNK_BYTES / (int)sizeof(S);              // elements per chunk
     constexpr int PER = CE / VEC / (WARPS * 32);                                   // packs per thread per chunk
     static_assert(CE % (VEC * WARPS * 32) == 0, "whole packs per consumer thread per chunk");
+    static_assert(KEEP >= 1, "at least one chunk per row in registers");
     extern __shared__ __align__(16) unsigned char smem_raw[];       // bulk copies: 16-byte aligned
     S* const ring = reinterpret_cast<S*>(smem_raw);
     __shared__ __align__(8) uint64_t full[RING_CHUNKS], empty[RING_CHUNKS], pair_bar[2];
@@ -796,7 +800,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     __shared__ float red_m[2][WARPS], red_s[2][WARPS];
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), ctas = (int)cluster.num_blocks();
-    const long long group = blockIdx.x / ctas, groups = gridDim.x / ctas;
+    const int group = (int)blockIdx.x / ctas, groups = (int)gridDim.x / ctas;
     // This CTA's part of every row: chunks [c0, c0 + mine) of the row's ceil(cols / CE).
     const int row_chunks = (cols + CE - 1) / CE, share = (row_chunks + ctas - 1) / ctas;
     const int c0 = rank * share, mine = max(0, min(share, row_chunks - c0));
@@ -815,8 +819,8 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     cluster.sync();                                 // every peer's barriers exist before any remote arrive
     if (warp == WARPS) {                            // the producer: one lane issues every copy
         if (lane == 0) {
-            long long k = 0;                        // chunks issued so far; slot k % RING_CHUNKS
-            for (long long u = group; u < rows; u += groups) {
+            int k = 0;          // chunks issued so far (< 2^31: the tensor has < 2^31 elements); slot k % RING_CHUNKS
+            for (int u = group; u < rows; u += groups) {
                 for (int c = 0; c < mine; ++c, ++k) {
                     const int slot = (int)(k % RING_CHUNKS);
                     mbar_wait(&empty[slot], (unsigned)((k / RING_CHUNKS) & 1) ^ 1u);   // first lap: free
@@ -829,38 +833,76 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
         }
         __syncwarp();
     } else {                                        // the consumers
-        long long k = 0;                            // first chunk of the current row
+        // Thread t's packs of a chunk: p * WARPS * 32 + t, p < PER. read_chunk: those values of a
+        // slot, times log2 e (-inf past the row's end); fold: the running (m, s) over them;
+        // write_chunk: y = exp2(v - ref) * inv for the same elements.
+        auto read_chunk = [&](const S* buf, int n, float (&v)[PER * VEC]) {
+#pragma unroll
+            for (int p = 0; p < PER; ++p) {
+                const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
+                if (e0 < n) {
+                    Pack<Ty, VEC> q;
+                    q.raw = *reinterpret_cast<const Raw*>(buf + e0);
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) v[p * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) v[p * VEC + j] = -INFINITY;
+                }
+            }
+        };
+        auto fold = [&](float& m, float& s, const float (&v)[PER * VEC]) {
+            float cm = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < PER * VEC; ++e) cm = fmaxf(cm, v[e]);
+            const float new_m = fmaxf(m, cm), ref = finite_or_zero(new_m);
+            float add = 0.f;
+#pragma unroll
+            for (int e = 0; e < PER * VEC; ++e) add += ex2(v[e] - ref);
+            s = s * ex2(m - ref) + add;             // m = -inf (nothing yet): 0 * 0
+            m = new_m;
+        };
+        auto write_chunk = [&](S* out, int n, const float (&v)[PER * VEC], float ref, float inv) {
+#pragma unroll
+            for (int p = 0; p < PER; ++p) {
+                const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
+                if (e0 < n) {
+                    Pack<Ty, VEC> o;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) o.e[j] = Ty::from_float(ex2(v[p * VEC + j] - ref) * inv);
+                    __stwb(reinterpret_cast<Raw*>(out + e0), o.raw);
+                }
+            }
+        };
+        auto release = [&](int slot) {              // every lane of this warp is done reading the slot
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
+        };
+        float keep[KEEP][PER * VEC];                // the row's first KEEP chunks, in registers
+        int k = 0;                                  // first chunk of the current row
         int i = 0;                                  // rows done by this CTA
-        for (long long u = group; u < rows; u += groups, k += mine, ++i) {
+        for (int u = group; u < rows; u += groups, k += mine, ++i) {
             float m = -INFINITY, s = 0.f;
-            for (int c = 0; c < mine; ++c) {        // pass 1: each chunk as it lands
-                const long long kc = k + c;
+            // Pass 1: each chunk as it lands; the first KEEP go to registers and their slots back
+            // to the producer at once, the rest stay in their slots until pass 2.
+#pragma unroll
+            for (int c = 0; c < KEEP; ++c) {
+                if (c < mine) {
+                    const int kc = k + c;
+                    const int slot = (int)(kc % RING_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
+                    mbar_wait(&full[slot], (unsigned)((kc / RING_CHUNKS) & 1));
+                    read_chunk(ring + slot * CE, n, keep[c]);
+                    release(slot);
+                    fold(m, s, keep[c]);
+                }
+            }
+            for (int c = KEEP; c < mine; ++c) {
+                const int kc = k + c;
                 const int slot = (int)(kc % RING_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
                 mbar_wait(&full[slot], (unsigned)((kc / RING_CHUNKS) & 1));
-                const S* buf = ring + slot * CE;
                 float v[PER * VEC];
-                float cm = -INFINITY;
-#pragma unroll
-                for (int p = 0; p < PER; ++p) {
-                    const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
-                    if (e0 < n) {
-                        Pack<Ty, VEC> q;
-                        q.raw = *reinterpret_cast<const Raw*>(buf + e0);
-#pragma unroll
-                        for (int j = 0; j < VEC; ++j) v[p * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < VEC; ++j) v[p * VEC + j] = -INFINITY;
-                    }
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, v[p * VEC + j]);
-                }
-                const float new_m = fmaxf(m, cm), ref = finite_or_zero(new_m);
-                float add = 0.f;
-#pragma unroll
-                for (int e = 0; e < PER * VEC; ++e) add += ex2(v[e] - ref);
-                s = s * ex2(m - ref) + add;         // m = -inf (nothing yet): 0 * 0
-                m = new_m;
+                read_chunk(ring + slot * CE, n, v);
+                fold(m, s, v);
             }
             warp_combine(m, s);                     // the consumers' combine, buffers by row parity
             if (lane == 0) {
@@ -888,26 +930,19 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
                 }
                 warp_combine(m, s);
             }
+            // Pass 2: write; the chunks still in shared memory hand their slots back as they go.
             const float ref = finite_or_zero(m), inv = 1.f / s;
-            for (int c = 0; c < mine; ++c) {        // pass 2: write, then hand the slot back
-                const long long kc = k + c;
-                const int slot = (int)(kc % RING_CHUNKS), lo = (c0 + c) * CE, n = min(CE, cols - lo);
-                const S* buf = ring + slot * CE;
-                S* out = y + (size_t)u * cols + lo;
+            S* const out = y + (size_t)u * cols + (size_t)c0 * CE;
 #pragma unroll
-                for (int p = 0; p < PER; ++p) {
-                    const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
-                    if (e0 < n) {
-                        Pack<Ty, VEC> q, o;
-                        q.raw = *reinterpret_cast<const Raw*>(buf + e0);
-#pragma unroll
-                        for (int j = 0; j < VEC; ++j)
-                            o.e[j] = Ty::from_float(ex2(fmaf(Ty::to_float(q.e[j]), LOG2E, -ref)) * inv);
-                        __stwb(reinterpret_cast<Raw*>(out + e0), o.raw);
-                    }
-                }
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[slot]);
+            for (int c = 0; c < KEEP; ++c)
+                if (c < mine) write_chunk(out + c * CE, min(CE, cols - (c0 + c) * CE), keep[c], ref, inv);
+            for (int c = KEEP; c < mine; ++c) {
+                const int kc = k + c;
+                const int slot = (int)(kc % RING_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
+                float v[PER * VEC];
+                read_chunk(ring + slot * CE, n, v);
+                release(slot);
+                write_chunk(out + c * CE, n, v, ref, inv);
             }
         }
     }
@@ -986,13 +1021,13 @@ SMEM_KERNEL(softmax_cluster_row_smem_bf16_s32768, BF16, unsigned short, 32768, t
 RING_KERNEL(softmax_cluster_row_ring_f32, F32)
 RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
 // Stream kernels (persistent, one CTA per SM, sm_90): (x, y, rows, cols).
-#define STREAM_KERNEL(name, Ty)                                                                      \
-    extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 1)                                  \
+#define STREAM_KERNEL(name, Ty, KEEP)                                                                \
+    extern "C" __global__ void __maxnreg__(STREAM_REGISTERS)                                        \
         name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
-        stream_rows<Ty>(x, y, rows, cols);                                                           \
+        stream_rows<Ty, KEEP>(x, y, rows, cols);                                                     \
     }
-STREAM_KERNEL(softmax_stream_row_f32, F32)
-STREAM_KERNEL(softmax_stream_row_bf16, BF16)
+STREAM_KERNEL(softmax_stream_row_f32, F32, STREAM_KEEP_F32)
+STREAM_KERNEL(softmax_stream_row_bf16, BF16, STREAM_KEEP_BF16)
 
 static_assert(packed_lanes(0, 256) == 32 && packed_lanes(1, 512) == 32, "packed = seed layout from here on");
 static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the last packed kernels");
@@ -1327,10 +1362,12 @@ static int launch_persistent(const PersistentKernel& pk, int ctas, const void* x
 }
 
 static int ring_ctas(int cols, int dtype) { const int tile = RING_BYTES / (dtype == 0 ? 4 : 2); return (cols + tile - 1) / tile; }
-// stream_row: ceil(chunks / STREAM_SLICE_CHUNKS) CTAs per row (1..STREAM_MAX_CTAS).
+// stream_row: a CTA holds KEEP chunks of a row in registers and STREAM_SLICE_CHUNKS in shared
+// memory, so ceil(chunks / (KEEP + STREAM_SLICE_CHUNKS)) CTAs per row (1..STREAM_MAX_CTAS).
 static int stream_ctas(int cols, int dtype) {
     const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
-    return (chunks + STREAM_SLICE_CHUNKS - 1) / STREAM_SLICE_CHUNKS;
+    const int per_cta = (dtype == 0 ? STREAM_KEEP_F32 : STREAM_KEEP_BF16) + STREAM_SLICE_CHUNKS;
+    return (chunks + per_cta - 1) / per_cta;
 }
 
 // Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
