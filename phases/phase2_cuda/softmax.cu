@@ -749,14 +749,13 @@ __device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, in
 //     global with 16-byte stores: the second exp2 per element costs SFU time the SM has
 //     (2 per element is about half the H200's 16 per clock per SM at copy speed in bf16).
 // Needs `vec` (bulk copies: 16-byte aligned rows): the launcher falls back to cluster_row_smem.
-#define STREAM_CHUNK_BYTES 16384
-#define STREAM_CHUNKS 13                    // 208 KB of ring: one CTA per SM (227 KB usable)
-#define STREAM_SLICE_CHUNKS 8               // a CTA's part of a row in shared memory: <= 128 KB, so >= 80 KB ahead
-#define STREAM_KEEP_F32 8                   // and in registers: 8 chunks x 8 fp32 (64 registers per consumer thread)
-#define STREAM_KEEP_BF16 4                  //                   4 chunks x 16 bf16 values as fp32
-#define STREAM_CONSUMER_WARPS 16
+#define STREAM_CONSUMER_WARPS 15            // + 1 producer = 16 warps: 4 per SM sub-partition, 128 registers each
 #define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
-#define STREAM_REGISTERS 120                // 544 threads x 120 = 65,280 of the SM's 65,536
+#define STREAM_CHUNK_BYTES (STREAM_CONSUMER_WARPS * 32 * 32)   // 15 KB: two 16-byte packs per consumer thread
+#define STREAM_CHUNKS 15                    // 225 KB of ring: one CTA per SM (227 KB usable)
+#define STREAM_SLICE_CHUNKS 9               // a CTA's part of a row in shared memory: <= 135 KB, so >= 90 KB ahead
+#define STREAM_KEEP_F32 9                   // and in registers: 9 chunks x 8 fp32 (72 registers per consumer thread)
+#define STREAM_KEEP_BF16 5                  //                    5 chunks x 16 bf16 values as fp32
 #define STREAM_MAX_CTAS 8                   // the portable cluster size
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -851,25 +850,35 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
                 }
             }
         };
-        auto fold = [&](float& m, float& s, const float (&v)[PER * VEC]) {
+        // fold: the running (m, s) over a chunk's values, which it turns into exp2(v - ref) in
+        // place; returns ref (the running max, 0 while it is -inf), so a kept chunk is written
+        // later as v * exp2(ref - M) / S with no second exp2.
+        auto fold = [&](float& m, float& s, float (&v)[PER * VEC]) {
             float cm = -INFINITY;
 #pragma unroll
             for (int e = 0; e < PER * VEC; ++e) cm = fmaxf(cm, v[e]);
             const float new_m = fmaxf(m, cm), ref = finite_or_zero(new_m);
             float add = 0.f;
 #pragma unroll
-            for (int e = 0; e < PER * VEC; ++e) add += ex2(v[e] - ref);
+            for (int e = 0; e < PER * VEC; ++e) {
+                v[e] = ex2(v[e] - ref);
+                add += v[e];
+            }
             s = s * ex2(m - ref) + add;             // m = -inf (nothing yet): 0 * 0
             m = new_m;
+            return ref;
         };
-        auto write_chunk = [&](S* out, int n, const float (&v)[PER * VEC], float ref, float inv) {
+        // write_chunk: y = exp2(v - ref) * inv (values read again from shared memory) or, with
+        // `exps`, y = v * inv (a kept chunk: v already exp2(v - ref), inv already rescaled).
+        auto write_chunk = [&](S* out, int n, const float (&v)[PER * VEC], float ref, float inv, bool exps) {
 #pragma unroll
             for (int p = 0; p < PER; ++p) {
                 const int e0 = (p * WARPS * 32 + threadIdx.x) * VEC;
                 if (e0 < n) {
                     Pack<Ty, VEC> o;
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) o.e[j] = Ty::from_float(ex2(v[p * VEC + j] - ref) * inv);
+                    for (int j = 0; j < VEC; ++j)
+                        o.e[j] = Ty::from_float((exps ? v[p * VEC + j] : ex2(v[p * VEC + j] - ref)) * inv);
                     __stwb(reinterpret_cast<Raw*>(out + e0), o.raw);
                 }
             }
@@ -878,7 +887,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
         };
-        float keep[KEEP][PER * VEC];                // the row's first KEEP chunks, in registers
+        float keep[KEEP][PER * VEC], kept_ref[KEEP];   // the row's first KEEP chunks, as exps, in registers
         int k = 0;                                  // first chunk of the current row
         int i = 0;                                  // rows done by this CTA
         for (int u = group; u < rows; u += groups, k += mine, ++i) {
@@ -893,7 +902,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
                     mbar_wait(&full[slot], (unsigned)((kc / RING_CHUNKS) & 1));
                     read_chunk(ring + slot * CE, n, keep[c]);
                     release(slot);
-                    fold(m, s, keep[c]);
+                    kept_ref[c] = fold(m, s, keep[c]);
                 }
             }
             for (int c = KEEP; c < mine; ++c) {
@@ -935,14 +944,15 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
             S* const out = y + (size_t)u * cols + (size_t)c0 * CE;
 #pragma unroll
             for (int c = 0; c < KEEP; ++c)
-                if (c < mine) write_chunk(out + c * CE, min(CE, cols - (c0 + c) * CE), keep[c], ref, inv);
+                if (c < mine)
+                    write_chunk(out + c * CE, min(CE, cols - (c0 + c) * CE), keep[c], 0.f, ex2(kept_ref[c] - ref) * inv, true);
             for (int c = KEEP; c < mine; ++c) {
                 const int kc = k + c;
                 const int slot = (int)(kc % RING_CHUNKS), n = min(CE, cols - (c0 + c) * CE);
                 float v[PER * VEC];
                 read_chunk(ring + slot * CE, n, v);
                 release(slot);
-                write_chunk(out + c * CE, n, v, ref, inv);
+                write_chunk(out + c * CE, n, v, ref, inv, false);
             }
         }
     }
@@ -1022,7 +1032,7 @@ RING_KERNEL(softmax_cluster_row_ring_f32, F32)
 RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
 // Stream kernels (persistent, one CTA per SM, sm_90): (x, y, rows, cols).
 #define STREAM_KERNEL(name, Ty, KEEP)                                                                \
-    extern "C" __global__ void __maxnreg__(STREAM_REGISTERS)                                        \
+    extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 1)                                  \
         name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
         stream_rows<Ty, KEEP>(x, y, rows, cols);                                                     \
     }
