@@ -784,7 +784,8 @@ __device__ __forceinline__ void consumers_sync() {        // the consumer warps 
 
 template <typename Ty, int KEEP, int CHUNK_BYTES = STREAM_CHUNK_BYTES, int RING_CHUNKS = STREAM_CHUNKS,
           int WARPS = STREAM_CONSUMER_WARPS>
-__device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, int cols) {
+__device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, int cols, int* next_row) {
+    // next_row: two ints, 0 at launch (see g_stream_tickets)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using S = typename Ty::storage;
     using Raw = typename Pack<Ty, Ty::VEC>::Raw;
@@ -797,6 +798,7 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     __shared__ __align__(8) uint64_t full[RING_CHUNKS], empty[RING_CHUNKS], pair_bar[2];
     __shared__ float2 pairs[2][STREAM_MAX_CTAS];
     __shared__ float red_m[2][WARPS], red_s[2][WARPS];
+    __shared__ int row_of[RING_CHUNKS];             // the row whose first chunk a slot holds
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), ctas = (int)cluster.num_blocks();
     const int group = (int)blockIdx.x / ctas, groups = (int)gridDim.x / ctas;
@@ -819,15 +821,22 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
     if (warp == WARPS) {                            // the producer: one lane issues every copy
         if (lane == 0) {
             int k = 0;          // chunks issued so far (< 2^31: the tensor has < 2^31 elements); slot k % RING_CHUNKS
-            for (int u = group; u < rows; u += groups) {
-                for (int c = 0; c < mine; ++c, ++k) {
+            for (int i = 0;; ++i) {
+                // The next row: a ticket from the grid-wide counter when a CTA has rows to itself
+                // (fast SMs take more rows, so no SM's share sets the kernel's end), the static
+                // round robin when a cluster shares them (every peer must walk the same rows).
+                int u = ctas == 1 ? atomicAdd(next_row, 1) : group + i * groups;
+                if (u >= rows) u = -1;              // the end: an empty "row" with no bytes
+                for (int c = 0; c < (u < 0 ? 1 : mine); ++c, ++k) {
                     const int slot = (int)(k % RING_CHUNKS);
                     mbar_wait(&empty[slot], (unsigned)((k / RING_CHUNKS) & 1) ^ 1u);   // first lap: free
-                    const int lo = (c0 + c) * CE, n = min(CE, cols - lo);
-                    mbar_expect_tx(&full[slot], (unsigned)n * (unsigned)sizeof(S));
-                    bulk_load(ring + slot * CE, x + (size_t)u * cols + lo, (unsigned)n * (unsigned)sizeof(S),
-                              &full[slot]);
+                    if (c == 0) row_of[slot] = u;   // published by the arrive below (release)
+                    const int lo = (c0 + c) * CE, n = u < 0 ? 0 : min(CE, cols - lo);
+                    mbar_expect_tx(&full[slot], (unsigned)n * (unsigned)sizeof(S));   // 0 bytes: completes at once
+                    if (n) bulk_load(ring + slot * CE, x + (size_t)u * cols + lo, (unsigned)n * (unsigned)sizeof(S),
+                                     &full[slot]);
                 }
+                if (u < 0) break;
             }
         }
         __syncwarp();
@@ -889,8 +898,10 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
         };
         float keep[KEEP][PER * VEC], kept_ref[KEEP];   // the row's first KEEP chunks, as exps, in registers
         int k = 0;                                  // first chunk of the current row
-        int i = 0;                                  // rows done by this CTA
-        for (int u = group; u < rows; u += groups, k += mine, ++i) {
+        for (int i = 0;; k += mine, ++i) {          // i: rows done by this CTA
+            mbar_wait(&full[k % RING_CHUNKS], (unsigned)((k / RING_CHUNKS) & 1));
+            const int u = row_of[k % RING_CHUNKS];  // which row the producer took (-1: none left)
+            if (u < 0) break;
             float m = -INFINITY, s = 0.f;
             // Pass 1: each chunk as it lands; the first KEEP go to registers and their slots back
             // to the producer at once, the rest stay in their slots until pass 2.
@@ -957,6 +968,14 @@ __device__ __forceinline__ void stream_rows(const void* xv, void* yv, int rows, 
         }
     }
     cluster.sync();                                 // no CTA leaves while a peer may still write to it
+    if (threadIdx.x == 0) {                         // the last CTA out puts the tickets back to 0
+        __threadfence();                            // (this CTA's producer took its last ticket before the barrier)
+        if (atomicAdd(&next_row[1], 1) == (int)gridDim.x - 1) {
+            next_row[0] = 0;
+            next_row[1] = 0;
+            __threadfence();
+        }
+    }
 #endif
 }
 
@@ -1031,10 +1050,13 @@ SMEM_KERNEL(softmax_cluster_row_smem_bf16_s32768, BF16, unsigned short, 32768, t
 RING_KERNEL(softmax_cluster_row_ring_f32, F32)
 RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
 // Stream kernels (persistent, one CTA per SM, sm_90): (x, y, rows, cols).
+// The row tickets: [0] the next row to take, [1] CTAs finished; the last CTA of each launch sets
+// both back to 0, so launches on one device must not overlap (the lab's run on one stream).
+__device__ int g_stream_tickets[2];
 #define STREAM_KERNEL(name, Ty, KEEP)                                                                \
     extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 1)                                  \
         name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
-        stream_rows<Ty, KEEP>(x, y, rows, cols);                                                     \
+        stream_rows<Ty, KEEP>(x, y, rows, cols, g_stream_tickets);                                   \
     }
 STREAM_KERNEL(softmax_stream_row_f32, F32, STREAM_KEEP_F32)
 STREAM_KERNEL(softmax_stream_row_bf16, BF16, STREAM_KEEP_BF16)
@@ -1395,6 +1417,9 @@ static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaS
 static int run_stream(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
     const int ctas = stream_ctas(cols, dtype);
     if (ctas > STREAM_MAX_CTAS) return (int)cudaErrorInvalidValue;
+    // Every CTA of a cluster must own at least one chunk of a row (its producer announces the rows).
+    const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
+    if ((ctas - 1) * ((chunks + ctas - 1) / ctas) >= chunks) return (int)cudaErrorInvalidValue;
     int resident = 0;
     const int ready = persistent_resident(STREAM, dtype, ctas, &resident);
     if (ready != 0) return ready;
