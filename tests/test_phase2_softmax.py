@@ -45,10 +45,9 @@ KERNELS = sorted(
     + [f"softmax_cluster_row_{dt}_c{c}" for dt in ("f32", "bf16") for c in CLUSTER_C]
     + [f"softmax_block_row_smem_{k}" for k in SMEM_BLOCK]
     + [f"softmax_cluster_row_smem_{k}" for k in SMEM_CLUSTER]
-    + [f"softmax_cluster_row_ring_{dt}" for dt in ("f32", "bf16")]
     + [f"softmax_stream_row_{dt}" for dt in ("f32", "bf16")]
     + ["softmax_online_f32", "softmax_online_bf16"])
-RING = [f"softmax_{k}_{dt}" for k in ("cluster_row_ring", "stream_row") for dt in ("f32", "bf16")]
+STREAM = [f"softmax_stream_row_{dt}" for dt in ("f32", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +76,9 @@ def test_compiles_without_spills(builds, arch):
     # Shared-memory kernels: 1536 threads per SM (6 x 256 or 3 x 512) leave 40 registers per thread.
     for k in [f"softmax_block_row_smem_{k}" for k in SMEM_BLOCK] + [f"softmax_cluster_row_smem_{k}" for k in SMEM_CLUSTER]:
         assert b.resources[k]["registers"] <= 40, (k, b.resources[k])
-    # Ring kernels: 2 CTAs x 256 threads per SM (96 KB of shared memory each) leave 128 registers;
-    # stream kernels: 1 CTA x 544 threads per SM leave 120 (128 is this test's looser bound for both).
-    for k in RING:
-        assert b.resources[k]["registers"] <= 128, (k, b.resources[k])
+    # Stream kernels: 17 warps per SM leave 96 registers (5 warps on one sub-partition).
+    for k in STREAM:
+        assert b.resources[k]["registers"] <= 96, (k, b.resources[k])
 
 
 @needs_nvcc
@@ -97,9 +95,9 @@ def test_cluster_kernels_are_sm90_only(builds):
     for k in SMEM_CLUSTER:
         assert builds["sm_80"].resources[f"softmax_cluster_row_smem_{k}"]["smem_bytes"] == 0
         assert builds["sm_90"].resources[f"softmax_cluster_row_smem_{k}"]["smem_bytes"] > 2 * 32 * 4
-    for k in RING:                              # bulk copies: sm_90 only, a stub on sm_80
+    for k in STREAM:                              # bulk copies: sm_90 only, a stub on sm_80
         assert builds["sm_80"].resources[k]["smem_bytes"] == 0
-        assert builds["sm_90"].resources[k]["smem_bytes"] >= 3 * 8        # the rings' mbarriers
+        assert builds["sm_90"].resources[k]["smem_bytes"] >= 2 * 13 * 8   # the ring's mbarriers
     for k in SMEM_BLOCK:                        # the sm_80 path (cp.async) is real code, not a stub
         assert builds["sm_80"].resources[f"softmax_block_row_smem_{k}"]["smem_bytes"] == 2 * 32 * 4
 
@@ -128,8 +126,7 @@ def test_host_dispatch_and_refusals_without_a_gpu(builds):
     for name, too_long in (("launch_softmax_warp_row", 1025), ("launch_softmax_warp_packed", 1025),
                            ("launch_softmax_block_row", 32769), ("launch_softmax_cluster_row", 131073),
                            ("launch_softmax_block_row_smem", 16385), ("launch_softmax_cluster_row_smem", 131073),
-                           ("launch_softmax_cluster_row_smem64", 131073), ("launch_softmax_cluster_row_ring", 131073),
-                           ("launch_softmax_stream_row", 131073)):
+                           ("launch_softmax_cluster_row_smem64", 131073), ("launch_softmax_stream_row", 131073)):
         fn = getattr(lib, name)
         fn.argtypes = sm._SIG
         assert fn(None, None, 4, too_long, 0, None) == invalid, name
@@ -190,8 +187,7 @@ def test_unknown_variant_and_row_limits():
         sm.softmax(torch.rand(2, 3), "fastest")
     for variant, limit in (("warp_row", 1024), ("warp_packed", 1024), ("block_row", 32768), ("cluster_row", 131072),
                            ("block_row_smem", 16384), ("cluster_row_smem", 131072),
-                           ("cluster_row_smem64", 131072), ("cluster_row_ring", 131072),
-                           ("stream_row", 131072)):
+                           ("cluster_row_smem64", 131072), ("stream_row", 131072)):
         with pytest.raises(ValueError, match=f"'{variant}' handles rows of at most {limit} columns, got {limit + 1}"):
             sm.softmax(torch.empty(1, limit + 1), variant)
 
@@ -333,13 +329,14 @@ def test_dispatch_choices():
     clusters = sm.has_clusters(DEV)              # the DISPATCH table in softmax.cu as written
     want = {32: "warp_packed", 128: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
             16384: "block_row_smem", 32768: "cluster_row_smem" if clusters else "block_row",
-            65536: "cluster_row_smem" if clusters else "online", 131073: "online"}
+            32769: "stream_row" if clusters else "online",
+            65536: "stream_row" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.float32, DEV) for c in want} == want
     want_bf16 = {256: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
                  16384: "block_row_smem", 32768: "cluster_row_smem64" if clusters else "block_row",
-                 32769: "cluster_row_ring" if clusters else "online",
-                 65536: "cluster_row_ring" if clusters else "online",
-                 131072: "cluster_row_ring" if clusters else "online", 131073: "online"}
+                 32769: "stream_row" if clusters else "online",
+                 65536: "stream_row" if clusters else "online",
+                 131072: "stream_row" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.bfloat16, DEV) for c in want_bf16} == want_bf16
 
 

@@ -596,166 +596,41 @@ __device__ __forceinline__ void smem_row(const void* xv, void* yv, int rows, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ring kernel, cluster_row_ring (sm_90): a PERSISTENT grid of clusters; each CTA owns a ring of
-// RING_STAGES shared buffers of RING_BYTES and walks its units (rows) u = group, group + groups,
-// ... (group = its cluster's index, groups = clusters in the grid). The load of unit
-// i + RING_STAGES is issued (one bulk copy, one mbarrier per stage) as soon as unit i's buffer is
-// free, so while a CTA reduces, waits at the cluster barrier and writes one unit, the next
-// RING_STAGES - 1 units' bytes are already on their way: the exchange latency and the write-back are no longer bubbles in the SM's loads (the
-// one-shot smem kernels above refill a CTA slot only after the whole CTA has exited, and a
-// cluster's CTAs all wait for the slowest peer's load first).
-// A unit is one row; CTA `rank` of the cluster holds [rank * TILE, (rank+1) * TILE) (TILE =
-// RING_BYTES / itemsize), 8 packs per thread kept in registers as exp2(v - m_cta) after pass 1
-// (one exp2 per element); (m, s) pairs through DSMEM (two slots by row parity: a CTA writes slot
-// i & 1 for unit i only after the barrier of unit i - 1, which every peer passes only after
-// reading unit i - 2's pairs); one cluster barrier per row. (Its sibling for rows <= 1024,
-// warp_row_ring, a tile of whole rows per unit, measured below warp_row on the H200: removed.)
-// Needs `vec` (16-byte aligned pointers, cols a multiple of the pack): the launchers fall back
-// otherwise. RING_STAGES x 32 KB = 96 KB per CTA: 2 CTAs (16 warps) per SM, 4 units in flight.
-#define RING_STAGES 3
-#define RING_BYTES 32768
-#define RING_THREADS 256
-
-template <typename Ty>
-__device__ __forceinline__ void ring_rows(const void* xv, void* yv, int rows, int cols) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using S = typename Ty::storage;
-    using Raw = typename Pack<Ty, Ty::VEC>::Raw;
-    constexpr int VEC = Ty::VEC, TILE = RING_BYTES / (int)sizeof(S), TPACKS = TILE / VEC;
-    constexpr int WARPS = RING_THREADS / 32, PER = TPACKS / RING_THREADS;
-    static_assert(TPACKS % RING_THREADS == 0, "whole packs per thread");
-    extern __shared__ __align__(16) unsigned char smem_raw[];       // bulk copies: 16-byte aligned
-    S* const ring = reinterpret_cast<S*>(smem_raw);
-    __shared__ __align__(8) uint64_t full[RING_STAGES];
-    __shared__ float red_m[WARPS], red_s[WARPS];
-    __shared__ float2 pairs[2];
-    const int rank = (int)cg::this_cluster().block_rank(), ctas = (int)cg::this_cluster().num_blocks();
-    const long long group = blockIdx.x / ctas, groups = gridDim.x / ctas;
-    const long long units = rows;
-    const S* x = static_cast<const S*>(xv);
-    S* y = static_cast<S*>(yv);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    // Unit u: this CTA's part starts at element `off` of x and y and holds n elements.
-    auto part = [&](long long u, size_t& off, int& n) {
-        off = (size_t)u * cols + (size_t)rank * TILE;
-        const int left = cols - rank * TILE;
-        n = left < 0 ? 0 : (left > TILE ? TILE : left);
-    };
-    auto issue = [&](int stage, long long u) {      // one thread: the bulk copy of unit u into `stage`
-        size_t off;
-        int n;
-        part(u, off, n);
-        const unsigned bytes = (unsigned)n * (unsigned)sizeof(S);
-        mbar_expect_tx(&full[stage], bytes);         // 0 bytes: the phase completes at once
-        if (bytes) bulk_load(ring + stage * TILE, x + off, bytes, &full[stage]);
-    };
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < RING_STAGES; ++s) mbar_init(&full[s], 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < RING_STAGES; ++s)
-            if (group + s * groups < units) issue(s, group + s * groups);
-    }
-    int i = 0;
-    for (long long u = group; u < units; u += groups, ++i) {   // uniform across the cluster
-        const int stage = i % RING_STAGES;
-        const S* buf = ring + stage * TILE;
-        size_t off;
-        int n;
-        part(u, off, n);
-        mbar_wait(&full[stage], (unsigned)(i / RING_STAGES) & 1u);
-        float v[PER * VEC];
-        float m = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int p = k * RING_THREADS + threadIdx.x;
-            if (p * VEC < n) {
-                Pack<Ty, VEC> q;
-                q.raw = *reinterpret_cast<const Raw*>(buf + p * VEC);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) v[k * VEC + j] = Ty::to_float(q.e[j]) * LOG2E;
-            } else {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) v[k * VEC + j] = -INFINITY;
-            }
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[k * VEC + j]);
-        }
-        m = group_max<32>(m);
-        if (lane == 0) red_m[warp] = m;
-        __syncthreads();
-        m = group_max<32>(lane < WARPS ? red_m[lane] : -INFINITY);
-        const float ref = finite_or_zero(m);        // an all-padding CTA: m = -inf, s = 0
-        float s = 0.f;
-#pragma unroll
-        for (int e = 0; e < PER * VEC; ++e) {
-            v[e] = ex2(v[e] - ref);
-            s += v[e];
-        }
-        s = group_sum<32>(s);
-        if (lane == 0) red_s[warp] = s;
-        __syncthreads();
-        s = group_sum<32>(lane < WARPS ? red_s[lane] : 0.f);
-        cg::cluster_group cluster = cg::this_cluster();
-        if (threadIdx.x == 0) pairs[i & 1] = make_float2(m, s);
-        cluster.sync();                             // every CTA's pair for this row is visible
-        float rm = -INFINITY, rs = 0.f;
-        if (lane < ctas) {
-            const float2 q = *cluster.map_shared_rank(&pairs[i & 1], lane);
-            rm = q.x;
-            rs = q.y;
-        }
-        warp_combine(rm, rs);
-        const float scale = ex2(ref - rm) / rs;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int p = k * RING_THREADS + threadIdx.x;
-            if (p * VEC < n) {
-                Pack<Ty, VEC> o;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) o.e[j] = Ty::from_float(v[k * VEC + j] * scale);
-                __stwb(reinterpret_cast<Raw*>(y + off + p * VEC), o.raw);
-            }
-        }
-        __syncthreads();                            // every thread is done with this stage's buffer
-        if (threadIdx.x == 0 && u + RING_STAGES * groups < units) issue(stage, u + RING_STAGES * groups);
-    }
-    cg::this_cluster().sync();                      // no CTA leaves while a peer may read its pairs
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
 // Stream kernel, stream_row (sm_90): a PERSISTENT grid, one CTA per SM, and a ring of
 // STREAM_CHUNKS shared chunks of STREAM_CHUNK_BYTES that one producer warp keeps full with bulk
 // copies, chunk after chunk and row after row, while 16 consumer warps reduce and write. A CTA
-// holds its part of a row (at most STREAM_SLICE_CHUNKS chunks, 128 KB) until the row's (max, sum)
-// is known; the rest of the ring (at least 5 chunks, 80 KB) is the next row's bytes already on
-// their way, so the SM's loads never stop for a reduction, an exchange or a write-back. The
-// ring kernel above stalls in exactly those places at 32 KB granularity, with a cluster barrier
-// per row across 8 CTAs (fp32 65,536: 74% of copy).
-//   * A row of up to 128 KB (bf16 65,536) is one CTA's: no cluster, no exchange. Longer rows are
-//     split over a cluster of ceil(bytes / 128 KB) CTAs (fp32 65,536: 2), each with an equal
-//     share of whole chunks; the (max, sum) pairs go to every peer's shared memory with a remote
+// holds its part of a row (KEEP chunks in registers, at most STREAM_SLICE_CHUNKS in shared
+// memory, 144 KB) until the row's (max, sum) is known; the rest of the ring (at least 5 chunks,
+// 80 KB) is the next row's bytes already on their way, so the SM's loads do not stop for a
+// reduction, an exchange or a write-back. (The one-shot shared-memory kernels above refill an SM
+// only when a whole CTA, or a whole cluster, has finished.)
+//   * Rows are handed out by a grid-wide ticket counter when a row fits one CTA (bf16 up to
+//     73,728 columns, fp32 up to 36,864): an SM that runs faster takes more rows. A static
+//     share per SM ran 5-8 points slower in bf16 (86-89% of copy against 94%, exploratory):
+//     the kernel ends with its slowest SM. The producer takes the ticket and announces the row in the slot of its
+//     first chunk; a ticket past the end announces "no more rows".
+//   * Longer rows (fp32 65,536) are split over a cluster of ceil(chunks / 9) CTAs, each with an
+//     equal share of whole chunks, which walk the rows in a static round robin (every peer must
+//     take the same rows). The (max, sum) pairs go to every peer's shared memory with a remote
 //     store and a remote mbarrier arrive (release/acquire at cluster scope), double-buffered by
 //     row parity, so no cluster-wide barrier sits inside the loop.
 //   * Barriers: full[slot] (the producer's expect_tx, completed by the copy's bytes), empty[slot]
-//     (one arrive per consumer warp once it has read the slot in pass 2).
+//     (one arrive per consumer warp once it has read the slot: pass 1 for kept chunks, pass 2
+//     for the rest).
 //   * Pass 1, per chunk as it lands: a running (m, s) per thread (one exp2 per element); consumer
 //     combine (shuffles, one named barrier); pass 2: y = exp2(v - M) / S from shared memory to
 //     global with 16-byte stores: the second exp2 per element costs SFU time the SM has
 //     (2 per element is about half the H200's 16 per clock per SM at copy speed in bf16).
 // Needs `vec` (bulk copies: 16-byte aligned rows): the launcher falls back to cluster_row_smem.
-#define STREAM_CONSUMER_WARPS 15            // + 1 producer = 16 warps: 4 per SM sub-partition, 128 registers each
-#define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)
-#define STREAM_CHUNK_BYTES (STREAM_CONSUMER_WARPS * 32 * 32)   // 15 KB: two 16-byte packs per consumer thread
-#define STREAM_CHUNKS 15                    // 225 KB of ring: one CTA per SM (227 KB usable)
-#define STREAM_SLICE_CHUNKS 9               // a CTA's part of a row in shared memory: <= 135 KB, so >= 90 KB ahead
-#define STREAM_KEEP_F32 9                   // and in registers: 9 chunks x 8 fp32 (72 registers per consumer thread)
-#define STREAM_KEEP_BF16 5                  //                    5 chunks x 16 bf16 values as fp32
+// Exploratory geometries (16 KB chunks and 16 consumer warps kept): 8 consumer warps 80% bf16;
+// 8 KB chunks 78-80%; 32 KB chunks x 6 no better; 15 warps x 15 KB chunks with 9 (fp32) / 5
+// (bf16) chunks kept in registers 84% (17 warps leave 96 registers, so KEEP stays 1 here).
+#define STREAM_CONSUMER_WARPS 16
+#define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)   // 17 warps: 96 registers each (5 on one sub-partition)
+#define STREAM_CHUNK_BYTES 16384            // one 16-byte pack per consumer thread, twice
+#define STREAM_CHUNKS 13                    // 208 KB of ring: one CTA per SM (227 KB usable)
+#define STREAM_SLICE_CHUNKS 8               // a CTA's part of a row in shared memory: <= 128 KB, so >= 80 KB ahead
+#define STREAM_KEEP 1                       // and in registers (more would need more than 96 registers)
 #define STREAM_MAX_CTAS 8                   // the portable cluster size
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1040,15 +915,6 @@ SMEM_KERNEL(softmax_cluster_row_smem_f32_s8192, F32, float, 8192, true)
 SMEM_KERNEL(softmax_cluster_row_smem_f32_s16384, F32, float, 16384, true)
 SMEM_KERNEL(softmax_cluster_row_smem_bf16_s16384, BF16, unsigned short, 16384, true)
 SMEM_KERNEL(softmax_cluster_row_smem_bf16_s32768, BF16, unsigned short, 32768, true)
-// Ring kernels (persistent clusters, sm_90): (x, y, rows, cols).
-// Launch bounds: 2 CTAs of 256 threads per SM (the shared-memory limit), up to 128 registers each.
-#define RING_KERNEL(name, Ty)                                                                        \
-    extern "C" __global__ void __launch_bounds__(RING_THREADS, 2)                                    \
-        name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
-        ring_rows<Ty>(x, y, rows, cols);                                                             \
-    }
-RING_KERNEL(softmax_cluster_row_ring_f32, F32)
-RING_KERNEL(softmax_cluster_row_ring_bf16, BF16)
 // Stream kernels (persistent, one CTA per SM, sm_90): (x, y, rows, cols).
 // The row tickets: [0] the next row to take, [1] CTAs finished; the last CTA of each launch sets
 // both back to 0, so launches on one device must not overlap (the lab's run on one stream).
@@ -1058,8 +924,8 @@ __device__ int g_stream_tickets[2];
         name(const void* __restrict__ x, void* __restrict__ y, int rows, int cols) {                 \
         stream_rows<Ty, KEEP>(x, y, rows, cols, g_stream_tickets);                                   \
     }
-STREAM_KERNEL(softmax_stream_row_f32, F32, STREAM_KEEP_F32)
-STREAM_KERNEL(softmax_stream_row_bf16, BF16, STREAM_KEEP_BF16)
+STREAM_KERNEL(softmax_stream_row_f32, F32, STREAM_KEEP)
+STREAM_KERNEL(softmax_stream_row_bf16, BF16, STREAM_KEEP)
 
 static_assert(packed_lanes(0, 256) == 32 && packed_lanes(1, 512) == 32, "packed = seed layout from here on");
 static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the last packed kernels");
@@ -1068,18 +934,16 @@ static_assert(packed_lanes(0, 128) == 16 && packed_lanes(1, 256) == 16, "the las
 // Host side: tables, checks, launches.
 using RowKernel = void (*)(const void*, void*, int, int, int);
 using OnlineKernel = void (*)(const void*, void*, int, int, int, int);
-using RingKernel = void (*)(const void*, void*, int, int);
+using StreamKernel = void (*)(const void*, void*, int, int);
 
 // Kernel families, the codes softmax_choose returns (softmax.py's KERNELS lists them in this order).
 enum Kernel { K_WARP_PACKED = 0, K_WARP_ROW = 1, K_BLOCK_ROW = 2, K_CLUSTER_ROW = 3, K_ONLINE = 4,
-              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_CLUSTER_ROW_RING = 8,
-              K_STREAM_ROW = 9 };
+              K_BLOCK_ROW_SMEM = 5, K_CLUSTER_ROW_SMEM = 6, K_CLUSTER_ROW_SMEM64 = 7, K_STREAM_ROW = 8 };
 #define WARP_MAX_COLS 1024
 #define BLOCK_MAX_COLS 32768
 #define CLUSTER_MAX_COLS 131072
 #define SMEM_BLOCK_MAX_COLS 16384      // block_row_smem: one CTA's slice (64 KB fp32, 32 KB bf16)
 #define SMEM_CLUSTER_MAX_COLS 131072
-#define RING_CLUSTER_MAX_COLS 131072     // cluster_row_ring: up to 16 CTAs x 32 KB
 #define STREAM_MAX_COLS 131072           // stream_row: fp32 up to 4 CTAs x 128 KB, bf16 up to 2
 
 static const RowKernel SEED[2][6] = {       // C = 32 .. 1024
@@ -1322,25 +1186,22 @@ static int cluster_smem_ready_for(int cols, int dtype, int idx) {
     return ctas <= 16 && smem_ready(SMEM_CLUSTER[dtype][idx], 1, dtype, idx, ctas) == 0;
 }
 
-// Persistent kernels (cluster_row_ring, stream_row): as many clusters as fit at once, from the
-// occupancy calculator with the kernel's dynamic shared memory, cached per device, kernel, dtype
-// and cluster size.
-struct PersistentKernel { RingKernel k[2]; int threads; int smem_bytes; };
-static const PersistentKernel RING = {{softmax_cluster_row_ring_f32, softmax_cluster_row_ring_bf16},
-                                      RING_THREADS, RING_STAGES * RING_BYTES};
+// stream_row is persistent: as many clusters as fit at once, from the occupancy calculator with its
+// dynamic shared memory, cached per device, dtype and cluster size.
+struct PersistentKernel { StreamKernel k[2]; int threads; int smem_bytes; };
 static const PersistentKernel STREAM = {{softmax_stream_row_f32, softmax_stream_row_bf16},
                                         STREAM_THREADS, STREAM_CHUNKS * STREAM_CHUNK_BYTES};
-static int g_resident[64][2][2][17];        // [dev][ring, stream][dtype][ctas]; 0 unknown, < 0: -(err + 1)
+static int g_resident[64][2][17];           // [dev][dtype][ctas]; 0 unknown, < 0: -(err + 1)
 
 static int persistent_resident(const PersistentKernel& pk, int dtype, int ctas, int* resident) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
     if (ctas < 1 || ctas > 16) return (int)cudaErrorInvalidValue;
-    int* slot = dev < 64 ? &g_resident[dev][&pk == &STREAM][dtype][ctas] : nullptr;
+    int* slot = dev < 64 ? &g_resident[dev][dtype][ctas] : nullptr;
     if (slot && *slot > 0) { *resident = *slot; return 0; }
     if (slot && *slot < 0) return -*slot - 1;
-    RingKernel k = pk.k[dtype];
+    StreamKernel k = pk.k[dtype];
     int major = 0, n = 0;
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess && major < 9) e = cudaErrorNotSupported;        // bulk copies, clusters: sm_90
@@ -1393,27 +1254,16 @@ static int launch_persistent(const PersistentKernel& pk, int ctas, const void* x
     return (int)cudaGetLastError();
 }
 
-static int ring_ctas(int cols, int dtype) { const int tile = RING_BYTES / (dtype == 0 ? 4 : 2); return (cols + tile - 1) / tile; }
 // stream_row: a CTA holds KEEP chunks of a row in registers and STREAM_SLICE_CHUNKS in shared
 // memory, so ceil(chunks / (KEEP + STREAM_SLICE_CHUNKS)) CTAs per row (1..STREAM_MAX_CTAS).
 static int stream_ctas(int cols, int dtype) {
     const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
-    const int per_cta = (dtype == 0 ? STREAM_KEEP_F32 : STREAM_KEEP_BF16) + STREAM_SLICE_CHUNKS;
+    const int per_cta = STREAM_KEEP + STREAM_SLICE_CHUNKS;
     return (chunks + per_cta - 1) / per_cta;
 }
 
 // Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
-// cannot be used: cluster_row_ring and stream_row run cluster_row_smem (32 KB slices) instead.
-static int run_ring(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    const int ctas = ring_ctas(cols, dtype);
-    if (ctas > 16) return (int)cudaErrorInvalidValue;
-    int resident = 0;
-    const int ready = persistent_resident(RING, dtype, ctas, &resident);
-    if (ready != 0) return ready;
-    if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
-    return launch_persistent(RING, ctas, x, y, rows, cols, dtype, stream);
-}
-
+// cannot be used: stream_row runs cluster_row_smem (32 KB slices) instead.
 static int run_stream(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
     const int ctas = stream_ctas(cols, dtype);
     if (ctas > STREAM_MAX_CTAS) return (int)cudaErrorInvalidValue;
@@ -1427,12 +1277,6 @@ static int run_stream(const void* x, void* y, int rows, int cols, int dtype, cud
     return launch_persistent(STREAM, ctas, x, y, rows, cols, dtype, stream);
 }
 
-static int ring_ready_for(int cols, int dtype) {
-    const int ctas = ring_ctas(cols, dtype);
-    int resident = 0;
-    return ctas <= 16 && persistent_resident(RING, dtype, ctas, &resident) == 0;
-}
-
 static int stream_ready_for(int cols, int dtype) {
     const int ctas = stream_ctas(cols, dtype);
     int resident = 0;
@@ -1444,9 +1288,8 @@ static int stream_ready_for(int cols, int dtype) {
 // length. Per dtype, entries {longest row, kernel} in increasing order: the first entry whose
 // max_cols >= cols wins. Edit here (and only here) after a measured run; the Python side reads
 // the choice back through softmax_choose. Each kernel's own limit: warp_* 1024; block_row 32768;
-// block_row_smem 16384; cluster_row, cluster_row_smem(64), cluster_row_ring 131072 (sm_90);
-// online any.
-// A choice this GPU cannot run (a cluster or ring kernel before sm_90, or a length beyond the
+// block_row_smem 16384; cluster_row, cluster_row_smem(64), stream_row 131072 (sm_90); online any.
+// A choice this GPU cannot run (a cluster or stream kernel before sm_90, or a length beyond the
 // kernel's limit) falls back to warp_row (<= 1024 columns), block_row (<= 32768) or online.
 // Measured on the H200 (2^28 elements; % of a copy of the same tensor, x torch.softmax):
 //   fp32: 32-128 warp_packed; 512 warp_row 97.1% 0.99x (warp_pipe 89.9%); 1024 warp_row 94.2%
@@ -1456,14 +1299,16 @@ static int stream_ready_for(int cols, int dtype) {
 //   bf16: 32-256 warp_packed; 512/1024 warp_row 99.9% / 91.1% (1.50x / 1.42x); 4096 block_row;
 //         16384 block_row_smem 96.6% 1.81x; 65536 cluster_row_smem64 (2 x 64 KB) 73.9% 1.41x
 //         (cluster_row_smem 72.1%, online 66.8%, cluster_row 64.4%).
-// The ring candidates, from one later H200 run (same sizes and metrics):
-//   512/1024: warp_row_ring fp32 90.7% 0.93x / 91.1% 0.94x (warp_row 96.6% 0.99x / 94.5% 0.98x),
-//         bf16 84.7% / 86.9% (warp_row 99.5% / 91.5%): warp_row stays; warp_row_ring removed.
-//   65536 fp32: cluster_row_ring 74.1% (cluster_row_smem 83.0%, cluster_row_smem64 80.0%,
-//         cluster_row 82.0%): cluster_row_smem stays.
-//   65536 bf16: cluster_row_ring 83.0% 1.61x (cluster_row_smem64 73.9%, cluster_row_smem 72.1%,
-//         cluster_row 64.5%): bf16 rows of 32769..131072 go to cluster_row_ring (measured at
-//         65536 only; cluster_row_smem64 keeps 16385..32768, as before).
+// Later candidates on the same sizes:
+//   warp_row_ring (a tile of whole rows per unit) fp32 512/1024 90.7% / 91.1%, below warp_row:
+//         removed. cluster_row_ring (persistent clusters of 32 KB CTAs, 3-stage rings) 65536 fp32
+//         74.1%, bf16 83.0%: superseded by stream_row and removed.
+//   stream_row at 65536, exploratory runs with the lab's timing harness (scripts not committed):
+//         ~90% fp32 / ~87% bf16 with a static row per CTA in turn; ~92% fp32 (a cluster of 2,
+//         still static) / ~94% bf16 (one CTA per row, rows by ticket) once rows were handed out
+//         by a counter; 15-warp, 15 KB-chunk geometries were slower (84%). At 16384 it stays
+//         below block_row_smem (86% fp32, 77% bf16): rows of 32769..131072 go to stream_row
+//         (measured at 65536 only).
 struct Route { int max_cols; int kernel; };
 #define ROUTE_END {INT_MAX, K_ONLINE}
 static const Route DISPATCH[2][8] = {
@@ -1472,7 +1317,8 @@ static const Route DISPATCH[2][8] = {
         {1024, K_WARP_ROW},
         {8192, K_BLOCK_ROW},
         {16384, K_BLOCK_ROW_SMEM},
-        {131072, K_CLUSTER_ROW_SMEM},
+        {32768, K_CLUSTER_ROW_SMEM},
+        {131072, K_STREAM_ROW},
         ROUTE_END},
     {   // bf16
         {256, K_WARP_PACKED},               // fewer than 32 lanes per row (16 values per lane)
@@ -1480,7 +1326,7 @@ static const Route DISPATCH[2][8] = {
         {8192, K_BLOCK_ROW},
         {16384, K_BLOCK_ROW_SMEM},
         {32768, K_CLUSTER_ROW_SMEM64},
-        {131072, K_CLUSTER_ROW_RING},
+        {131072, K_STREAM_ROW},
         ROUTE_END},
 };
 // =============================================================================================
@@ -1494,7 +1340,6 @@ static int max_cols_of(int kernel) {
         case K_BLOCK_ROW_SMEM: return SMEM_BLOCK_MAX_COLS;
         case K_CLUSTER_ROW: return CLUSTER_MAX_COLS;
         case K_CLUSTER_ROW_SMEM: case K_CLUSTER_ROW_SMEM64: return SMEM_CLUSTER_MAX_COLS;
-        case K_CLUSTER_ROW_RING: return RING_CLUSTER_MAX_COLS;
         case K_STREAM_ROW: return STREAM_MAX_COLS;
         default: return INT_MAX;
     }
@@ -1512,7 +1357,6 @@ extern "C" int softmax_choose(int cols, int dtype) {
     if (ok && k == K_CLUSTER_ROW) ok = cluster_ready(dtype, ceil_log2(cols) < 14 ? 0 : ceil_log2(cols) - 14) == 0;
     if (ok && k == K_CLUSTER_ROW_SMEM) ok = cluster_smem_ready_for(cols, dtype, 0);
     if (ok && k == K_CLUSTER_ROW_SMEM64) ok = cluster_smem_ready_for(cols, dtype, 1);
-    if (ok && k == K_CLUSTER_ROW_RING) ok = ring_ready_for(cols, dtype);
     if (ok && k == K_STREAM_ROW) ok = stream_ready_for(cols, dtype);
     if (!ok) k = cols <= WARP_MAX_COLS ? K_WARP_ROW : (cols <= BLOCK_MAX_COLS ? K_BLOCK_ROW : K_ONLINE);
     return k;
@@ -1528,7 +1372,6 @@ static int run_kernel(int k, const void* x, void* y, int rows, int cols, int dty
         case K_CLUSTER_ROW: return run_cluster(x, y, rows, cols, dtype, stream);
         case K_CLUSTER_ROW_SMEM: return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
         case K_CLUSTER_ROW_SMEM64: return run_cluster_smem(x, y, rows, cols, dtype, 1, stream);
-        case K_CLUSTER_ROW_RING: return run_ring(x, y, rows, cols, dtype, stream);
         case K_STREAM_ROW: return run_stream(x, y, rows, cols, dtype, stream);
         default: return run_online(x, y, rows, cols, dtype, cols, stream);
     }
@@ -1558,7 +1401,6 @@ SOFTMAX_LAUNCHER(cluster_row, K_CLUSTER_ROW)
 SOFTMAX_LAUNCHER(block_row_smem, K_BLOCK_ROW_SMEM)
 SOFTMAX_LAUNCHER(cluster_row_smem, K_CLUSTER_ROW_SMEM)
 SOFTMAX_LAUNCHER(cluster_row_smem64, K_CLUSTER_ROW_SMEM64)
-SOFTMAX_LAUNCHER(cluster_row_ring, K_CLUSTER_ROW_RING)
 SOFTMAX_LAUNCHER(stream_row, K_STREAM_ROW)
 SOFTMAX_LAUNCHER(online, K_ONLINE)
 

@@ -31,19 +31,16 @@ Variants (one kernel family each; `cuda` is the dispatcher and picks by row leng
   other rows' loads are in flight while one CTA reduces and writes.
 - `cluster_row_smem` / `cluster_row_smem64` (cols <= 131,072, sm_90): the same with a cluster of
   ceil(cols / slice) CTAs per row, 32 KB / 64 KB slices, (max, sum) pairs through DSMEM.
-- `cluster_row_ring` (cols <= 131,072, sm_90): a persistent grid of clusters (2 CTAs of 256
-  threads per SM), each CTA a ring of 3 x 32 KB shared buffers filled by bulk copies two rows ahead
-  of the one it reduces and writes; a row is split over a cluster of ceil(cols / 32 KB) CTAs, one
-  (max, sum) exchange through DSMEM per row. Misaligned or odd-length rows (no bulk copies) run
-  cluster_row_smem instead. The dispatcher's choice for long bf16 rows (83% of copy at 65,536).
-  (Its sibling for rows <= 1024, warp_row_ring, measured below warp_row and was removed.)
 - `stream_row` (cols <= 131,072, sm_90): a persistent grid of one CTA per SM; a producer warp keeps
   a ring of 13 x 16 KB shared chunks full with bulk copies, row after row, while 16 consumer warps
   reduce each chunk as it lands and, once the row's (max, sum) is known, write it and hand the
-  chunks back. A CTA holds at most 128 KB of a row, so at least 80 KB of the next row are always
-  in flight; longer rows (fp32 beyond 32,768) are split over a cluster of 2-4 CTAs that swap
-  (max, sum) pairs through remote shared-memory stores and mbarriers, with no cluster barrier in
-  the loop. Misaligned or odd-length rows run cluster_row_smem instead.
+  chunks back; at least 80 KB of the next row are always in flight. Rows that fit one CTA (bf16
+  up to 73,728 columns, fp32 up to 36,864) are handed out by a ticket counter, so a faster SM
+  takes more rows; longer ones are split over a cluster of CTAs that swap (max, sum) pairs through
+  remote shared-memory stores and mbarriers. Misaligned or odd-length rows run cluster_row_smem
+  instead. The dispatcher's choice for rows of 32,769 to 131,072 (measured at 65,536). It
+  replaced cluster_row_ring (persistent clusters of 32 KB CTAs: 74.6% fp32 / 82.9% bf16 at
+  65,536), and its sibling warp_row_ring (rows <= 1024) measured below warp_row: both removed.
 
 Dispatch (`cuda`): the table DISPATCH in softmax.cu, per dtype a list of {longest row, kernel};
 a kernel this GPU cannot run falls back to warp_row (<= 1,024), block_row (<= 32,768) or online. Each record says which
@@ -85,26 +82,25 @@ LAUNCHERS = {                      # variant -> (launcher, longest row it handle
     "block_row_smem": ("launch_softmax_block_row_smem", 16384, False),
     "cluster_row_smem": ("launch_softmax_cluster_row_smem", 131072, True),
     "cluster_row_smem64": ("launch_softmax_cluster_row_smem64", 131072, True),
-    "cluster_row_ring": ("launch_softmax_cluster_row_ring", 131072, True),
     "stream_row": ("launch_softmax_stream_row", 131072, True),
     # A deliberately wrong kernel, for the tests only: it normalizes by the first half of each row.
     "broken_half_row_sum": ("launch_softmax_broken_half_row_sum", None, False),
 }
 VARIANTS = ("cuda", "warp_row", "warp_packed", "block_row", "cluster_row", "online", "block_row_smem",
-            "cluster_row_smem", "cluster_row_smem64", "cluster_row_ring", "stream_row")
+            "cluster_row_smem", "cluster_row_smem64", "stream_row")
 BASELINES = ("copy", "torch")
 KERNELS = ("warp_packed", "warp_row", "block_row", "cluster_row", "online", "block_row_smem", "cluster_row_smem",
-           "cluster_row_smem64", "cluster_row_ring", "stream_row")   # softmax_choose's codes (enum Kernel in softmax.cu)
+           "cluster_row_smem64", "stream_row")   # softmax_choose's codes (enum Kernel in softmax.cu)
 SIGNATURES = {**{name: _SIG for name, _, _ in LAUNCHERS.values()}, "softmax_choose": [ctypes.c_int, ctypes.c_int]}
 # Where each variant is timed (it is checked wherever it applies): its own range of row lengths.
 # block_row from 2048: below that its smallest configuration (128 threads x 16) leaves threads idle.
 # The shared-memory kernels on long rows (cluster_row_smem64 from 32768: below that its 64 KB slice
-# is one CTA, block_row_smem's case); cluster_row_ring from 65536 (both dtypes: bf16's dispatch
-# choice there, fp32's measured alternative).
+# is one CTA, block_row_smem's case); stream_row from 16384 (the dispatcher's choice from 32769 on;
+# at 16384 it is timed against block_row_smem, which it does not beat).
 TIMED_COLS = {"warp_row": (1, 1024), "warp_packed": (1, 1024), "block_row": (2048, 32768),
               "cluster_row": (16384, 131072), "block_row_smem": (8192, 16384),
               "cluster_row_smem": (16384, 131072), "cluster_row_smem64": (32768, 131072),
-              "cluster_row_ring": (65536, 131072), "stream_row": (16384, 131072)}
+              "stream_row": (16384, 131072)}
 GRAPH_REPS = 20                    # calls per CUDA-graph replay for the launch-bound seed case
 FLOPS_PER_ELEMENT = 5              # max, subtract, exp, add, multiply (the log2 e scale folded in)
 ROW_SUM_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}   # |sum(y[r, :]) - 1|, the seed's own check
