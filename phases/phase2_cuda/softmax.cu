@@ -944,7 +944,7 @@ enum Kernel { K_WARP_PACKED = 0, K_WARP_ROW = 1, K_BLOCK_ROW = 2, K_CLUSTER_ROW 
 #define CLUSTER_MAX_COLS 131072
 #define SMEM_BLOCK_MAX_COLS 16384      // block_row_smem: one CTA's slice (64 KB fp32, 32 KB bf16)
 #define SMEM_CLUSTER_MAX_COLS 131072
-#define STREAM_MAX_COLS 131072           // stream_row: fp32 up to 4 CTAs x 128 KB, bf16 up to 2
+#define STREAM_MAX_COLS 131072           // stream_row: fp32 up to 4 CTAs x 144 KB, bf16 up to 2
 
 static const RowKernel SEED[2][6] = {       // C = 32 .. 1024
     {softmax_warp_row_f32_c32, softmax_warp_row_f32_c64, softmax_warp_row_f32_c128, softmax_warp_row_f32_c256,
