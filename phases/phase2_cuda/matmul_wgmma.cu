@@ -383,10 +383,23 @@ __device__ __forceinline__ void ws_produce(const CUtensorMap* tmA, const CUtenso
     }
 }
 
+// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+        :: "r"(bar), "r"(rank) : "memory");
+}
+
 // Consumer warpgroup cw, one tile: all k-tiles into acc, one wgmma batch kept in flight, each stage
 // released as soon as the batch reading it is done. (s, phase) carry the ring position across tiles.
+// With PEER (the cluster kernel), a stage is also released in CTA `peer`, whose producer multicast
+// into it.
+template <bool PEER = false>
 __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base, uint32_t full0, uint32_t empty0,
-                                                int cw, int lane, int KT, int& s, uint32_t& phase) {
+                                                int cw, int lane, int KT, int& s, uint32_t& phase,
+                                                uint32_t peer = 0) {
     int prev = 0;
     for (int kt = 0; kt < KT; ++kt) {
         const uint32_t sa = base + s * WS_STAGE_BYTES;
@@ -401,13 +414,19 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
         wgmma_commit();
         if (kt > 0) {
             wgmma_wait<1>();                      // the previous stage's batch is done
-            if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+            if (lane == 0) {
+                mbar_arrive(empty0 + 8 * prev);
+                if constexpr (PEER) mbar_arrive_cluster(empty0 + 8 * prev, peer);
+            }
         }
         prev = s;
         if (++s == WS_STAGES) { s = 0; phase ^= 1; }
     }
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+    if (lane == 0) {
+        mbar_arrive(empty0 + 8 * prev);
+        if constexpr (PEER) mbar_arrive_cluster(empty0 + 8 * prev, peer);
+    }
     fence_accumulators(acc);
 }
 
@@ -492,14 +511,6 @@ __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
-// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
-        :: "r"(bar), "r"(rank) : "memory");
-}
 
 __device__ __forceinline__ uint32_t mbar_try_wait_cluster(uint32_t bar, uint32_t parity) {
     uint32_t done;
@@ -601,34 +612,7 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
             int tm2, tn;
             tile_coords(t, pairs_m, tiles_n, WS_GROUP_M / 2, tm2, tn);
             const int tm = 2 * tm2 + (int)rank;
-            int prev = 0;
-            for (int kt = 0; kt < KT; ++kt) {
-                const uint32_t sa = base + s * WS_STAGE_BYTES;
-                mbar_wait(full0 + 8 * s, phase);
-                __syncwarp();
-                wgmma_fence();
-                const uint64_t da = desc_k_major_sw128(sa + cw * 64 * WG_ROW_BYTES);
-                const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
-#pragma unroll
-                for (int k = 0; k < WG_BK / 16; ++k)
-                    wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
-                wgmma_commit();
-                if (kt > 0) {
-                    wgmma_wait<1>();
-                    if (lane == 0) {
-                        mbar_arrive(empty0 + 8 * prev);
-                        mbar_arrive_cluster(empty0 + 8 * prev, peer);
-                    }
-                }
-                prev = s;
-                if (++s == WS_STAGES) { s = 0; phase ^= 1; }
-            }
-            wgmma_wait<0>();
-            if (lane == 0) {
-                mbar_arrive(empty0 + 8 * prev);
-                mbar_arrive_cluster(empty0 + 8 * prev, peer);
-            }
-            fence_accumulators(acc);
+            ws_consume_tile<true>(acc, base, full0, empty0, cw, lane, KT, s, phase, peer);
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
