@@ -42,9 +42,16 @@ def test_vector_add_every_config(n):
 def test_softmax_every_candidate(m, n):
     x = torch.randn(m, n, device=DEV) * 4
     ref = sm.reference(x)
+    refused = []
     for cfg in sm.candidates(n):
-        v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+        try:
+            v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+        except ValueError as exc:           # a cooperative config this Triton build makes too big to co-reside
+            assert "an SM holds only" in str(exc), exc
+            refused.append(label(cfg))
+            continue
         assert v["passed"], (label(cfg), v)
+    assert len(refused) < len(sm.candidates(n)), refused
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

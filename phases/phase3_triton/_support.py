@@ -72,6 +72,31 @@ def sm_count(device: torch.device) -> int:
     return 4                            # the interpreter: any small number exercises the loops
 
 
+_RESIDENT: dict = {}
+
+
+def resident_programs_per_sm(kernel, key, device: torch.device, args: tuple, kwargs: dict) -> int | None:
+    """How many programs of `kernel`, compiled for these arguments, one SM holds at once: the
+    tightest of registers (allocated per warp in units of 256), threads and shared memory. Kernels
+    whose programs wait for each other must not launch more than this per SM, or a waiting program
+    could keep the one it waits for from ever being scheduled. None where nothing runs (the
+    interpreter, compile-only builds). Cached under `key`: the warm-up lookup costs host time."""
+    if interpreting() or _COMPILE_ONLY or device.type != "cuda":
+        return None
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+        compiled._init_handles()                    # loads the binary: n_regs is known from here on
+        props = torch.cuda.get_device_properties(device)
+        warps = compiled.metadata.num_warps
+        regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps)
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+        smem = compiled.metadata.shared + 1024      # the driver reserves 1 KiB per block
+        by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // smem
+        _RESIDENT[key] = min(by_regs, by_threads, by_smem, 32)
+    return _RESIDENT[key]
+
+
 _allocator_device = None
 
 

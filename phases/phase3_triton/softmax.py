@@ -31,10 +31,11 @@ Three kernels cover every row length:
   L2, the first pass marks its lines evict-last and the second pass reads the row backwards, so
   the chunks it wants first are the ones read most recently. HBM still sees one read and one write.
 * `softmax_split_kernel`: also for long rows. SPLIT resident programs share a row, each holding its
-  chunk in registers, and exchange (max, sum) through flags in global memory: one read from HBM,
-  nothing re-read, at the price of a wait between the parts (overlapped with the next row's load).
+  chunk in registers, and exchange (max, sum) through memory: one read from HBM, nothing re-read.
+  The exchange costs a wait between the parts; working one row ahead, with each part's statistics
+  and flag in a single word, keeps that wait off the critical path.
 
-The autotuner (see _support.tune) times the candidates of both kernels at each row length and
+The autotuner (see _support.tune) times the candidates of every kernel at each row length and
 keeps the fastest that passes the check; the record says which one won.
 """
 import torch
@@ -43,7 +44,7 @@ from common.checks import compare, exact, poison
 from common.exercise import Exercise, Needs, measure
 
 from ._support import (LOG2E, attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
-                       next_pow2, require, sm_count, tl, triton, tune, tuning_summary)
+                       next_pow2, require, resident_programs_per_sm, sm_count, tl, triton, tune, tuning_summary)
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -105,70 +106,91 @@ def softmax_online_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_pr
 
 
 @triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, stats_ptr, flags_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-                         SPLIT: tl.constexpr, CHUNK: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """Cooperative, for rows too long for one program's registers: SPLIT programs share a row,
-    each holding CHUNK columns in registers, so every element is read from HBM once and written
-    once. Persistent: group g of SPLIT programs takes rows g, g + n_groups, ...
+def _publish_packed(x, slot, part, tag):
+    """This part's (max, sum) of its chunk as one 64-bit word, its row's `tag` (1..7) in the low
+    three bits of the max. One relaxed atomic store carries data and flag together, so no release
+    fence (which would wait for this warp's earlier stores) is needed. Changing the max's last bits
+    costs nothing in accuracy: the sum is taken against the published value itself."""
+    m = tl.max(x, axis=0)
+    m = tl.where(m == float("-inf"), -3.0e38, m)              # an all-padding chunk: sum 0, finite max
+    m_bits = (m.to(tl.int32, bitcast=True) & ~7) | tag
+    m = m_bits.to(tl.float32, bitcast=True)
+    s = tl.sum(tl.math.exp2(x - m), axis=0)
+    word = m_bits.to(tl.uint32, bitcast=True).to(tl.int64) | (s.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+    tl.atomic_xchg(slot + part, word, sem="relaxed")
 
-    Each part publishes its (max, sum) and raises its flag to the row's iteration number; it then
-    waits until every part of its group has done the same, combines the SPLIT pairs, and writes its
-    chunk from registers. The wrapper launches no more programs than can be resident at once, so
-    the wait always ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the
-    check then rejects, instead of hanging the GPU). Statistics are double-buffered by iteration
-    parity: a part can be at most one row ahead of the slowest part of its group."""
+
+@triton.jit
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
+                         n_groups, SPLIT: tl.constexpr, CHUNK: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
+    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
+    once and written once. Persistent: group g takes rows g, g + n_groups, ...
+
+    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
+    critical path by working one row ahead: a part holds three chunks, the row it writes (i), the
+    row whose statistics it publishes (i+1) and the row being loaded (i+2). It publishes row i+1
+    before it waits for row i, which every part published an iteration earlier, so the wait is
+    usually over at once. A part's statistics and its "ready" flag are one 64-bit word (see
+    _publish_packed), written with a relaxed atomic: no release fence, which would wait for the
+    part's own stores of the previous row to land.
+
+    Words live in 4 slots per group (slot = iteration % 4), zeroed before each launch; the tag
+    (iteration % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
+    4 slots suffice: a part publishes row i+4 only after its wait for row i+3, which needs every
+    part to have published row i+3, which each does after it has read row i's words. The wrapper
+    launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
+    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging)."""
     pid = tl.program_id(0)
     group, part = pid // SPLIT, pid % SPLIT
     cols = part * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
     parts = tl.arange(0, SPLIT)
-    flags = flags_ptr + group * SPLIT
+    slots = slots_ptr + group * (4 * SPLIT)
     stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
-    it = 0
     zero = tl.zeros([CHUNK], tl.int32)              # row tests broadcast to a tensor (interpreter-friendly)
     x = tl.load(x_ptr + group * stride_x + cols, mask=mask & ((zero + group) < n_rows),
                 other=float("-inf")).to(tl.float32) * LOG2E
+    _publish_packed(x, slots, part, 1)
+    nxt = group + n_groups
+    x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & ((zero + nxt) < n_rows),
+                     other=float("-inf")).to(tl.float32) * LOG2E
+    it = 0
     for row in range(group, n_rows, n_groups):
-        m = tl.max(x, axis=0)
-        m_ref = tl.where(m == float("-inf"), 0.0, m)          # an all-padding chunk contributes 0
-        s = tl.sum(tl.math.exp2(x - m_ref), axis=0)
-        stats = stats_ptr + ((group * 2 + it % 2) * SPLIT) * 2
-        tl.store(stats + part * 2, m)
-        tl.store(stats + part * 2 + 1, s)
-        tl.atomic_xchg(flags + part, it + 1, sem="release")    # same value from every thread: idempotent
-        # Prefetch this part's chunk of the group's next row now, so the wait below overlaps an HBM
-        # read instead of leaving the SM idle (without it the kernel was no faster than two passes).
-        nxt = row + n_groups
-        x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & ((zero + nxt) < n_rows),
-                         other=float("-inf")).to(tl.float32) * LOG2E
-        seen = tl.atomic_add(flags + parts, 0, sem="acquire")
+        after = row + 2 * n_groups                  # issued first: in flight during the wait and the write
+        x_after = tl.load(x_ptr + after * stride_x + cols, mask=mask & ((zero + after) < n_rows),
+                          other=float("-inf")).to(tl.float32) * LOG2E
+        _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
+        slot = slots + (it % 4) * SPLIT
+        tag = it % 7 + 1
+        words = tl.load(slot + parts, volatile=True)          # volatile: from L2, past the incoherent L1
         spins = 0
-        while (tl.min(seen, axis=0) < it + 1) & (spins < MAX_SPINS):
-            seen = tl.atomic_add(flags + parts, 0, sem="acquire")
+        while (tl.min(((words & 7) == tag).to(tl.int32), axis=0) == 0) & (spins < MAX_SPINS):
+            words = tl.load(slot + parts, volatile=True)
             spins += 1
-        ms = tl.load(stats + parts * 2, volatile=True)         # volatile: past L1, which is not coherent
-        ss = tl.load(stats + parts * 2 + 1, volatile=True)
+        ms = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        ss = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         row_max = tl.max(ms, axis=0)
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
         y = tl.math.exp2(x - row_max) * inv
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
         x = x_next
+        x_next = x_after
         it += 1
 
 
-_SPLIT_SCRATCH: dict = {}
+_SPLIT_SLOTS: dict = {}
 
 
-def _split_scratch(device, n_groups: int, split: int):
-    """(stats, flags) for the split kernel: flags are zeroed on every call (a tiny memset that the
-    timing includes), stats need no reset."""
+def _split_slots(device, n_groups: int, split: int) -> torch.Tensor:
+    """The split kernel's 4 x SPLIT words per group, zeroed on every call (a tiny memset that the
+    timing includes): a zero word carries tag 0, which no row has."""
     key = (str(device), n_groups, split)
-    if key not in _SPLIT_SCRATCH:
-        _SPLIT_SCRATCH[key] = (torch.empty(n_groups * 2 * split * 2, device=device, dtype=torch.float32),
-                               torch.zeros(n_groups * split, device=device, dtype=torch.int32))
-    stats, flags = _SPLIT_SCRATCH[key]
-    flags.zero_()
-    return stats, flags
+    if key not in _SPLIT_SLOTS:
+        _SPLIT_SLOTS[key] = torch.empty(n_groups * 4 * split, device=device, dtype=torch.int64)
+    slots = _SPLIT_SLOTS[key]
+    slots.zero_()
+    return slots
 
 
 # ------------------------------------------------------------------------------ configs and wrapper
@@ -193,9 +215,9 @@ def candidates(n_cols: int) -> list[dict]:
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
     if n_cols >= 32768:                            # cooperative: SPLIT programs per row, one HBM read
-        # (SPLIT, warps, programs per SM): two chunks per thread in registers (current + prefetched);
-        # the occupancy must fit on an SM, or the parts of a row could not all be resident.
-        for split, warps, per_sm in ((8, 8, 2), (8, 8, 1), (16, 8, 2), (16, 4, 4), (4, 16, 1)):
+        # (SPLIT, warps, programs per SM): three chunks per thread in registers (written, published,
+        # loading); all the programs must fit on the GPU at once, which the wrapper checks.
+        for split, warps, per_sm in ((16, 4, 3), (16, 8, 2), (32, 4, 4), (32, 4, 5), (8, 16, 1)):
             chunk = next_pow2(-(-n_cols // split))
             if chunk <= 16384:
                 out.append({"kind": "split", "SPLIT": split, "CHUNK": chunk, "programs_per_sm": per_sm,
@@ -226,12 +248,16 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
         split = cfg["SPLIT"]
         if cfg["CHUNK"] * split < n_cols:
             raise ValueError(f"split config covers {cfg['CHUNK'] * split} columns, rows have {n_cols}")
+        consts = dict(SPLIT=split, CHUNK=cfg["CHUNK"], MAX_SPINS=1 if interpreting() else 1 << 16, **launch_options(cfg))
         # Never more programs than fit on the GPU at once: the parts of a group wait for each other.
-        n_groups = max(1, min(n_rows, (sm_count(x.device) * cfg["programs_per_sm"]) // split))
-        stats, flags = _split_scratch(x.device, n_groups, split)
-        softmax_split_kernel[(n_groups * split,)](x, out, stats, flags, n_rows, n_cols, x.stride(0), out.stride(0),
-                                                  n_groups, SPLIT=split, CHUNK=cfg["CHUNK"],
-                                                  MAX_SPINS=1 if interpreting() else 1 << 16, **launch_options(cfg))
+        per_sm = cfg["programs_per_sm"]
+        n_groups = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split))
+        args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
+        resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
+                                            args, consts)
+        if resident is not None and resident < per_sm:
+            raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
+        softmax_split_kernel[(n_groups * split,)](*args, **consts)
     else:
         programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
         keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
