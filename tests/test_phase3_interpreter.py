@@ -123,7 +123,7 @@ if INTERPRETED:
     def test_softmax_both_kernels_on_irregular_rows(shape):
         x = torch.randn(*shape) * 4
         ref = sm.reference(x)
-        for cfg in sm.interpreter_configs(shape[1]):    # rows kernel, then the two-pass online kernel
+        for cfg in sm.interpreter_configs(shape[1]):    # every kernel, the rows kernel also persistent
             v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
             assert v["passed"], (cfg, v)
 

@@ -23,7 +23,8 @@ Three kernels cover every row length:
 * `softmax_kernel`: a program loads whole rows into registers (several short rows at once, so a
   program has enough bytes in flight), reduces, and writes. Registers hold a row up to about
   32K fp32 elements per program; past that the compiler would spill to local memory, which is
-  the "collapse at long rows" to avoid.
+  the "collapse at long rows" to avoid. For short rows it can also run persistent: a few programs
+  per SM walk the tiles, the compiler loading the next ones (through shared memory) meanwhile.
 * `softmax_online_kernel`: for long rows. A persistent program walks a row in chunks keeping a
   running max and a running sum (when the max grows, the old sum is rescaled by exp(old - new):
   the same online softmax flash attention uses), then walks it again to write the output. The
@@ -49,20 +50,24 @@ from ._support import (LOG2E, attempt, compare_to_copy, compare_to_library, inte
 
 # ------------------------------------------------------------------------------ kernels
 @triton.jit
-def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """ROWS whole rows per program, each padded to BLOCK_N (a power of two) with -inf."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_programs,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    """ROWS whole rows per tile, each padded to BLOCK_N (a power of two) with -inf. Program p takes
+    tiles p, p + n_programs, ...: with one program per tile that is one tile each; with fewer
+    (persistent) programs, STAGES > 1 has the compiler load the next tiles while this one is
+    reduced and written (a software pipeline through shared memory)."""
     cols = tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    rows = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
-    x = x.to(tl.float32) * LOG2E                   # exp(v) = exp2(v * log2 e): one multiply, then ex2
-    x_max = tl.max(x, axis=1)                      # subtracting the max keeps exp2 from overflowing
-    e = tl.math.exp2(x - x_max[:, None])           # padding: exp2(-inf) = 0, so it adds nothing
-    inv = 1.0 / tl.sum(e, axis=1)                  # one division per row, then multiplies
-    y = e * inv[:, None]
-    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    for tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), n_programs, num_stages=STAGES):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        rows = rows.to(tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
+        x = x.to(tl.float32) * LOG2E               # exp(v) = exp2(v * log2 e): one multiply, then ex2
+        x_max = tl.max(x, axis=1)                  # subtracting the max keeps exp2 from overflowing
+        e = tl.math.exp2(x - x_max[:, None])       # padding: exp2(-inf) = 0, so it adds nothing
+        inv = 1.0 / tl.sum(e, axis=1)              # one division per row, then multiplies
+        y = e * inv[:, None]
+        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -207,6 +212,10 @@ def candidates(n_cols: int) -> list[dict]:
                 cfg = {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
                 if cfg not in out:
                     out.append(cfg)
+    if block <= 4096:                              # persistent, next tiles loaded during this one
+        for tile, warps, per_sm, stages in ((8192, 8, 2, 2), (8192, 8, 2, 3), (4096, 4, 4, 2), (4096, 4, 4, 3)):
+            out.append({"kind": "rows", "ROWS": tile // block, "BLOCK_N": block, "num_warps": warps, "num_stages": 1,
+                        "programs_per_sm": per_sm, "STAGES": stages})
     if n_cols >= 8192:                             # long rows: chunked, two passes, L2-resident
         for chunk in (4096, 8192):
             for per_sm in (1, 2, 4):
@@ -229,6 +238,7 @@ def interpreter_configs(n_cols: int) -> list[dict]:
     # The split kernel only with SPLIT=1 here: the interpreter runs programs one after another, so
     # parts of a row could never wait for each other (on the GPU they run at the same time).
     return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
+            {"kind": "rows", "ROWS": 2, "BLOCK_N": next_pow2(n_cols), "num_warps": 4, "programs_per_sm": 1, "STAGES": 2},
             {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
             {"kind": "split", "SPLIT": 1, "CHUNK": next_pow2(n_cols), "programs_per_sm": 1, "num_warps": 4}]
 
@@ -241,9 +251,11 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     n_rows, n_cols = x.shape
     cfg = config or candidates(n_cols)[0]
     if cfg["kind"] == "rows":
-        grid = (triton.cdiv(n_rows, cfg["ROWS"]),)
-        softmax_kernel[grid](x, out, n_rows, n_cols, x.stride(0), out.stride(0),
-                             ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], **launch_options(cfg))
+        tiles = triton.cdiv(n_rows, cfg["ROWS"])
+        programs = min(tiles, sm_count(x.device) * cfg["programs_per_sm"]) if "programs_per_sm" in cfg else tiles
+        softmax_kernel[(programs,)](x, out, n_rows, n_cols, x.stride(0), out.stride(0), programs,
+                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1),
+                                    **launch_options(cfg))
     elif cfg["kind"] == "split":
         split = cfg["SPLIT"]
         if cfg["CHUNK"] * split < n_cols:
