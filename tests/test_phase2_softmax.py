@@ -112,7 +112,7 @@ def test_host_dispatch_and_refusals_without_a_gpu(builds):
     # The DISPATCH table in softmax.cu as written (edit both together).
     kernel = {c: sm.KERNELS[lib.softmax_choose(c, 0)] for c in (1, 32, 128, 129, 256, 257, 1024, 1025, 16384)}
     assert kernel == {1: "warp_packed", 32: "warp_packed", 128: "warp_packed", 129: "warp_row", 256: "warp_row",
-                      257: "warp_row", 1024: "warp_row", 1025: "block_row", 16384: "block_row_smem"}
+                      257: "warp_row", 1024: "warp_row", 1025: "block_row", 16384: "block_row"}
     assert sm.KERNELS[lib.softmax_choose(16384, 1)] == "block_row_smem"
     assert sm.KERNELS[lib.softmax_choose(256, 1)] == "warp_packed"      # bf16: 16 values per lane
     assert sm.KERNELS[lib.softmax_choose(257, 1)] == "warp_row"
@@ -328,7 +328,7 @@ def test_a_wrong_kernel_fails_the_checker(dtype):
 def test_dispatch_choices():
     clusters = sm.has_clusters(DEV)              # the DISPATCH table in softmax.cu as written
     want = {32: "warp_packed", 128: "warp_packed", 512: "warp_row", 1024: "warp_row", 4096: "block_row",
-            16384: "block_row_smem", 32768: "cluster_row_smem" if clusters else "block_row",
+            16384: "block_row", 32768: "cluster_row_smem" if clusters else "block_row",
             32769: "stream_row" if clusters else "online",
             65536: "stream_row" if clusters else "online", 131073: "online"}
     assert {c: sm.chosen_kernel(c, torch.float32, DEV) for c in want} == want

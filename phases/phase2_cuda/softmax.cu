@@ -1316,32 +1316,33 @@ static int stream_ready_for(int cols, int dtype) {
 // block_row_smem 16384; cluster_row, cluster_row_smem(64), stream_row 131072 (sm_90); online any.
 // A choice this GPU cannot run (a cluster or stream kernel before sm_90, or a length beyond the
 // kernel's limit) falls back to warp_row (<= 1024 columns), block_row (<= 32768) or online.
-// Measured on the H200 (2^28 elements; % of a copy of the same tensor, x torch.softmax):
-//   fp32: 32-128 warp_packed; 512 warp_row 97.1% 0.99x (warp_pipe 89.9%); 1024 warp_row 94.2%
-//         0.97x (warp_pipe 73.6%: removed); 4096 block_row; 16384 block_row_smem 96.6% 1.24x
-//         (cluster_row 86.3%, block_row 73.9%); 65536 cluster_row_smem (8 x 32 KB) 82.6% 1.71x
-//         (cluster_row_smem64 79.8%, cluster_row 81.7%, online 65.4%).
-//   bf16: 32-256 warp_packed; 512/1024 warp_row 99.9% / 91.1% (1.50x / 1.42x); 4096 block_row;
-//         16384 block_row_smem 96.6% 1.81x; 65536 cluster_row_smem64 (2 x 64 KB) 73.9% 1.41x
-//         (cluster_row_smem 72.1%, online 66.8%, cluster_row 64.4%).
-// Later candidates on the same sizes:
-//   warp_row_ring (a tile of whole rows per unit) fp32 512/1024 90.7% / 91.1%, below warp_row:
-//         removed. cluster_row_ring (persistent clusters of 32 KB CTAs, 3-stage rings) 65536 fp32
-//         74.1%, bf16 83.0%: superseded by stream_row and removed.
+// Measured on the H200 (2^28 elements; % of a copy of the same tensor, x torch.softmax), record
+// @c31d8f3, after load_slice's loads went straight-line and the warp kernels to 2-warp blocks:
+//   fp32: 32-128 warp_packed 100-101% (1.03x at 128); 512 / 1024 warp_row 99.5% / 97.6% (1.013x /
+//         1.007x); 4096 block_row 97.3%; 16384 block_row 97.6% (block_row_smem 96.3%, stream_row
+//         96.0%, cluster_row 94.4%, online 92.9%); 65536 stream_row 91.4% 1.91x (cluster_row 89.1%).
+//   bf16: 32-256 warp_packed; 512/1024 warp_row 100.6% / 100.2% (1.54x / 1.56x); 4096 block_row;
+//         16384 block_row_smem 96.5% (block_row 94.8%); 65536 stream_row 92.3% 1.79x (the same
+//         kernel timed again as `stream_row` in that run: 94.2%).
+// Before the straight-line loads (record @9b6cf3e) block_row was at 73.9% at fp32 16384, which is
+// why block_row_smem took that length; warp_row was at 0.99x / 0.98x torch at 512 / 1024.
+// Earlier candidates on the same sizes, removed: warp_pipe (fp32 512/1024 89.9% / 73.6%),
+//   warp_row_ring (a tile of whole rows per unit, 90.7% / 91.1%), cluster_row_ring (persistent
+//   clusters of 32 KB CTAs, 3-stage rings; 65536 fp32 74.1%, bf16 83.0%: superseded by stream_row).
 //   stream_row at 65536, exploratory runs with the lab's timing harness (scripts not committed):
 //         ~90% fp32 / ~87% bf16 with a static row per CTA in turn; ~92% fp32 (a cluster of 2,
 //         still static) / ~94% bf16 (one CTA per row, rows by ticket) once rows were handed out
 //         by a counter; 15-warp, 15 KB-chunk geometries were slower (84%). At 16384 it stays
-//         below block_row_smem (86% fp32, 77% bf16): rows of 32769..131072 go to stream_row
-//         (measured at 65536 only).
+//         below block_row(_smem) in bf16 (77%): rows of 32769..131072 go to stream_row (measured
+//         at 65536 only); 16385..32768 go to cluster_row_smem(64), measured before the
+//         straight-line loads only.
 struct Route { int max_cols; int kernel; };
 #define ROUTE_END {INT_MAX, K_ONLINE}
 static const Route DISPATCH[2][8] = {
     {   // fp32
         {128, K_WARP_PACKED},               // fewer than 32 lanes per row (8 values per lane)
         {1024, K_WARP_ROW},
-        {8192, K_BLOCK_ROW},
-        {16384, K_BLOCK_ROW_SMEM},
+        {16384, K_BLOCK_ROW},
         {32768, K_CLUSTER_ROW_SMEM},
         {131072, K_STREAM_ROW},
         ROUTE_END},
