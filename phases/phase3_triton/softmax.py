@@ -212,6 +212,11 @@ def candidates(n_cols: int) -> list[dict]:
                 cfg = {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
                 if cfg not in out:
                     out.append(cfg)
+    if block <= 1024:                              # small programs, 8 values per thread (CUDA's warp kernels' shape)
+        for tile in (512, 1024, 2048):
+            if tile >= block:
+                out.append({"kind": "rows", "ROWS": tile // block, "BLOCK_N": block, "num_warps": tile // 256,
+                            "num_stages": 1})
     if block <= 4096:                              # persistent, next tiles loaded during this one
         for tile, warps, per_sm, stages in ((8192, 8, 2, 2), (8192, 8, 2, 3), (4096, 4, 4, 2), (4096, 4, 4, 3)):
             out.append({"kind": "rows", "ROWS": tile // block, "BLOCK_N": block, "num_warps": warps, "num_stages": 1,
