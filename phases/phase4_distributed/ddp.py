@@ -97,6 +97,10 @@ class Trainer:
         self.me, self.params = me, params
         self.amp = me.device.type == "cuda" and params["dtype"] == "bf16"   # bf16 matmuls, fp32 weights and grads
         self.wrap = {"device_ids": [me.local_rank]} if me.device.type == "cuda" else {}
+        if me.device.type == "cuda" and params.get("sm_carveout"):
+            # cuBLAS matmuls leave this many SMs alone, so NCCL's all-reduce CTAs find them free
+            # instead of waiting for (or slowing) a matmul that wanted every SM.
+            torch._C._set_sm_carveout_experimental(params["sm_carveout"])
         torch.manual_seed(1234 + me.rank)                # a different init on every rank, on purpose
         self.model = make_model(params["d_model"], params["n_layers"]).to(me.device)
         self.data = torch.Generator(device=me.device).manual_seed(5000 + me.rank)   # different data per rank
@@ -315,15 +319,17 @@ def run(ctx, params):
     # choice) and putting NCCL's stream at high priority (its CTAs are scheduled before queued
     # compute CTAs, so a bucket's all-reduce starts as soon as it is ready instead of after the
     # matmul in flight).
-    settings = [(ch, hp) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]] \
-        if pl.backend == "nccl" else [(None, False)]
+    settings = [(ch, hp, sm) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]
+                for sm in params["sm_carveouts"]] if pl.backend == "nccl" else [(None, False, None)]
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
         timed = []
-        for ch, hp in settings:
+        for ch, hp, sm in settings:
             env = {"NCCL_MAX_NCHANNELS": str(ch)} if ch else None
-            tag = "".join([f"_ch{ch}" if ch else "", "_hp" if hp else ""])
-            what = ", ".join(([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if hp else []))
-            res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp}, params["timeout_s"],
+            tag = "".join([f"_ch{ch}" if ch else "", "_hp" if hp else "", f"_sm{sm}" if sm else ""])
+            what = ", ".join(([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if hp else [])
+                             + ([f"matmuls leave {sm} SMs free"] if sm else []))
+            res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp, "sm_carveout": sm},
+                         params["timeout_s"],
                          f"phase4.ddp on {n} ranks" + (f" ({what})" if what else ""), extra_env=env)
             summary["launch_s"][f"{n}{tag}"] = res["_launch_s"]
             summary["params_count"] = res["params"]
@@ -331,15 +337,17 @@ def run(ctx, params):
             for r in new:
                 r["params"]["nccl_max_channels"] = ch
                 r["params"]["nccl_high_priority"] = hp
+                r["params"]["sm_carveout"] = sm
                 if r["variant"].startswith("bucket_"):
                     r["variant"] += tag
             timed += [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
-            rows += new if (ch, hp) == settings[0] else [r for r in new if r["variant"].startswith("bucket_")]
+            rows += new if (ch, hp, sm) == settings[0] else [r for r in new if r["variant"].startswith("bucket_")]
         if timed:
             best = max(timed, key=lambda r: r["metrics"]["hidden_fraction"])
             summary["best"].append({"world_size": n, "bucket_cap_mb": best["params"]["bucket_cap_mb"],
                                     "nccl_max_channels": best["params"]["nccl_max_channels"],
                                     "nccl_high_priority": best["params"]["nccl_high_priority"],
+                                    "sm_carveout": best["params"]["sm_carveout"],
                                     "comm_hook": best["params"]["comm_hook"],
                                     "hidden_fraction": best["metrics"]["hidden_fraction"],
                                     "met": best["metrics"]["hidden_fraction"] >= GOAL_HIDDEN})
@@ -356,7 +364,8 @@ EXERCISE = Exercise(
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [5, 25, 100, 400], "gradient_as_bucket_view": True,
-            "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "comm_hooks": ["builtin", "avg"],
+            "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "sm_carveouts": [None],
+            "comm_hooks": ["builtin", "avg"],
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
