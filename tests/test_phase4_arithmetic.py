@@ -254,3 +254,16 @@ def test_ring_configurations_and_their_names():
     sweep_cfg = importlib.import_module("phases.phase4_distributed.sweep").ring_config
     params = {"ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_graph": True}
     assert sweep_cfg(params, "cuda").graph and not sweep_cfg(params, "cpu").graph
+
+
+def test_carveout_finding_compares_like_with_like():
+    """The SM carve-out sentence sets the carved-out row against the row with default settings at
+    the same bucket size, not against a row that also changed the channel cap."""
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+    mk = lambda cap, exposed, **p: {"variant": "b", "status": "ok",  # noqa: E731
+                                    "params": {"bucket_cap_mb": cap, "comm_hook": "builtin", **p},
+                                    "metrics": {"exposed_comm_ms": exposed}}
+    timed = [mk(25, 1.8), mk(25, 1.7, sm_carveout=32), mk(25, 0.5, nccl_max_channels=16), mk(100, 2.2)]
+    (sentence,) = tables._carveout_finding(25, timed)
+    assert "leave 32 SMs free" in sentence and "1.7 ms against 1.8 ms" in sentence
+    assert tables._carveout_finding(25, [mk(25, 1.8)]) == []

@@ -291,8 +291,9 @@ def t_ring(v: View) -> str:
 def _settings(p: dict) -> list[str]:
     """The non-default settings of a DDP row (or of the summary's best), in words."""
     ch = p.get("nccl_max_channels")
+    sm = p.get("sm_carveout")
     return (([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if p.get("nccl_high_priority") else [])
-            + (["AVG comm hook"] if p.get("comm_hook") == "avg" else []))
+            + ([f"matmuls leave {sm} SMs free"] if sm else []) + (["AVG comm hook"] if p.get("comm_hook") == "avg" else []))
 
 
 def _bucket_label(r) -> str:
@@ -307,8 +308,8 @@ def _buckets_in_words(r) -> str:
 
 def _ddp_order(r) -> tuple:
     p = r["params"]
-    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("comm_hook") or "builtin",
-            p["bucket_cap_mb"])
+    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("sm_carveout") or 0,
+            p.get("comm_hook") or "builtin", p["bucket_cap_mb"])
 
 
 def t_ddp(v: View) -> str:
@@ -440,16 +441,36 @@ def _p2p_jump(g: Group):
     return next(((a, b) for a, b in zip(ok, ok[1:]) if _m(b, "busbw_gbps") >= 1.5 * _m(a, "busbw_gbps")), None)
 
 
+def _carveout_finding(cap, timed: list[dict]) -> list[str]:
+    """If the sweep tried an SM carve-out: the exposed time with and without it (same bucket size,
+    otherwise default settings), which says whether the SMs NCCL occupies are where the time goes."""
+    def exposed(sm):
+        rows = [r for r in timed if r["params"]["bucket_cap_mb"] == cap and (r["params"].get("sm_carveout") or 0) == sm
+                and not _settings({**r["params"], "sm_carveout": None})]
+        return _m(rows[0], "exposed_comm_ms") if rows else None
+    out = []
+    for sm in sorted({r["params"].get("sm_carveout") for r in timed if r["params"].get("sm_carveout")}):
+        with_, without = exposed(sm), exposed(0)
+        if with_ is not None and without is not None:
+            out.append(f"With the matmuls told to leave {sm} SMs free (cuBLAS's SM carve-out, more SMs than NCCL's "
+                       f"channels take), {num(cap)} MB buckets exposed {num(with_)} ms against {num(without)} ms "
+                       f"without it: taking SMs away from backward's matmuls is not where the step loses its time.")
+    return out
+
+
 def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict]) -> list[str]:
     """Sentences on why the exposed time is what it is: the spread over the settings tried at the
     best bucket size, and the SM share NCCL's all-reduce took (its channels, from the sweep's probe)."""
     cap = best["params"]["bucket_cap_mb"]
     same = [_m(r, "hidden_fraction") for r in timed if r["params"]["bucket_cap_mb"] == cap]
     out = []
+    carved = any(r["params"].get("sm_carveout") for r in timed)
     if len(same) > 1:
         out.append(f"Across the {len(same)} settings tried with {num(cap)} MB buckets (NCCL channel cap, stream "
-                   f"priority, comm hook) the hidden share ranged from {_ratio(min(same))} to {_ratio(max(same))} "
-                   f"(median {_ratio(statistics.median(same))}): none came near 70%.")
+                   f"priority, {'SM carve-out, ' if carved else ''}comm hook) the hidden share ranged from "
+                   f"{_ratio(min(same))} to {_ratio(max(same))} (median {_ratio(statistics.median(same))}): "
+                   f"none came near 70%.")
+    out += _carveout_finding(cap, timed)
     sweep = next((s for s in preferred(v.records, EX_SWEEP) if s.hw == g.hw and s.n == g.n), None)
     sms = (g.rec["hardware"].get("gpu") or {}).get("sm_count")
     sizes = _m(best, "bucket_bytes") or []
