@@ -486,8 +486,10 @@ def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict]) -> list[st
                f"({size_bytes(near['params']['size_bytes'])} in the sweep); the rest of the {num(exposed)} ms the step "
                f"lost is what backward and the all-reduce cost each other running side by side. NCCL ran all-reduces of this size on {ch} "
                f"channels (the sweep's probe), one CTA on one SM each: {pct(100 * ch / sms)} of the {sms} SMs, which "
-               f"for the {num(comm)} ms of communication is worth about {num(ch / sms * comm)} ms of compute; and it "
-               f"streams every byte through HBM, which backward's memory-bound kernels need too. NVLink SHARP, where "
+               f"for the {num(comm)} ms of communication is worth about {num(ch / sms * comm)} ms of compute"
+               + ("; the carve-out above says that is not the cost, which leaves the other one: it"
+                  if any(r["params"].get("sm_carveout") for r in timed) else "; and it")
+               + f" streams every byte through HBM, which backward's memory-bound kernels need too. NVLink SHARP, where "
                f"the switch does the reduction, would take both off the GPU; the lab's machines keep it off "
                f"(NCCL_NVLS_ENABLE=0).")
     return out
