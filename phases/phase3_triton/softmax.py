@@ -142,8 +142,11 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
 
     Words live in 4 slots per group (slot = iteration % 4), zeroed before each launch; the tag
     (iteration % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
-    4 slots suffice: a part publishes row i+4 only after its wait for row i+3, which needs every
-    part to have published row i+3, which each does after it has read row i's words. The wrapper
+    4 slots suffice: a part publishes row i+4 at the start of its iteration i+3, after its wait for
+    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
+    start of its iteration i+1, after it read row i's words in iteration i. (With 3 slots a fast
+    part could overwrite row i's words while a slow one, having just published row i+1, is still
+    waiting to read them.) The wrapper
     launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
     it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging)."""
     pid = tl.program_id(0)
