@@ -24,9 +24,10 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    buckets hide little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
    (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
    Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide, or
-   avg_hook), and, one launch each, NCCL's channel cap (nccl_max_channels) and the priority of
-   NCCL's stream (nccl_high_priority): the settings that decide how the all-reduce and backward
-   share SMs and HBM, which is where the exposed time goes (the phase README's findings).
+   avg_hook), and, one launch each, NCCL's channel cap (nccl_max_channels), the priority of
+   NCCL's stream (nccl_high_priority) and an SM carve-out for cuBLAS (sm_carveouts): the settings
+   that decide how the all-reduce and backward share SMs and HBM, which is where the exposed time
+   goes (the phase README's findings).
 3. The barrier, made visible. Per-rank wall-clock step times with and without one straggler (the
    last rank sleeps `straggler_ms` before each step): local work differs per rank, DDP steps do
    not, because every rank waits in the all-reduce for the slowest.
@@ -100,6 +101,9 @@ class Trainer:
         if me.device.type == "cuda" and params.get("sm_carveout"):
             # cuBLAS matmuls leave this many SMs alone, so NCCL's all-reduce CTAs find them free
             # instead of waiting for (or slowing) a matmul that wanted every SM.
+            if not hasattr(torch._C, "_set_sm_carveout_experimental"):
+                raise RuntimeError(f"sm_carveout needs a PyTorch with an SM carve-out for cuBLAS (2.6 or newer); "
+                                   f"this is {torch.__version__}")
             torch._C._set_sm_carveout_experimental(params["sm_carveout"])
         torch.manual_seed(1234 + me.rank)                # a different init on every rank, on purpose
         self.model = make_model(params["d_model"], params["n_layers"]).to(me.device)
@@ -313,12 +317,12 @@ def run(ctx, params):
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
                "roofs_source": roofs.source, "best": []}
-    # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Two process-wide
+    # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Three process-wide
     # settings change how that contest goes, one launch per combination: capping NCCL's channels
     # (NCCL_MAX_NCHANNELS: each all-reduce slower, fewer SMs taken from compute; None = NCCL's own
-    # choice) and putting NCCL's stream at high priority (its CTAs are scheduled before queued
+    # choice), putting NCCL's stream at high priority (its CTAs are scheduled before queued
     # compute CTAs, so a bucket's all-reduce starts as soon as it is ready instead of after the
-    # matmul in flight).
+    # matmul in flight), and an SM carve-out (cuBLAS leaves that many SMs out of every matmul).
     settings = [(ch, hp, sm) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]
                 for sm in params["sm_carveouts"]] if pl.backend == "nccl" else [(None, False, None)]
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
