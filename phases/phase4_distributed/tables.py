@@ -296,14 +296,10 @@ def _settings(p: dict) -> list[str]:
             + ([f"matmuls leave {sm} SMs free"] if sm else []) + (["AVG comm hook"] if p.get("comm_hook") == "avg" else []))
 
 
-def _bucket_label(r) -> str:
+def _bucket_label(r, unit: str = "") -> str:
+    """'25 (NCCL_MAX_NCHANNELS=16, ...)' for a table cell; with unit=' MB buckets', for a sentence."""
     extra = _settings(r["params"])
-    return num(r["params"]["bucket_cap_mb"]) + (f" ({', '.join(extra)})" if extra else "")
-
-
-def _buckets_in_words(r) -> str:
-    extra = _settings(r["params"])
-    return f"{num(r['params']['bucket_cap_mb'])} MB buckets" + (f" ({', '.join(extra)})" if extra else "")
+    return f"{num(r['params']['bucket_cap_mb'])}{unit}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _ddp_order(r) -> tuple:
@@ -448,9 +444,9 @@ def _carveout_finding(cap, timed: list[dict]) -> list[str]:
         rows = [r for r in timed if r["params"]["bucket_cap_mb"] == cap and (r["params"].get("sm_carveout") or 0) == sm
                 and not _settings({**r["params"], "sm_carveout": None})]
         return _m(rows[0], "exposed_comm_ms") if rows else None
-    out = []
+    out, without = [], exposed(0)
     for sm in sorted({r["params"].get("sm_carveout") for r in timed if r["params"].get("sm_carveout")}):
-        with_, without = exposed(sm), exposed(0)
+        with_ = exposed(sm)
         if with_ is not None and without is not None:
             out.append(f"With the matmuls told to leave {sm} SMs free (cuBLAS's SM carve-out, more SMs than NCCL's "
                        f"channels take), {num(cap)} MB buckets exposed {num(with_)} ms against {num(without)} ms "
@@ -488,7 +484,7 @@ def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict]) -> list[st
                f"channels (the sweep's probe), one CTA on one SM each: {pct(100 * ch / sms)} of the {sms} SMs, which "
                f"for the {num(comm)} ms of communication is worth about {num(ch / sms * comm)} ms of compute"
                + ("; the carve-out above says that is not the cost, which leaves the other one: it"
-                  if any(r["params"].get("sm_carveout") for r in timed) else "; and it")
+                  if carved else "; and it")
                + f" streams every byte through HBM, which backward's memory-bound kernels need too. NVLink SHARP, where "
                f"the switch does the reduction, would take both off the GPU; the lab's machines keep it off "
                f"(NCCL_NVLS_ENABLE=0).")
@@ -559,10 +555,10 @@ def t_findings(v: View) -> str:
             continue
         best = max(timed, key=lambda r: _m(r, "hidden_fraction"))
         worst = min(timed, key=lambda r: _m(r, "hidden_fraction"))
-        s = [f"**DDP on {g.label}.** With {_buckets_in_words(best)}, "
+        s = [f"**DDP on {g.label}.** With {_bucket_label(best, ' MB buckets')}, "
              f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
              f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
-             f"with no communication at all. With {_buckets_in_words(worst)} only "
+             f"with no communication at all. With {_bucket_label(worst, ' MB buckets')} only "
              f"{_ratio(_m(worst, 'hidden_fraction'))} hid."]
         if _m(best, "mfu_vs_peak") is not None:
             s.append(f"The step ran at {num(_m(best, 'tflops'))} TFLOP/s of model FLOPs: MFU {_ratio(_m(best, 'mfu_vs_peak'))} "
