@@ -139,6 +139,40 @@ def test_ddp_flops_and_hidden_fraction():
     assert ddp.hidden_fraction(10.0, 4.0, 15.0)[0] == 0.0                             # clipped, raw kept
     assert ddp.hidden_fraction(10.0, 4.0, 15.0)[1] == pytest.approx(-0.25)
     assert ddp.hidden_fraction(10.0, 4.0, 9.0)[0] == 1.0
+    # against the DDP step with no communication (10.5: DDP's bucket copies cost 0.5 ms), the same
+    # 11 ms step hides 3.5 of 4 ms: the copies are not communication
+    assert ddp.hidden_fraction(10.5, 4.0, 11.0)[0] == pytest.approx(0.875)
+
+
+def _probed_rank(alone_ms: float, under_ms: float, matches: bool = True) -> dict:
+    """One rank's contention probe as the worker returns it, for one kernel (a 1 GFLOP matmul)."""
+    return {"background_ms": {"nccl_all_reduce": 3.0, "copy_engine": 2.5},
+            "kernels": {"matmul": {"flops": 10**9, "bytes": 10**6, "dtype": "bf16", "alone_ms": alone_ms,
+                                   "under_ms": {"nccl_all_reduce": under_ms, "copy_engine": alone_ms},
+                                   "matches": {"nccl_all_reduce": matches, "copy_engine": True},
+                                   "reps": {"nccl_all_reduce": 24, "copy_engine": 20}}}}
+
+
+def test_contention_slowdown_is_the_slowest_ranks_and_rows_carry_a_prediction():
+    contention = importlib.import_module("phases.phase4_distributed.contention")
+    out = contention.slowdowns([_probed_rank(0.10, 0.12), _probed_rank(0.10, 0.13)])
+    nccl, ce = (next(c for c in out if c["background"] == bg) for bg in ("nccl_all_reduce", "copy_engine"))
+    assert nccl["slowdown"] == [pytest.approx(0.2), pytest.approx(0.3)]
+    assert nccl["max_slowdown"] == pytest.approx(0.3) and nccl["slowest_rank"] == 1 and nccl["matches"]
+    assert ce["max_slowdown"] == pytest.approx(0.0)
+    r = ddp._contention_row(nccl, {"world_size": 2}, LINK)
+    assert r["status"] == "ok" and r["variant"] == "contention_nccl_all_reduce_matmul"
+    assert r["metrics"]["alone_ms"] == pytest.approx(0.10) and r["metrics"]["under_ms"] == pytest.approx(0.13)
+    assert r["prediction"]["measured_ms"] == pytest.approx(0.10)                      # the roofline predicts it alone
+    assert r["prediction"]["predicted_ms"] == pytest.approx(max(1e9 / 989.5e12, 1e6 / 450e9) * 1e3)   # s -> ms
+
+
+def test_contention_row_is_not_timed_when_an_output_changed_under_the_transfer():
+    contention = importlib.import_module("phases.phase4_distributed.contention")
+    out = contention.slowdowns([_probed_rank(0.10, 0.12), _probed_rank(0.10, 0.13, matches=False)])
+    nccl = next(c for c in out if c["background"] == "nccl_all_reduce")
+    r = ddp._contention_row(nccl, {"world_size": 2}, LINK)
+    assert not nccl["matches"] and r["status"] == "failed" and not r["metrics"] and r["check"]["passed"] is False
 
 
 # ------------------------------------------------------------------------------ which backend, which sizes
@@ -267,3 +301,24 @@ def test_carveout_finding_compares_like_with_like():
     (sentence,) = tables._carveout_finding(25, timed)
     assert "leave 32 SMs free" in sentence and "1.7 ms against 1.8 ms" in sentence
     assert tables._carveout_finding(25, [mk(25, 1.8)]) == []
+
+
+def test_probe_finding_draws_its_conclusion_from_the_copy_engine_rows():
+    """The contention sentence says the SMs are not the cost only when a transfer that uses no SM
+    slows the (compute-bound) matmul nearly as much as NCCL's all-reduce does."""
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+
+    def group(ce_slowdown):
+        mk = lambda bg, k, slow: {"variant": f"contention_{bg}_{k}", "status": "ok",  # noqa: E731
+                                  "params": {"world_size": 2, "kernel": k, "background": bg},
+                                  "metrics": {"slowdown": slow, "alone_ms": 0.1, "background_ms": [3.0, 3.1]},
+                                  "prediction": {"bound": "compute" if k == "matmul" else "memory",
+                                                 "predicted_ms": 0.09, "measured_over_predicted": 1.1}}
+        rows = [mk("nccl_all_reduce", "matmul", 0.20), mk("nccl_all_reduce", "gelu_backward", 0.15),
+                mk("copy_engine", "matmul", ce_slowdown), mk("copy_engine", "gelu_backward", 0.14)]
+        return tables.Group("h200_sxm", "H200", 2, 2, {"rows": rows, "provenance": {}, "_path": "x.json"})
+    best = {"params": {"bucket_cap_mb": 25}}
+    text = " ".join(tables._probe_finding(group(0.18), best))
+    assert "matmul +20%" in text and "matmul +18%" in text and "not with the SMs" in text
+    assert "the rest is the SMs" in " ".join(tables._probe_finding(group(0.05), best))
+    assert tables._probe_finding(tables.Group("h", "H", 2, 2, {"rows": []}), best) == []

@@ -14,21 +14,29 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    rank 0's parameters, after which all checksums must be identical. After `steps` (20) steps on
    different data per rank they must still be identical: the averaged gradient is the same
    everywhere, so is the update. Checksums are gathered from every rank and compared bit for bit.
-2. Overlap, measured. For each bucket size (DDP's bucket_cap_mb) three medians, slowest rank:
+2. Overlap, measured. For each bucket size (DDP's bucket_cap_mb) four medians, slowest rank:
    - compute: the step under ddp.no_sync(), no gradient communication at all;
+   - nocomm: the DDP step with a comm hook that communicates nothing (noop_hook): everything DDP
+     does but the all-reduce, above all copying each new gradient into its bucket;
    - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
      all-reduced back to back with no compute;
    - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it.
-   hidden = (compute + comm - ddp) / comm, clipped to [0, 1]: the share of the communication that
-   ran under backward. The last bucket can never hide (backward is over when it is ready); huge
-   buckets hide little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
+   hidden_vs_nocomm = (nocomm + comm - ddp) / comm, clipped to [0, 1]: the share of the
+   communication that ran under backward, against the step that differs from the DDP step by the
+   communication alone (the goal's measure). hidden = (compute + comm - ddp) / comm also charges
+   DDP's bucket copies (bookkeeping_ms = nocomm - compute) to the communication; both are
+   recorded. The last bucket can never hide (backward is over when it is ready); huge buckets hide
+   little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
    (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
    Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide, or
    avg_hook), and, one launch each, NCCL's channel cap (nccl_max_channels), the priority of
    NCCL's stream (nccl_high_priority) and an SM carve-out for cuBLAS (sm_carveouts): the settings
    that decide how the all-reduce and backward share SMs and HBM, which is where the exposed time
    goes (the phase README's findings).
-3. The barrier, made visible. Per-rank wall-clock step times with and without one straggler (the
+3. What the overlap costs compute (contention.py): backward's kernels at this run's shapes, timed
+   alone and under an all-reduce of the gradients, and under the same bytes moved by the copy
+   engines (no SMs): the slowdown is what "hidden" communication still costs.
+4. The barrier, made visible. Per-rank wall-clock step times with and without one straggler (the
    last rank sleeps `straggler_ms` before each step): local work differs per rank, DDP steps do
    not, because every rank waits in the all-reduce for the slowest.
 MFU = model FLOPs per step / DDP step time / peak, against the spec-sheet peak (hardware.yaml) and
@@ -48,6 +56,7 @@ from common.exercise import Exercise, row
 from common.timing import summarize
 
 from . import collectives as col
+from . import contention
 from .launch import launch, link_roofs, plan
 
 
@@ -146,6 +155,16 @@ def _checksums(tr: Trainer) -> dict:
     return out
 
 
+def noop_hook(state, bucket):
+    """A DDP comm hook that communicates nothing: the bucket comes back as it went in. A DDP step
+    with it is the step with every all-reduce removed and everything else DDP does kept: above
+    all, copying each freshly computed gradient into its bucket (zero_grad(set_to_none=True)
+    drops the bucket views every step, so the reducer copies 805 MB back into the buckets)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def avg_hook(state, bucket):
     """A DDP comm hook: all-reduce the bucket with ReduceOp.AVG. Without a hook DDP divides every
     gradient by the world size itself, a separate read-and-write pass over all of them (805 MB of
@@ -162,15 +181,18 @@ COMM_HOOKS = ("builtin", "avg")         # builtin: DDP's own sum + div_; avg: av
 
 
 def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
-    """compute (no_sync), comm (DDP's own buckets, all-reduced alone, with the op the hook uses) and
-    the DDP step, per rank."""
+    """compute (no_sync), comm (DDP's own buckets, all-reduced alone, with the op the hook uses),
+    nocomm (a DDP step whose hook communicates nothing) and the DDP step, per rank."""
     me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
     ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
+    quiet, quiet_opt = tr.wrapped(bucket_cap_mb=cap_mb)
+    quiet.register_comm_hook(None, noop_hook)
     if hook == "avg":
         ddp.register_comm_hook(None, avg_hook)
     op = dist.ReduceOp.AVG if hook == "avg" and dist.get_backend() == "nccl" else dist.ReduceOp.SUM
     for _ in range(3):                     # DDP rebuilds its buckets in step 2's backward; logged from step 3
         tr.step(ddp, opt, x, y)
+        tr.step(quiet, quiet_opt, x, y)
     me.sync()
     sizes = _bucket_bytes(ddp)
     bufs = [torch.randn(b // 4, device=me.device) for b in sizes]      # fp32 gradients: 4 bytes each
@@ -183,11 +205,14 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
         for w in [dist.all_reduce(b, op=op, async_op=True) for b in bufs]:
             w.wait()
 
+    def nocomm():
+        tr.step(quiet, quiet_opt, x, y)
+
     def step():
         tr.step(ddp, opt, x, y)
 
     entry = {"bucket_cap_mb": cap_mb, "comm_hook": hook, "bucket_bytes": sizes, "warmup": warm}
-    for name, fn in (("compute", compute), ("comm", comm), ("ddp", step)):
+    for name, fn in (("compute", compute), ("comm", comm), ("nocomm", nocomm), ("ddp", step)):
         entry[name] = me.gather(col.time_calls(fn, warm, iters, me.device))
     return entry
 
@@ -235,13 +260,39 @@ def worker_task(me, params: dict) -> dict:
             me.stage(f"ddp bucket_cap_mb={cap} comm hook {hook}")
             out["buckets"].append(_bucket(tr, cap, hook, x, y))
             gc.collect()
+    if me.device.type == "cuda" and params["contention"]:
+        me.stage("ddp: kernels under an all-reduce")
+        out["contention"] = me.gather(contention.probe(me, params["tokens_per_rank"], params["d_model"],
+                                                       out["grad_bytes"]))
+        gc.collect()
+        torch.cuda.empty_cache()
     me.stage("ddp per-rank steps")
     out["wall"] = _wall(tr, x, y)
     return out
 
 
 # ------------------------------------------------------------------------------ in the lab process
-def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None) -> list[dict]:
+def _contention_row(c: dict, base: dict, hbm_roofs) -> dict:
+    """One probed kernel under one background transfer: timed (slowest rank's slowdown), predicted
+    alone from the HBM roofline, and checked (its output under the transfer equals its output alone)."""
+    k = c["slowest_rank"]
+    check = {"reference": "the same kernel's output computed with no transfer in flight", "metric": "exact",
+             "precision": c["dtype"], "tolerance": 0.0, "rel_l2_error": None, "max_abs_error": None,
+             "passed": c["matches"], "reason": None if c["matches"] else "output under the transfer differs"}
+    p = {**base, "kernel": c["kernel"], "background": c["background"]}
+    variant = f"contention_{c['background']}_{c['kernel']}"
+    if not c["matches"]:
+        return row(variant, p, "failed", "output under the transfer differs from the output alone", check=check)
+    metrics = {"ms": c["under_ms"][k], "alone_ms": c["alone_ms"][k], "under_ms": c["under_ms"][k],
+               "slowdown": c["max_slowdown"], "slowest_rank": k, "per_rank_alone_ms": c["alone_ms"],
+               "per_rank_under_ms": c["under_ms"], "per_rank_slowdown": c["slowdown"],
+               "background_ms": c["background_ms"], "calls_per_repeat": c["reps"]}
+    return row(variant, p, "ok", None, check=check, metrics=metrics,
+               prediction=roofline.predict(c["flops"], c["bytes"], hbm_roofs, c["dtype"], c["alone_ms"][k]))
+
+
+def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None,
+              hbm_roofs=None) -> list[dict]:
     base = {"world_size": n, "backend": backend, "d_model": params["d_model"], "n_layers": params["n_layers"],
             "tokens_per_rank": params["tokens_per_rank"], "dtype": params["dtype"]}
     rows = []
@@ -274,12 +325,16 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
             rows.append(row(name, p, "failed",
                             "not timed: the parameter checksums differ across ranks", check=chk))
             continue
-        slow = {k: col.slowest_rank(b[k]) for k in ("compute", "comm", "ddp")}
+        slow = {k: col.slowest_rank(b[k]) for k in ("compute", "comm", "nocomm", "ddp")}
         med = {k: summarize(slow[k]["samples_ms"], method, b["warmup"], flush_l2=False) for k in slow}
         c_ms, m_ms, d_ms = med["compute"].median_ms, med["comm"].median_ms, med["ddp"].median_ms
+        q_ms = med["nocomm"].median_ms
         hidden, raw = hidden_fraction(c_ms, m_ms, d_ms)
+        comm_hidden, comm_raw = hidden_fraction(q_ms, m_ms, d_ms)
         tflops = flops / (d_ms * 1e9)
-        metrics = {"ms": d_ms, "compute_ms": c_ms, "comm_ms": m_ms, "ddp_ms": d_ms,
+        metrics = {"ms": d_ms, "compute_ms": c_ms, "comm_ms": m_ms, "ddp_ms": d_ms, "nocomm_ms": q_ms,
+                   "bookkeeping_ms": q_ms - c_ms, "exposed_vs_nocomm_ms": max(0.0, d_ms - q_ms),
+                   "hidden_fraction_vs_nocomm": comm_hidden, "hidden_fraction_vs_nocomm_raw": comm_raw,
                    "exposed_comm_ms": max(0.0, d_ms - c_ms), "hidden_fraction": hidden, "hidden_fraction_raw": raw,
                    "buckets": len(b["bucket_bytes"]), "bucket_bytes": b["bucket_bytes"], "grad_bytes": grad_bytes,
                    "comm_busbw_gbps": col.busbw_gbps("all_reduce", sum(b["bucket_bytes"]), m_ms, n),
@@ -296,6 +351,8 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
         wire = col.wire_bytes("all_reduce", grad_bytes, n)
         rows.append(row(name, p, "ok", None, check=chk, timing=med["ddp"],
                         metrics=metrics, prediction=roofline.predict(flops, wire, roofs, params["dtype"], d_ms)))
+    for c in contention.slowdowns(res["contention"]) if res.get("contention") else []:
+        rows.append(_contention_row(c, base, hbm_roofs))
     w = res["wall"]
     for variant, local, ddp_ms, straggle in (("per_rank_steps", w["local"], w["ddp"], 0.0),
                                              ("per_rank_steps_straggler", w["local_straggler"], w["ddp_straggler"],
@@ -313,6 +370,7 @@ def run(ctx, params):
     if not pl.world_sizes:
         return rows, {"backend": pl.backend}
     roofs = link_roofs(ctx, pl.backend, params["dtype"])
+    hbm_roofs = ctx.roofs(params["dtype"])
     ceiling = ctx.phase1_ceiling()
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
@@ -337,25 +395,30 @@ def run(ctx, params):
                          f"phase4.ddp on {n} ranks" + (f" ({what})" if what else ""), extra_env=env)
             summary["launch_s"][f"{n}{tag}"] = res["_launch_s"]
             summary["params_count"] = res["params"]
-            new = rows_from(res, n, pl.backend, params, roofs, ceiling)
+            new = rows_from(res, n, pl.backend, params, roofs, ceiling, hbm_roofs)
+            per_setting = [r for r in new if r["variant"].startswith(("bucket_", "contention_"))]
             for r in new:
                 r["params"]["nccl_max_channels"] = ch
                 r["params"]["nccl_high_priority"] = hp
                 r["params"]["sm_carveout"] = sm
-                if r["variant"].startswith("bucket_"):
-                    r["variant"] += tag
+            for r in per_setting:
+                r["variant"] += tag
             timed += [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
-            rows += new if (ch, hp, sm) == settings[0] else [r for r in new if r["variant"].startswith("bucket_")]
+            rows += new if (ch, hp, sm) == settings[0] else per_setting
         if timed:
-            best = max(timed, key=lambda r: r["metrics"]["hidden_fraction"])
-            summary["best"].append({"world_size": n, "bucket_cap_mb": best["params"]["bucket_cap_mb"],
-                                    "nccl_max_channels": best["params"]["nccl_max_channels"],
-                                    "nccl_high_priority": best["params"]["nccl_high_priority"],
-                                    "sm_carveout": best["params"]["sm_carveout"],
-                                    "comm_hook": best["params"]["comm_hook"],
-                                    "hidden_fraction": best["metrics"]["hidden_fraction"],
-                                    "met": best["metrics"]["hidden_fraction"] >= GOAL_HIDDEN})
+            best = max(timed, key=lambda r: r["metrics"]["hidden_fraction_vs_nocomm"])
+            fastest = min(timed, key=lambda r: r["metrics"]["ddp_ms"])
+            summary["best"].append({"world_size": n, **_setting(best),
+                                    "met": best["metrics"]["hidden_fraction_vs_nocomm"] >= GOAL_HIDDEN,
+                                    "fastest_step": _setting(fastest)})
     return rows, summary
+
+
+def _setting(r: dict) -> dict:
+    """The settings of one timed bucket row and what it measured, for the summary."""
+    keys = ("bucket_cap_mb", "nccl_max_channels", "nccl_high_priority", "sm_carveout", "comm_hook")
+    return {**{k: r["params"][k] for k in keys},
+            **{k: r["metrics"][k] for k in ("hidden_fraction_vs_nocomm", "hidden_fraction", "ddp_ms", "bookkeeping_ms")}}
 
 
 GOAL_HIDDEN = 0.70          # the issue's goal: >= 70% of gradient communication hidden at the best bucket size
@@ -369,7 +432,7 @@ EXERCISE = Exercise(
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [5, 25, 100, 400], "gradient_as_bucket_view": True,
             "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "sm_carveouts": [None],
-            "comm_hooks": ["builtin", "avg"],
+            "comm_hooks": ["builtin", "avg"], "contention": True,
             "warmup_iters": 3, "iters": 10, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,

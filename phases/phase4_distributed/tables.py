@@ -1,7 +1,7 @@
 """Phase 4's README blocks and plots, written from records only.
 
 Blocks (phases/phase4_distributed/README.md): phase4.goals, phase4.allreduce, phase4.sweep,
-phase4.plots, phase4.ring, phase4.ddp, phase4.findings.
+phase4.plots, phase4.ring, phase4.ddp, phase4.contention, phase4.findings.
 Plots: results/plots/phase4_busbw_<hardware>_<n>gpu.png (NCCL's all-reduce and ours, busbw
 against size, with the other collectives and the link's one-way bandwidth), one per world size.
 
@@ -105,6 +105,16 @@ def _ratio(x) -> str:
 
 def _ok(r) -> bool:
     return r is not None and r["status"] == "ok"
+
+
+def _pct(x) -> str:
+    """A fraction as a table percentage."""
+    return pct(100 * x)
+
+
+def _opt(x, fmt) -> str:
+    """fmt(x), or '-' where an older record has no such metric."""
+    return "-" if x is None else fmt(x)
 
 
 # ------------------------------------------------------------------------------ the sweep
@@ -334,17 +344,17 @@ def t_ddp(v: View) -> str:
         rows = []
         for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")), key=_ddp_order):
             if not _ok(r):
-                rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 10)
+                rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 12)
                 continue
             pr = r.get("prediction") or {}
-            rows.append([_bucket_label(r), str(_m(r, "buckets")), num(_m(r, "compute_ms")),
-                         num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), num(_m(r, "exposed_comm_ms")),
-                         pct(100 * _m(r, "hidden_fraction")), num(_m(r, "tflops")),
-                         pct(100 * _m(r, "mfu_vs_peak")) if _m(r, "mfu_vs_peak") is not None else "-",
-                         pct(100 * _m(r, "mfu_vs_phase1_ceiling")) if _m(r, "mfu_vs_phase1_ceiling") is not None else "-",
+            rows.append([_bucket_label(r), str(_m(r, "buckets")), num(_m(r, "compute_ms")), _opt(_m(r, "nocomm_ms"), num),
+                         num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), _opt(_m(r, "exposed_vs_nocomm_ms"), num),
+                         _opt(_m(r, "hidden_fraction_vs_nocomm"), _pct), _pct(_m(r, "hidden_fraction")),
+                         num(_m(r, "tflops")), _opt(_m(r, "mfu_vs_peak"), _pct), _opt(_m(r, "mfu_vs_phase1_ceiling"), _pct),
                          num(pr.get("predicted_ms")), num(pr.get("measured_over_predicted"))])
-        out += [markdown(rows, ["bucket cap MB", "buckets", "compute ms (no_sync)", "comm ms (buckets alone)",
-                                "DDP step ms", "exposed comm ms", "hidden", "TFLOP/s", "MFU (spec peak)",
+        out += [markdown(rows, ["bucket cap MB", "buckets", "compute ms (no_sync)", "DDP step, no comm ms",
+                                "comm ms (buckets alone)", "DDP step ms", "exposed ms (vs no comm)",
+                                "hidden (vs no comm)", "hidden (vs no_sync)", "TFLOP/s", "MFU (spec peak)",
                                 "MFU (phase-1 ceiling)", "predicted ms (perfect overlap)", "measured/predicted"]), ""]
         prow = []
         for variant, what in (("per_rank_steps", "no straggler"), ("per_rank_steps_straggler", "last rank sleeps")):
@@ -356,6 +366,54 @@ def t_ddp(v: View) -> str:
             prow.append([f"{what}{extra}: DDP step"] + [num(x) for x in _m(r, "per_rank_ddp_ms")])
         if prow:
             out += [markdown(prow, ["wall-clock ms per step (median)"] + [f"rank {k}" for k in range(g.n)]), ""]
+    return "\n".join(out)
+
+
+BACKGROUND_LABEL = {"nccl_all_reduce": "NCCL all-reduce", "copy_engine": "copy engines (no SMs)"}
+
+
+def _contention_rows(g: Group) -> list[dict]:
+    return [r for r in g.rows if r["variant"].startswith("contention_")]
+
+
+def _setting_key(p: dict) -> tuple:
+    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("sm_carveout") or 0)
+
+
+def t_contention(v: View) -> str:
+    """Backward's kernels alone and under the gradients' transfer: one table of the kernels alone
+    (against their roofline), one of slowdowns per transfer and setting."""
+    gs = [g for g in groups(v.records, EX_DDP) if _contention_rows(g)]
+    if not gs:
+        return "_No contention probe in the DDP records yet: run `lab run phase4.ddp` on 2 or more GPUs._"
+    out = []
+    for g in gs:
+        rows = _contention_rows(g)
+        kernels = list(dict.fromkeys(r["params"]["kernel"] for r in rows))
+        out += [f"**{g.label}** ({_run(v, g.rec)}):", ""]
+        first = {}
+        for r in rows:
+            first.setdefault(r["params"]["kernel"], r)
+        alone = []
+        for k in kernels:
+            r, pr = first[k], first[k].get("prediction") or {}
+            alone.append([k, _us(_m(r, "alone_ms")), _us(pr.get("predicted_ms")), num(pr.get("measured_over_predicted")),
+                          pr.get("bound") or "-"])
+        out += [markdown(alone, ["kernel", "alone µs", "predicted µs (roofline)", "measured/predicted", "bound"]), ""]
+        by_setting: dict = {}
+        for r in rows:
+            key = (r["params"]["background"], _setting_key(r["params"]))
+            by_setting.setdefault(key, {})[r["params"]["kernel"]] = r
+        table = []
+        for (bg, _), cells in sorted(by_setting.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            any_row = next(iter(cells.values()))
+            extra = _settings(any_row["params"])
+            label = BACKGROUND_LABEL.get(bg, bg) + (f" ({', '.join(extra)})" if extra else "")
+            transfer = max(_m(any_row, "background_ms") or [0]) or None
+            table.append([label, num(transfer)] + [
+                (f"{100 * _m(cells[k], 'slowdown'):+.0f}%" if _ok(cells.get(k)) else
+                 (cells[k]["status"] if k in cells else "-")) for k in kernels])
+        out += [markdown(table, ["transfer in flight", "transfer alone ms"] + [f"{k} slowdown" for k in kernels]), ""]
     return "\n".join(out)
 
 
@@ -402,10 +460,14 @@ def t_goals(v: View) -> str:
         s = g.rec["summary"]
         best = next((x for x in s.get("best", []) if x.get("world_size") == g.n), None)
         if best:
-            rows.append([g.label, "DDP: gradient communication hidden under backward (best: "
+            share = best.get("hidden_fraction_vs_nocomm")
+            against = ("against the DDP step with no communication; "
+                       f"{_ratio1(best['hidden_fraction'])} against no_sync" if share is not None else "against no_sync")
+            rows.append([g.label, "DDP: gradient communication hidden under backward, " + against + " (best: "
                                   + ", ".join([f"{num(best['bucket_cap_mb'])} MB buckets"] + _settings(best)) + ")",
                          f">= {_ratio(s.get('goal_hidden_fraction'))}",
-                         _ratio1(best["hidden_fraction"]), _met(best.get("met")), _run(v, g.rec)])
+                         _ratio1(best["hidden_fraction"] if share is None else share), _met(best.get("met")),
+                         _run(v, g.rec)])
     if not rows:
         return "_No phase 4 records yet: run `lab run 4` on 2 or more GPUs, then `lab report`._"
     return markdown(rows, ["ranks", "goal", "target", "measured", "met", "run"])
@@ -437,57 +499,92 @@ def _p2p_jump(g: Group):
     return next(((a, b) for a, b in zip(ok, ok[1:]) if _m(b, "busbw_gbps") >= 1.5 * _m(a, "busbw_gbps")), None)
 
 
+def _hidden(r) -> float:
+    """The goal's measure (against the DDP step with no communication) where the record has it,
+    else the older one (against no_sync)."""
+    x = _m(r, "hidden_fraction_vs_nocomm")
+    return _m(r, "hidden_fraction") if x is None else x
+
+
+def _exposed(r) -> float:
+    x = _m(r, "exposed_vs_nocomm_ms")
+    return _m(r, "exposed_comm_ms") if x is None else x
+
+
 def _carveout_finding(cap, timed: list[dict]) -> list[str]:
     """If the sweep tried an SM carve-out: the exposed time with and without it (same bucket size,
     otherwise default settings), which says whether the SMs NCCL occupies are where the time goes."""
     def exposed(sm):
         rows = [r for r in timed if r["params"]["bucket_cap_mb"] == cap and (r["params"].get("sm_carveout") or 0) == sm
                 and not _settings({**r["params"], "sm_carveout": None})]
-        return _m(rows[0], "exposed_comm_ms") if rows else None
+        return _exposed(rows[0]) if rows else None
     out, without = [], exposed(0)
     for sm in sorted({r["params"].get("sm_carveout") for r in timed if r["params"].get("sm_carveout")}):
         with_ = exposed(sm)
         if with_ is not None and without is not None:
             out.append(f"With the matmuls told to leave {sm} SMs free (cuBLAS's SM carve-out, more SMs than NCCL's "
                        f"channels take), {num(cap)} MB buckets exposed {num(with_)} ms against {num(without)} ms "
-                       f"without it: taking SMs away from backward's matmuls is not where the step loses its time.")
+                       f"without it.")
     return out
 
 
-def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict]) -> list[str]:
+def _probe_finding(g: Group, best: dict) -> list[str]:
+    """Sentences from the contention probe run with the best row's settings: how much each kernel
+    slowed under NCCL's all-reduce and under the copy engines, and what the matmul says about why."""
+    key = _setting_key(best["params"])
+    cells = {(r["params"]["background"], r["params"]["kernel"]): r for r in _contention_rows(g)
+             if _setting_key(r["params"]) == key and _ok(r)}
+    if not cells:
+        return []
+
+    def listing(bg):
+        return ", ".join(f"{k} {100 * _m(r, 'slowdown'):+.0f}%" for (b, k), r in cells.items() if b == bg)
+    out = [f"Why: timed alone and then while the gradients' all-reduce ran on NCCL's stream (same settings), "
+           f"backward's kernels at this run's shapes slowed: {listing('nccl_all_reduce')}."]
+    nccl, ce = cells.get(("nccl_all_reduce", "matmul")), cells.get(("copy_engine", "matmul"))
+    if ce is not None:
+        out.append(f"With the same bytes per GPU moved by the copy engines instead, which use no SM: "
+                   f"{listing('copy_engine')}.")
+        if nccl is not None and _m(nccl, "slowdown") > 0 and (nccl.get("prediction") or {}).get("bound") == "compute":
+            if _m(ce, "slowdown") >= 0.7 * _m(nccl, "slowdown"):
+                out.append("The matmul is compute-bound, yet a transfer that takes no SM costs it "
+                           f"{_ratio(_m(ce, 'slowdown') / _m(nccl, 'slowdown'))} of what NCCL's all-reduce does: the "
+                           "cost comes with moving the bytes (HBM and L2 traffic, and the power the transfer draws), "
+                           "not with the SMs NCCL occupies, so no channel cap or carve-out can remove it.")
+            else:
+                out.append(f"The copy engines cost the matmul {_ratio(_m(ce, 'slowdown') / _m(nccl, 'slowdown'))} of "
+                           f"what NCCL does: the rest is the SMs NCCL occupies.")
+    return out
+
+
+def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict], goal: float | None) -> list[str]:
     """Sentences on why the exposed time is what it is: the spread over the settings tried at the
-    best bucket size, and the SM share NCCL's all-reduce took (its channels, from the sweep's probe)."""
+    best bucket size, the carve-out, the contention probe, and the last bucket's share."""
     cap = best["params"]["bucket_cap_mb"]
-    same = [_m(r, "hidden_fraction") for r in timed if r["params"]["bucket_cap_mb"] == cap]
+    same = [_hidden(r) for r in timed if r["params"]["bucket_cap_mb"] == cap]
     out = []
     carved = any(r["params"].get("sm_carveout") for r in timed)
     if len(same) > 1:
         out.append(f"Across the {len(same)} settings tried with {num(cap)} MB buckets (NCCL channel cap, stream "
                    f"priority, {'SM carve-out, ' if carved else ''}comm hook) the hidden share ranged from "
-                   f"{_ratio(min(same))} to {_ratio(max(same))} (median {_ratio(statistics.median(same))}): "
-                   f"none came near 70%.")
+                   f"{_ratio(min(same))} to {_ratio(max(same))} (median {_ratio(statistics.median(same))})"
+                   + (f": none reached {_ratio(goal)}." if goal and max(same) < goal else "."))
     out += _carveout_finding(cap, timed)
+    out += _probe_finding(g, best)
     sweep = next((s for s in preferred(v.records, EX_SWEEP) if s.hw == g.hw and s.n == g.n), None)
-    sms = (g.rec["hardware"].get("gpu") or {}).get("sm_count")
     sizes = _m(best, "bucket_bytes") or []
-    if sweep is None or not sms or not sizes:
+    if sweep is None or not sizes:
         return out
     mean = sum(sizes) / len(sizes)
-    rows = [r for r in sweep.rows if r["params"].get("op") == "all_reduce" and _ok(r) and _m(r, "channels")]
+    rows = [r for r in sweep.rows if r["params"].get("op") == "all_reduce" and _ok(r)]
     if not rows:
         return out
     near = min(rows, key=lambda r: abs(r["params"]["size_bytes"] - mean))
-    ch, comm, exposed = _m(near, "channels"), _m(best, "comm_ms"), _m(best, "exposed_comm_ms")
     out.append(f"The last bucket can never hide, but an all-reduce of its size takes only {_us(_m(near, 'ms'))} µs "
-               f"({size_bytes(near['params']['size_bytes'])} in the sweep); the rest of the {num(exposed)} ms the step "
-               f"lost is what backward and the all-reduce cost each other running side by side. NCCL ran all-reduces of this size on {ch} "
-               f"channels (the sweep's probe), one CTA on one SM each: {pct(100 * ch / sms)} of the {sms} SMs, which "
-               f"for the {num(comm)} ms of communication is worth about {num(ch / sms * comm)} ms of compute"
-               + ("; the carve-out above says that is not the cost, which leaves the other one: it"
-                  if carved else "; and it")
-               + f" streams every byte through HBM, which backward's memory-bound kernels need too. NVLink SHARP, where "
-               f"the switch does the reduction, would take both off the GPU; the lab's machines keep it off "
-               f"(NCCL_NVLS_ENABLE=0).")
+               f"({size_bytes(near['params']['size_bytes'])} in the sweep); the rest of the {num(_exposed(best))} ms "
+               f"exposed is what backward and the all-reduce cost each other running side by side. NVLink SHARP, "
+               f"where the switch does the reduction, would move the reduction's traffic off the GPU; the lab's "
+               f"machines keep it off (NCCL_NVLS_ENABLE=0).")
     return out
 
 
@@ -553,19 +650,27 @@ def t_findings(v: View) -> str:
         timed = [r for r in g.rows if r["variant"].startswith("bucket_") and _ok(r)]
         if not timed:
             continue
-        best = max(timed, key=lambda r: _m(r, "hidden_fraction"))
-        worst = min(timed, key=lambda r: _m(r, "hidden_fraction"))
+        best, worst = max(timed, key=_hidden), min(timed, key=_hidden)
         s = [f"**DDP on {g.label}.** With {_bucket_label(best, ' MB buckets')}, "
-             f"{_ratio(_m(best, 'hidden_fraction'))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
-             f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against {num(_m(best, 'compute_ms'))} ms "
-             f"with no communication at all. With {_bucket_label(worst, ' MB buckets')} only "
-             f"{_ratio(_m(worst, 'hidden_fraction'))} hid."]
+             f"{_ratio(_hidden(best))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
+             f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against "
+             + (f"{num(_m(best, 'nocomm_ms'))} ms for the same DDP step with its communication removed (a comm hook "
+                f"that sends nothing), and {num(_m(best, 'compute_ms'))} ms under no_sync. The "
+                f"{num(_m(best, 'bookkeeping_ms'))} ms between those two is DDP's own work, above all copying every "
+                f"new gradient into its bucket; charged to the communication as well, the hidden share would be "
+                f"{_ratio(_m(best, 'hidden_fraction'))}." if _m(best, "nocomm_ms") is not None else
+                f"{num(_m(best, 'compute_ms'))} ms with no communication at all.")
+             + f" With {_bucket_label(worst, ' MB buckets')} only {_ratio(_hidden(worst))} hid."]
+        fastest = min(timed, key=lambda r: _m(r, "ddp_ms"))
+        if fastest is not best:
+            s.append(f"The fastest step, {num(_m(fastest, 'ddp_ms'))} ms, came with "
+                     f"{_bucket_label(fastest, ' MB buckets')} ({_ratio(_hidden(fastest))} hidden).")
         if _m(best, "mfu_vs_peak") is not None:
             s.append(f"The step ran at {num(_m(best, 'tflops'))} TFLOP/s of model FLOPs: MFU {_ratio(_m(best, 'mfu_vs_peak'))} "
                      f"of the {num(_m(best, 'peak_tflops'))} TFLOP/s spec peak"
                      + (f", {_ratio(_m(best, 'mfu_vs_phase1_ceiling'))} of the {num(_m(best, 'phase1_ceiling_tflops'))} "
                         f"TFLOP/s best matmul phase 1 measured." if _m(best, "mfu_vs_phase1_ceiling") is not None else "."))
-        s += _ddp_contention(v, g, best, timed)
+        s += _ddp_contention(v, g, best, timed, g.rec["summary"].get("goal_hidden_fraction"))
         st = g.row("per_rank_steps_straggler")
         if st is not None:
             s.append(f"With the last rank sleeping {num(st['params']['straggler_ms'])} ms per step, local work spread "
@@ -587,7 +692,8 @@ def t_findings(v: View) -> str:
 
 
 TABLES = {"phase4.goals": t_goals, "phase4.allreduce": t_allreduce, "phase4.sweep": t_sweep,
-          "phase4.plots": t_plots, "phase4.ring": t_ring, "phase4.ddp": t_ddp, "phase4.findings": t_findings}
+          "phase4.plots": t_plots, "phase4.ring": t_ring, "phase4.ddp": t_ddp, "phase4.contention": t_contention,
+          "phase4.findings": t_findings}
 
 
 def key_result(v: View) -> list[str]:

@@ -1,0 +1,165 @@
+"""What an all-reduce in flight costs the compute beside it (part 4 of phase4.ddp).
+
+DDP hides gradient communication by running it while backward computes, but "hidden" assumes the
+two do not slow each other. This probe measures that assumption on the kernels a backward is made
+of, at the DDP run's own shapes (T tokens per rank, width d):
+
+    matmul      bf16 [T, d] @ [d, 4d]        2 T d 4d FLOPs; 2 (T d + 4d d + 4T d) bytes  (compute-bound)
+    layer_norm  fp32 backward of [T, d]       reads dy and x, writes dx: 12 T d bytes      (memory-bound)
+    gelu        bf16 backward of [T, 4d]      reads dy and x, writes dx: 6 T 4d bytes     (memory-bound)
+    bias_grad   bf16 sum over T of [T, 4d]    reads 2 T 4d bytes                          (memory-bound)
+
+Each kernel is timed alone, then while the gradients (grad_bytes, as 32 MB pieces like DDP's 25 MB
+buckets) move on another stream, two ways:
+    nccl_all_reduce   NCCL's all-reduce, as DDP issues it: SMs run the transfer and the reduction;
+    copy_engine       the same bytes per rank a ring all-reduce puts on the wire, 2 (n-1)/n x
+                      grad_bytes, copied to the next GPU by the copy engines: no SM takes part.
+If the copy engines slow a kernel as much as NCCL does, the SMs NCCL occupies are not the cost;
+what is left is what any transfer brings: HBM and L2 traffic, and power. Every rank runs the same
+sequence, so the all-reduce pairs up; slowdowns are per rank, the table shows the slowest.
+"""
+import torch
+import torch.distributed as dist
+
+PIECE_BYTES = 32 << 20
+
+
+def kernels(tokens: int, d: int, device) -> dict:
+    """name -> (fn, flops, bytes, dtype): the probed kernels, inputs made once."""
+    t, h = tokens, 4 * d
+    x32, g32 = torch.randn(t, d, device=device), torch.randn(t, d, device=device)
+    w, b = torch.ones(d, device=device), torch.zeros(d, device=device)
+    mean, rstd = x32.mean(1, keepdim=True), x32.var(1, keepdim=True).add(1e-5).rsqrt()
+    a16 = torch.randn(t, d, device=device, dtype=torch.bfloat16)
+    w16 = torch.randn(h, d, device=device, dtype=torch.bfloat16)
+    x16, g16 = (torch.randn(t, h, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return {
+        "matmul": (lambda: a16 @ w16.t(), 2 * t * d * h, 2 * (t * d + h * d + t * h), "bf16"),
+        "layer_norm_backward": (lambda: torch.ops.aten.native_layer_norm_backward(
+            g32, x32, [d], mean, rstd, w, b, [True, True, True])[0], 8 * t * d, 12 * t * d, "fp32"),
+        "gelu_backward": (lambda: torch.ops.aten.gelu_backward(g16, x16), 10 * t * h, 6 * t * h, "bf16"),
+        "bias_grad": (lambda: g16.sum(0), t * h, 2 * t * h, "bf16"),
+    }
+
+
+class _SideStream:
+    """A background job on its own stream; wait() makes the current stream wait for it."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def wait(self):
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+
+def backgrounds(me, grad_bytes: int) -> dict:
+    """name -> a function that starts the transfer and returns handles to wait on."""
+    pieces = [torch.randn(PIECE_BYTES // 4, device=me.device) for _ in range(max(1, grad_bytes // PIECE_BYTES))]
+    out = {"nccl_all_reduce": lambda: [dist.all_reduce(p, op=dist.ReduceOp.AVG, async_op=True) for p in pieces]}
+    local_world = torch.cuda.device_count()
+    peer = (me.local_rank + 1) % local_world
+    if me.world > 1 and local_world > 1 and torch.cuda.can_device_access_peer(me.local_rank, peer):
+        wire = torch.randn(int(2 * (me.world - 1) / me.world * sum(p.numel() for p in pieces)), device=me.device)
+        remote = torch.empty_like(wire, device=torch.device("cuda", peer))   # on the next GPU, allocated by this process
+        side = torch.cuda.Stream(me.device)
+
+        def copy_engine():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):                # a peer copy of contiguous memory: cudaMemcpyAsync, the copy engines
+                for dst, src in zip(remote.split(PIECE_BYTES // 4), wire.split(PIECE_BYTES // 4)):
+                    dst.copy_(src, non_blocking=True)
+            return [_SideStream(side)]
+        out["copy_engine"] = copy_engine
+    return out
+
+
+def _align(me) -> None:
+    """Every rank idle and at the same point, so a transfer starts on all of them together."""
+    torch.cuda.synchronize(me.device)
+    dist.barrier()
+    torch.cuda.synchronize(me.device)
+
+
+def _timed(me, fn, reps: int, start=None) -> float:
+    """ms per call of `fn` over `reps` back-to-back calls, with `start`'s transfer (if any) in flight."""
+    _align(me)
+    handles = start() if start else []
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(reps):
+        fn()
+    t1.record()
+    for h in handles:
+        h.wait()
+    torch.cuda.synchronize(me.device)
+    return t0.elapsed_time(t1) / reps
+
+
+def _background_ms(me, start) -> float:
+    _align(me)
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for h in start():
+        h.wait()
+    t1.record()
+    torch.cuda.synchronize(me.device)
+    return t0.elapsed_time(t1)
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def probe(me, tokens: int, d: int, grad_bytes: int, repeats: int = 5) -> dict:
+    """This rank's side: {"background_ms": {bg: ms}, "kernels": {name: {...}}}. Each kernel runs
+    enough calls to span ~80% of the transfer, `repeats` times alone and under each background
+    (medians); its output under the transfer must equal its output alone."""
+    bgs = backgrounds(me, grad_bytes)
+    bg_ms = {}
+    for name, start in bgs.items():
+        _background_ms(me, start)                            # warm: NCCL's first call, the peer mapping
+        bg_ms[name] = _median([_background_ms(me, start) for _ in range(repeats)])
+    out = {"background_ms": bg_ms, "kernels": {}}
+    for name, (fn, flops, nbytes, dtype) in kernels(tokens, d, me.device).items():
+        reference = fn().clone()
+        one = _timed(me, fn, 10)
+        entry = {"flops": flops, "bytes": nbytes, "dtype": dtype, "under_ms": {}, "matches": {}, "reps": {}}
+        entry["alone_ms"] = _median([_timed(me, fn, 10) for _ in range(repeats)])
+        for bg, start in bgs.items():
+            reps = max(1, int(0.8 * bg_ms[bg] / one))
+            entry["reps"][bg] = reps
+            entry["under_ms"][bg] = _median([_timed(me, fn, reps, start) for _ in range(repeats)])
+            entry["matches"][bg] = bool(torch.equal(_last_under(me, fn, start), reference))
+        out["kernels"][name] = entry
+    return out
+
+
+def _last_under(me, fn, start):
+    """`fn`'s output computed while the transfer is in flight."""
+    _align(me)
+    handles = start()
+    y = fn()
+    for h in handles:
+        h.wait()
+    torch.cuda.synchronize(me.device)
+    return y
+
+
+def slowdowns(per_rank: list[dict]) -> list[dict]:
+    """In the lab process: one entry per (background, kernel) with every rank's times and the
+    slowest rank's slowdown (under / alone - 1), and whether every rank's output matched."""
+    out = []
+    first = per_rank[0]
+    for bg in first["background_ms"]:
+        for name, k in first["kernels"].items():
+            alone = [r["kernels"][name]["alone_ms"] for r in per_rank]
+            under = [r["kernels"][name]["under_ms"][bg] for r in per_rank]
+            slow = [u / a - 1 for u, a in zip(under, alone)]
+            worst = max(range(len(slow)), key=slow.__getitem__)
+            out.append({"background": bg, "kernel": name, "flops": k["flops"], "bytes": k["bytes"], "dtype": k["dtype"],
+                        "background_ms": [r["background_ms"][bg] for r in per_rank],
+                        "alone_ms": alone, "under_ms": under, "slowdown": slow,
+                        "slowest_rank": worst, "max_slowdown": slow[worst],
+                        "reps": [r["kernels"][name]["reps"][bg] for r in per_rank],
+                        "matches": all(r["kernels"][name]["matches"][bg] for r in per_rank)})
+    return out
