@@ -322,3 +322,11 @@ def test_probe_finding_draws_its_conclusion_from_the_copy_engine_rows():
     assert "matmul +20%" in text and "matmul +18%" in text and "not with the SMs" in text
     assert "the rest is the SMs" in " ".join(tables._probe_finding(group(0.05), best))
     assert tables._probe_finding(tables.Group("h", "H", 2, 2, {"rows": []}), best) == []
+
+
+def test_time_interleaved_takes_the_functions_in_turn():
+    order = []
+    samples = col.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                   warmup=1, iters=3, device=torch.device("cpu"))
+    assert order == ["a", "b"] * 4                                                    # 1 warm-up round + 3 timed
+    assert set(samples) == {"a", "b"} and all(len(v) == 3 and min(v) >= 0 for v in samples.values())

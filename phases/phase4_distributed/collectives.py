@@ -131,6 +131,34 @@ def time_calls(fn, warmup: int, iters: int, device: torch.device) -> list[float]
     return out
 
 
+def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device) -> dict[str, list[float]]:
+    """Per-call milliseconds of each of `fns`, measured as time_calls does but taken in turn
+    (a, b, c, a, b, c, ...): a slow spell of the machine (a clock dip, a neighbour) then lands on
+    all of them alike, where timing each in its own block lets it bias whichever block it hit, and
+    a ratio of two such blocks with it."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        events = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(iters)] for k in fns}
+        for i in range(iters):
+            for k, fn in fns.items():
+                events[k][i][0].record()
+                fn()
+                events[k][i][1].record()
+        torch.cuda.synchronize(device)
+        return {k: [s.elapsed_time(e) for s, e in events[k]] for k in fns}
+    out: dict = {k: [] for k in fns}
+    for _ in range(iters):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[k].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def slowest_rank(per_rank_samples: list[list[float]]) -> dict:
     """A collective is as slow as its slowest rank: the rank with the largest median, its samples,
     and every rank's median."""
