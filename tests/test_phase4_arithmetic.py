@@ -304,8 +304,8 @@ def test_carveout_finding_compares_like_with_like():
 
 
 def test_probe_finding_draws_its_conclusion_from_the_copy_engine_rows():
-    """The contention sentence says the SMs are not the cost only when a transfer that uses no SM
-    slows the (compute-bound) matmul nearly as much as NCCL's all-reduce does."""
+    """The contention sentences say a cost comes with the bytes only when a transfer that uses no SM
+    slows a kernel class nearly as much as NCCL's all-reduce does, and say it is the SMs when not."""
     tables = importlib.import_module("phases.phase4_distributed.tables")
 
     def group(ce_slowdown):
@@ -319,8 +319,11 @@ def test_probe_finding_draws_its_conclusion_from_the_copy_engine_rows():
         return tables.Group("h200_sxm", "H200", 2, 2, {"rows": rows, "provenance": {}, "_path": "x.json"})
     best = {"params": {"bucket_cap_mb": 25}}
     text = " ".join(tables._probe_finding(group(0.18), best))
-    assert "matmul +20%" in text and "matmul +18%" in text and "not with the SMs" in text
-    assert "the rest is the SMs" in " ".join(tables._probe_finding(group(0.05), best))
+    assert "matmul +20%" in text and "matmul +18%" in text
+    assert "The compute-bound matmul lost +20% under NCCL and +18% under the copy engines, nearly as much" in text
+    assert "memory-bound kernels lost +15% under NCCL and +14% under the copy engines, nearly as much" in text
+    text = " ".join(tables._probe_finding(group(-0.03), best))
+    assert "The compute-bound matmul lost +20% under NCCL and -3% under the copy engines, much less" in text
     assert tables._probe_finding(tables.Group("h", "H", 2, 2, {"rows": []}), best) == []
 
 

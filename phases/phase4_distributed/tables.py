@@ -530,7 +530,7 @@ def _carveout_finding(cap, timed: list[dict]) -> list[str]:
 
 def _probe_finding(g: Group, best: dict) -> list[str]:
     """Sentences from the contention probe run with the best row's settings: how much each kernel
-    slowed under NCCL's all-reduce and under the copy engines, and what the matmul says about why."""
+    slowed under NCCL's all-reduce and under the copy engines, and what that says about why."""
     key = _setting_key(best["params"])
     cells = {(r["params"]["background"], r["params"]["kernel"]): r for r in _contention_rows(g)
              if _setting_key(r["params"]) == key and _ok(r)}
@@ -541,19 +541,34 @@ def _probe_finding(g: Group, best: dict) -> list[str]:
         return ", ".join(f"{k} {100 * _m(r, 'slowdown'):+.0f}%" for (b, k), r in cells.items() if b == bg)
     out = [f"Why: timed alone and then while the gradients' all-reduce ran on NCCL's stream (same settings), "
            f"backward's kernels at this run's shapes slowed: {listing('nccl_all_reduce')}."]
-    nccl, ce = cells.get(("nccl_all_reduce", "matmul")), cells.get(("copy_engine", "matmul"))
-    if ce is not None:
+    if any(b == "copy_engine" for b, _ in cells):
         out.append(f"With the same bytes per GPU moved by the copy engines instead, which use no SM: "
                    f"{listing('copy_engine')}.")
-        if nccl is not None and _m(nccl, "slowdown") > 0 and (nccl.get("prediction") or {}).get("bound") == "compute":
-            if _m(ce, "slowdown") >= 0.7 * _m(nccl, "slowdown"):
-                out.append("The matmul is compute-bound, yet a transfer that takes no SM costs it "
-                           f"{_ratio(_m(ce, 'slowdown') / _m(nccl, 'slowdown'))} of what NCCL's all-reduce does: the "
-                           "cost comes with moving the bytes (HBM and L2 traffic, and the power the transfer draws), "
-                           "not with the SMs NCCL occupies, so no channel cap or carve-out can remove it.")
-            else:
-                out.append(f"The copy engines cost the matmul {_ratio(_m(ce, 'slowdown') / _m(nccl, 'slowdown'))} of "
-                           f"what NCCL does: the rest is the SMs NCCL occupies.")
+        out += _sm_or_bytes(cells)
+    return out
+
+
+def _sm_or_bytes(cells: dict) -> list[str]:
+    """What the two transfers' slowdowns say, for the compute-bound matmul and, on average, the
+    memory-bound kernels: a cost that stays when no SM moves the bytes comes with the bytes."""
+    def mean(bg, bound):
+        xs = [_m(r, "slowdown") for (b, _), r in cells.items()
+              if b == bg and (r.get("prediction") or {}).get("bound") == bound]
+        return sum(xs) / len(xs) if xs else None
+    out = []
+    for bound, what in (("compute", "The compute-bound matmul"), ("memory", "On average the memory-bound kernels")):
+        nccl, ce = mean("nccl_all_reduce", bound), mean("copy_engine", bound)
+        if nccl is None or ce is None or nccl <= 0:
+            continue
+        if ce >= 0.7 * nccl:
+            why = "nearly as much to a transfer that uses no SM: that cost comes with moving the bytes (HBM and " \
+                  "L2 traffic, the power the transfer draws), and no channel cap or carve-out removes it"
+        elif ce <= 0.5 * nccl:
+            why = "much less to the copy engines: most of what NCCL costs it is the SMs NCCL's channels hold"
+        else:
+            why = "less to the copy engines: part of what NCCL costs it is the SMs NCCL's channels hold"
+        out.append(f"{what} lost {100 * nccl:+.0f}% under NCCL and {100 * ce:+.0f}% under the copy "
+                   f"engines, {why}.")
     return out
 
 
@@ -567,7 +582,7 @@ def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict], goal: floa
     if len(same) > 1:
         out.append(f"Across the {len(same)} settings tried with {num(cap)} MB buckets (NCCL channel cap, stream "
                    f"priority, {'SM carve-out, ' if carved else ''}comm hook) the hidden share ranged from "
-                   f"{_ratio(min(same))} to {_ratio(max(same))} (median {_ratio(statistics.median(same))})"
+                   f"{_ratio1(min(same))} to {_ratio1(max(same))} (median {_ratio1(statistics.median(same))})"
                    + (f": none reached {_ratio(goal)}." if goal and max(same) < goal else "."))
     out += _carveout_finding(cap, timed)
     out += _probe_finding(g, best)
@@ -652,7 +667,7 @@ def t_findings(v: View) -> str:
             continue
         best, worst = max(timed, key=_hidden), min(timed, key=_hidden)
         s = [f"**DDP on {g.label}.** With {_bucket_label(best, ' MB buckets')}, "
-             f"{_ratio(_hidden(best))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
+             f"{_ratio1(_hidden(best))} of the {num(_m(best, 'comm_ms'))} ms of gradient all-reduce ran "
              f"under backward: the step took {num(_m(best, 'ddp_ms'))} ms against "
              + (f"{num(_m(best, 'nocomm_ms'))} ms for the same DDP step with its communication removed (a comm hook "
                 f"that sends nothing), and {num(_m(best, 'compute_ms'))} ms under no_sync. The "
