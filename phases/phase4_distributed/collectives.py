@@ -111,31 +111,14 @@ def time_calls(fn, warmup: int, iters: int, device: torch.device) -> list[float]
     """Per-call milliseconds of `fn` on this rank: CUDA events around each call on a GPU (calls run
     back to back, so a collective's time includes waiting for the slowest peer, as it should),
     perf_counter around each blocking call on a CPU."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for s, e in zip(starts, ends):
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    return time_interleaved({"call": fn}, warmup, iters, device)["call"]
 
 
 def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device) -> dict[str, list[float]]:
-    """Per-call milliseconds of each of `fns`, measured as time_calls does but taken in turn
-    (a, b, c, a, b, c, ...): a slow spell of the machine (a clock dip, a neighbour) then lands on
-    all of them alike, where timing each in its own block lets it bias whichever block it hit, and
-    a ratio of two such blocks with it."""
+    """Per-call milliseconds of each of `fns`, timed as time_calls times one function but taken in
+    turn (a, b, c, a, b, c, ...): a slow spell of the machine (a clock dip, a neighbour) then lands
+    on all of them alike, where timing each in its own block lets it bias whichever block it hit,
+    and a ratio of two such blocks with it."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()

@@ -20,7 +20,8 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
      does but the all-reduce, above all copying each new gradient into its bucket;
    - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
      all-reduced back to back with no compute;
-   - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it.
+   - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it;
+   the four taken in turn, round after round (collectives.time_interleaved).
    hidden_vs_nocomm = (nocomm + comm - ddp) / comm, clipped to [0, 1]: the share of the
    communication that ran under backward, against the step that differs from the DDP step by the
    communication alone (the goal's measure). hidden = (compute + comm - ddp) / comm also charges
