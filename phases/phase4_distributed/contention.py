@@ -18,6 +18,8 @@ If the copy engines slow a kernel as much as NCCL does, the SMs NCCL occupies ar
 what is left is what any transfer brings: HBM and L2 traffic, and power. Every rank runs the same
 sequence, so the all-reduce pairs up; slowdowns are per rank, the table shows the slowest.
 """
+import statistics
+
 import torch
 import torch.distributed as dist
 
@@ -106,10 +108,6 @@ def _background_ms(me, start) -> float:
     return t0.elapsed_time(t1)
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
 def probe(me, tokens: int, d: int, grad_bytes: int, repeats: int = 5) -> dict:
     """This rank's side: {"background_ms": {bg: ms}, "kernels": {name: {...}}}. Each kernel runs
     enough calls to span ~80% of the transfer, `repeats` times alone and under each background
@@ -118,17 +116,17 @@ def probe(me, tokens: int, d: int, grad_bytes: int, repeats: int = 5) -> dict:
     bg_ms = {}
     for name, start in bgs.items():
         _background_ms(me, start)                            # warm: NCCL's first call, the peer mapping
-        bg_ms[name] = _median([_background_ms(me, start) for _ in range(repeats)])
+        bg_ms[name] = statistics.median([_background_ms(me, start) for _ in range(repeats)])
     out = {"background_ms": bg_ms, "kernels": {}}
     for name, (fn, flops, nbytes, dtype) in kernels(tokens, d, me.device).items():
         reference = fn().clone()
         one = _timed(me, fn, 10)
         entry = {"flops": flops, "bytes": nbytes, "dtype": dtype, "under_ms": {}, "matches": {}, "reps": {}}
-        entry["alone_ms"] = _median([_timed(me, fn, 10) for _ in range(repeats)])
+        entry["alone_ms"] = statistics.median([_timed(me, fn, 10) for _ in range(repeats)])
         for bg, start in bgs.items():
             reps = max(1, int(0.8 * bg_ms[bg] / one))
             entry["reps"][bg] = reps
-            entry["under_ms"][bg] = _median([_timed(me, fn, reps, start) for _ in range(repeats)])
+            entry["under_ms"][bg] = statistics.median([_timed(me, fn, reps, start) for _ in range(repeats)])
             entry["matches"][bg] = bool(torch.equal(_last_under(me, fn, start), reference))
         out["kernels"][name] = entry
     return out

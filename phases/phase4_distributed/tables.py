@@ -312,10 +312,14 @@ def _bucket_label(r, unit: str = "") -> str:
     return f"{num(r['params']['bucket_cap_mb'])}{unit}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _setting_key(p: dict) -> tuple:
+    """A row's process-wide settings (one launch each), in a sortable form."""
+    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("sm_carveout") or 0)
+
+
 def _ddp_order(r) -> tuple:
     p = r["params"]
-    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("sm_carveout") or 0,
-            p.get("comm_hook") or "builtin", p["bucket_cap_mb"])
+    return (*_setting_key(p), p.get("comm_hook") or "builtin", p["bucket_cap_mb"])
 
 
 def t_ddp(v: View) -> str:
@@ -374,10 +378,6 @@ BACKGROUND_LABEL = {"nccl_all_reduce": "NCCL all-reduce", "copy_engine": "copy e
 
 def _contention_rows(g: Group) -> list[dict]:
     return [r for r in g.rows if r["variant"].startswith("contention_")]
-
-
-def _setting_key(p: dict) -> tuple:
-    return (p.get("nccl_max_channels") or 0, bool(p.get("nccl_high_priority")), p.get("sm_carveout") or 0)
 
 
 def t_contention(v: View) -> str:
