@@ -126,6 +126,14 @@ def _publish_packed(x, slot, part, tag):
 
 
 @triton.jit
+def _load_part(x_ptr, row, stride_x, cols, mask, zero, n_rows):
+    """This part's chunk of `row`, times log2 e; -inf past the row's end or past the last row
+    (the row test broadcast over `zero`, a tensor of the chunk's shape: interpreter-friendly)."""
+    return tl.load(x_ptr + row * stride_x + cols, mask=mask & ((zero + row) < n_rows),
+                   other=float("-inf")).to(tl.float32) * LOG2E
+
+
+@triton.jit
 def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
                          n_groups, SPLIT: tl.constexpr, CHUNK: tl.constexpr, MAX_SPINS: tl.constexpr):
     """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
@@ -156,18 +164,14 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
     parts = tl.arange(0, SPLIT)
     slots = slots_ptr + group * (4 * SPLIT)
     stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
-    zero = tl.zeros([CHUNK], tl.int32)              # row tests broadcast to a tensor (interpreter-friendly)
-    x = tl.load(x_ptr + group * stride_x + cols, mask=mask & ((zero + group) < n_rows),
-                other=float("-inf")).to(tl.float32) * LOG2E
+    zero = tl.zeros([CHUNK], tl.int32)
+    x = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
     _publish_packed(x, slots, part, 1)
-    nxt = group + n_groups
-    x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=mask & ((zero + nxt) < n_rows),
-                     other=float("-inf")).to(tl.float32) * LOG2E
+    x_next = _load_part(x_ptr, group + n_groups, stride_x, cols, mask, zero, n_rows)
     it = 0
     for row in range(group, n_rows, n_groups):
-        after = row + 2 * n_groups                  # issued first: in flight during the wait and the write
-        x_after = tl.load(x_ptr + after * stride_x + cols, mask=mask & ((zero + after) < n_rows),
-                          other=float("-inf")).to(tl.float32) * LOG2E
+        # issued first: in flight during the wait and the write
+        x_after = _load_part(x_ptr, row + 2 * n_groups, stride_x, cols, mask, zero, n_rows)
         _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
         slot = slots + (it % 4) * SPLIT
         tag = it % 7 + 1
