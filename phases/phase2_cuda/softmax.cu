@@ -1057,6 +1057,25 @@ static int run_online(const void* x, void* y, int rows, int cols, int dtype, int
 // Can this GPU run the cluster kernel for this bucket? Clusters need sm_90; size 16 is beyond the
 // portable 8 and must be allowed per kernel; and at least one cluster of CTAs must fit on a GPC
 // (cudaOccupancyMaxActiveClusters > 0). The answer is cached per device, dtype and bucket.
+// The launch configuration of a grid of `blocks` CTAs in clusters of `ctas` along x (an
+// occupancy query passes blocks = ctas and no stream); `attr` holds the cluster attribute and must
+// outlive the configuration.
+static cudaLaunchConfig_t cluster_config(cudaLaunchAttribute (&attr)[1], int ctas, long long blocks, int threads,
+                                         size_t smem_bytes, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = ctas;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 static int g_cluster_ready[64][2][4];       // 0 unknown, else (cudaError_t + 1)
 
 static int cluster_ready(int dtype, int idx) {
@@ -1074,16 +1093,8 @@ static int cluster_ready(int dtype, int idx) {
         if (ctas > 8) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
         int clusters = 0;
         if (e == cudaSuccess) {
-            cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = ctas;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.gridDim = dim3(ctas);
-            cfg.blockDim = dim3(CLUSTER_THREADS);
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
+            const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, ctas, CLUSTER_THREADS, 0, 0);
             e = cudaOccupancyMaxActiveClusters(&clusters, k, &cfg);
         }
         result = e != cudaSuccess ? (int)e : (clusters > 0 ? 0 : (int)cudaErrorNotSupported);
@@ -1101,18 +1112,8 @@ static int run_cluster(const void* x, void* y, int rows, int cols, int dtype, cu
     const long long blocks = (long long)rows * ctas;
     if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
     const int vec = can_vector(x, y, cols, dtype, pack_of(vec_of(dtype), CLUSTER_VALUES));
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ctas;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(CLUSTER_THREADS);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, blocks, CLUSTER_THREADS, 0, stream);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, CLUSTER[dtype][idx], x, y, rows, cols, vec);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
@@ -1142,17 +1143,8 @@ static int smem_ready(const SmemKernel& sk, int cluster, int dtype, int idx, int
         if (e == cudaSuccess && cluster && ctas > 8)
             e = cudaFuncSetAttribute(sk.k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
         if (e == cudaSuccess && cluster) {
-            cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = ctas;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.gridDim = dim3(ctas);
-            cfg.blockDim = dim3(sk.threads);
-            cfg.dynamicSmemBytes = bytes;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
+            const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, ctas, sk.threads, bytes, 0);
             int clusters = 0;
             e = cudaOccupancyMaxActiveClusters(&clusters, sk.k, &cfg);
             if (e == cudaSuccess && clusters <= 0) e = cudaErrorNotSupported;
@@ -1187,18 +1179,9 @@ static int run_cluster_smem(const void* x, void* y, int rows, int cols, int dtyp
     const long long blocks = (long long)rows * ctas;
     if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
     const int vec = can_vector(x, y, cols, dtype, vec_of(dtype));
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ctas;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(sk.threads);
-    cfg.dynamicSmemBytes = (size_t)sk.slice * (dtype == 0 ? 4 : 2);
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, blocks, sk.threads, (size_t)sk.slice * (dtype == 0 ? 4 : 2),
+                                                  stream);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, sk.k, x, y, rows, cols, vec);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
@@ -1213,38 +1196,28 @@ static int cluster_smem_ready_for(int cols, int dtype, int idx) {
 
 // stream_row is persistent: as many clusters as fit at once, from the occupancy calculator with its
 // dynamic shared memory, cached per device, dtype and cluster size.
-struct PersistentKernel { StreamKernel k[2]; int threads; int smem_bytes; };
-static const PersistentKernel STREAM = {{softmax_stream_row_f32, softmax_stream_row_bf16},
-                                        STREAM_THREADS, STREAM_CHUNKS * STREAM_CHUNK_BYTES};
-static int g_resident[64][2][17];           // [dev][dtype][ctas]; 0 unknown, < 0: -(err + 1)
+static const StreamKernel STREAM[2] = {softmax_stream_row_f32, softmax_stream_row_bf16};
+#define STREAM_SMEM_BYTES (STREAM_CHUNKS * STREAM_CHUNK_BYTES)
+static int g_stream_resident[64][2][17];    // [dev][dtype][ctas]; 0 unknown, < 0: -(err + 1)
 
-static int persistent_resident(const PersistentKernel& pk, int dtype, int ctas, int* resident) {
+static int stream_resident(int dtype, int ctas, int* resident) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
     if (ctas < 1 || ctas > 16) return (int)cudaErrorInvalidValue;
-    int* slot = dev < 64 ? &g_resident[dev][dtype][ctas] : nullptr;
+    int* slot = dev < 64 ? &g_stream_resident[dev][dtype][ctas] : nullptr;
     if (slot && *slot > 0) { *resident = *slot; return 0; }
     if (slot && *slot < 0) return -*slot - 1;
-    StreamKernel k = pk.k[dtype];
+    StreamKernel k = STREAM[dtype];
     int major = 0, n = 0;
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess && major < 9) e = cudaErrorNotSupported;        // bulk copies, clusters: sm_90
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, pk.smem_bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, STREAM_SMEM_BYTES);
     if (e == cudaSuccess && ctas > 8)
         e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e == cudaSuccess) {
-        cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = ctas;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(ctas);
-        cfg.blockDim = dim3(pk.threads);
-        cfg.dynamicSmemBytes = pk.smem_bytes;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, ctas, STREAM_THREADS, STREAM_SMEM_BYTES, 0);
         e = cudaOccupancyMaxActiveClusters(&n, k, &cfg);
     }
     if (e == cudaSuccess && n <= 0) e = cudaErrorNotSupported;
@@ -1254,58 +1227,44 @@ static int persistent_resident(const PersistentKernel& pk, int dtype, int ctas, 
     return (int)e;
 }
 
-// One launch of a persistent kernel: min(rows, resident clusters) clusters of `ctas` CTAs.
-static int launch_persistent(const PersistentKernel& pk, int ctas, const void* x, void* y, int rows, int cols,
-                             int dtype, cudaStream_t stream) {
-    int resident = 0;
-    const int ready = persistent_resident(pk, dtype, ctas, &resident);
-    if (ready != 0) return ready;
-    const long long blocks = (rows < resident ? rows : resident) * (long long)ctas;
-    if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ctas;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(pk.threads);
-    cfg.dynamicSmemBytes = pk.smem_bytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, pk.k[dtype], x, y, rows, cols);
-    if (e != cudaSuccess) return (int)e;
-    return (int)cudaGetLastError();
+// A row's chunks (STREAM_CHUNK_BYTES each), and the CTAs per row: a CTA holds KEEP chunks of a row
+// in registers and STREAM_SLICE_CHUNKS in shared memory, so ceil(chunks / (KEEP + STREAM_SLICE_CHUNKS))
+// CTAs (1..STREAM_MAX_CTAS).
+static int stream_chunks(int cols, int dtype) {
+    const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2);
+    return (cols + chunk - 1) / chunk;
 }
 
-// stream_row: a CTA holds KEEP chunks of a row in registers and STREAM_SLICE_CHUNKS in shared
-// memory, so ceil(chunks / (KEEP + STREAM_SLICE_CHUNKS)) CTAs per row (1..STREAM_MAX_CTAS).
 static int stream_ctas(int cols, int dtype) {
-    const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
     const int per_cta = STREAM_KEEP + STREAM_SLICE_CHUNKS;
-    return (chunks + per_cta - 1) / per_cta;
+    return (stream_chunks(cols, dtype) + per_cta - 1) / per_cta;
 }
 
-// Without `vec` (a misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies
-// cannot be used: stream_row runs cluster_row_smem (32 KB slices) instead.
+// One launch: min(rows, resident clusters) clusters of ceil(chunks / 9) CTAs. Without `vec` (a
+// misaligned pointer, a length not a multiple of the 16-byte pack) the bulk copies cannot be used:
+// stream_row runs cluster_row_smem (32 KB slices) instead.
 static int run_stream(const void* x, void* y, int rows, int cols, int dtype, cudaStream_t stream) {
-    const int ctas = stream_ctas(cols, dtype);
+    const int ctas = stream_ctas(cols, dtype), chunks = stream_chunks(cols, dtype);
     if (ctas > STREAM_MAX_CTAS) return (int)cudaErrorInvalidValue;
     // Every CTA of a cluster must own at least one chunk of a row (its producer announces the rows).
-    const int chunk = STREAM_CHUNK_BYTES / (dtype == 0 ? 4 : 2), chunks = (cols + chunk - 1) / chunk;
     if ((ctas - 1) * ((chunks + ctas - 1) / ctas) >= chunks) return (int)cudaErrorInvalidValue;
     int resident = 0;
-    const int ready = persistent_resident(STREAM, dtype, ctas, &resident);
+    const int ready = stream_resident(dtype, ctas, &resident);
     if (ready != 0) return ready;
     if (!can_vector(x, y, cols, dtype, vec_of(dtype))) return run_cluster_smem(x, y, rows, cols, dtype, 0, stream);
-    return launch_persistent(STREAM, ctas, x, y, rows, cols, dtype, stream);
+    const long long blocks = (rows < resident ? rows : resident) * (long long)ctas;
+    if (blocks > INT_MAX) return (int)cudaErrorInvalidValue;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = cluster_config(attr, ctas, blocks, STREAM_THREADS, STREAM_SMEM_BYTES, stream);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, STREAM[dtype], x, y, rows, cols);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaGetLastError();
 }
 
 static int stream_ready_for(int cols, int dtype) {
     const int ctas = stream_ctas(cols, dtype);
     int resident = 0;
-    return ctas <= STREAM_MAX_CTAS && persistent_resident(STREAM, dtype, ctas, &resident) == 0;
+    return ctas <= STREAM_MAX_CTAS && stream_resident(dtype, ctas, &resident) == 0;
 }
 
 // =============================================================================================
