@@ -29,11 +29,13 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    recorded. The last bucket can never hide (backward is over when it is ready); huge buckets hide
    little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
    (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
-   Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide, or
-   avg_hook), and, one launch each, NCCL's channel cap (nccl_max_channels), the priority of
-   NCCL's stream (nccl_high_priority) and an SM carve-out for cuBLAS (sm_carveouts): the settings
-   that decide how the all-reduce and backward share SMs and HBM, which is where the exposed time
-   goes (the phase README's findings).
+   Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide,
+   avg_hook, or copy_engine.py's all-reduce, whose bytes the copy engines move, not SMs; checked
+   against NCCL's before it is timed), and, one launch each, NCCL's channel cap
+   (nccl_max_channels), the priority of the gradients' stream (nccl_high_priority: NCCL's, or the
+   copy engine's) and an SM carve-out for cuBLAS (sm_carveouts): the settings that decide how the
+   all-reduce and backward share SMs and HBM, which is where the exposed time goes (the phase
+   README's findings).
 3. What the overlap costs compute (contention.py): backward's kernels at this run's shapes, timed
    alone and under an all-reduce of the gradients, and under the same bytes moved by the copy
    engines (no SMs): the slowdown is what "hidden" communication still costs.
@@ -53,11 +55,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import roofline
+from common.errors import LabError
 from common.exercise import Exercise, row
 from common.timing import summarize
 
 from . import collectives as col
 from . import contention
+from . import copy_engine
+from .copy_engine import CopyEngineAllReduce
 from .launch import launch, link_roofs, plan
 
 
@@ -131,13 +136,17 @@ class Trainer:
                                                   **self.wrap, **kwargs)
         return ddp, torch.optim.SGD(ddp.parameters(), lr=self.params["lr"])
 
-    def step(self, net, opt, x, y):
+    def backward(self, net, x, y):
         if self.amp:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = F.mse_loss(net(x), y)
         else:
             loss = F.mse_loss(net(x), y)
         loss.backward()
+        return loss
+
+    def step(self, net, opt, x, y):
+        loss = self.backward(net, x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -178,11 +187,12 @@ def avg_hook(state, bucket):
     return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].div_(n))
 
 
-COMM_HOOKS = ("builtin", "avg")         # builtin: DDP's own sum + div_; avg: avg_hook
+# builtin: DDP's own sum + div_; avg: avg_hook; copy_engine: copy_engine.CopyEngineAllReduce (GPUs only)
+COMM_HOOKS = ("builtin", "avg", "copy_engine")
 
 
-def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
-    """compute (no_sync), comm (DDP's own buckets, all-reduced alone, with the op the hook uses),
+def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: CopyEngineAllReduce | None = None) -> dict:
+    """compute (no_sync), comm (DDP's own buckets, all-reduced alone, by what the hook uses),
     nocomm (a DDP step whose hook communicates nothing) and the DDP step, per rank."""
     me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
     ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
@@ -190,6 +200,8 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
     quiet.register_comm_hook(None, noop_hook)
     if hook == "avg":
         ddp.register_comm_hook(None, avg_hook)
+    elif hook == "copy_engine":
+        ddp.register_comm_hook(None, engine.hook)
     op = dist.ReduceOp.AVG if hook == "avg" and dist.get_backend() == "nccl" else dist.ReduceOp.SUM
     for _ in range(3):                     # DDP rebuilds its buckets in step 2's backward; logged from step 3
         tr.step(ddp, opt, x, y)
@@ -203,6 +215,11 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
             tr.step(ddp, opt, x, y)
 
     def comm():
+        if hook == "copy_engine":
+            for b in bufs:
+                engine.all_reduce_(b)
+            engine.wait()
+            return
         for w in [dist.all_reduce(b, op=op, async_op=True) for b in bufs]:
             w.wait()
 
@@ -219,6 +236,12 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y) -> dict:
                                    warm, iters, me.device)
     for name, ms in samples.items():
         entry[name] = me.gather(ms)
+    # the hook's average must be the same on every rank. (The weights differ by now: the no_sync
+    # steps updated each rank from its own gradients. The averaged gradient does not.)
+    tr.backward(ddp, x, y)
+    grads = sum(float(p.grad.double().sum()) for p in ddp.parameters())
+    entry["grads_identical"] = len(set(me.gather(grads))) == 1
+    opt.zero_grad(set_to_none=True)
     return entry
 
 
@@ -260,10 +283,15 @@ def worker_task(me, params: dict) -> dict:
     gc.collect()
     x, y = tr.batch()
     out["buckets"] = []
+    # one workspace for every bucket size: room for the largest possible bucket, all the gradients
+    engine = (CopyEngineAllReduce(out["params"], high_priority=params.get("high_priority_stream", False))
+              if "copy_engine" in params["comm_hooks"] else None)
+    if engine is not None:
+        out["copy_engine_check"] = me.gather(copy_engine.check(engine))
     for hook in params["comm_hooks"]:
         for cap in params["bucket_caps_mb"]:
             me.stage(f"ddp bucket_cap_mb={cap} comm hook {hook}")
-            out["buckets"].append(_bucket(tr, cap, hook, x, y))
+            out["buckets"].append(_bucket(tr, cap, hook, x, y, engine))
             gc.collect()
     if me.device.type == "cuda" and params["contention"]:
         me.stage("ddp: kernels under an all-reduce")
@@ -277,6 +305,24 @@ def worker_task(me, params: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ in the lab process
+def _hook_check(res: dict, hook: str, chk: dict) -> dict:
+    """The check that gates a bucket row: the checksums' (every hook), and for the copy-engine hook
+    also its all-reduce against NCCL's on random data, within tolerance and identical on every rank."""
+    if hook != "copy_engine" or not chk["passed"]:
+        return chk
+    per_rank = res.get("copy_engine_check") or []
+    err = max((c["max_abs_error"] for c in per_rank), default=None)
+    same = len({tuple(c["checksums"]) for c in per_rank}) == 1
+    tol = copy_engine.CHECK_TOLERANCE
+    reason = ("no copy-engine check ran" if err is None else
+              f"the copy-engine all-reduce is {err:.2g} from NCCL's (tolerance {tol:g})" if err > tol else
+              "the copy-engine all-reduce left the ranks with different results" if not same else None)
+    return {"reference": "NCCL all-reduce (sum) / n on the same random data, sizes "
+                         + ", ".join(map(str, copy_engine.CHECK_SIZES)),
+            "metric": "max_abs", "precision": "fp32", "tolerance": tol,
+            "rel_l2_error": None, "max_abs_error": err, "passed": reason is None, "reason": reason}
+
+
 def _contention_row(c: dict, base: dict, hbm_roofs) -> dict:
     """One probed kernel under one background transfer: timed (slowest rank's slowdown), predicted
     alone from the HBM roofline, and checked (its output under the transfer equals its output alone)."""
@@ -326,9 +372,13 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
         hook = b.get("comm_hook", "builtin")
         p = {**base, "bucket_cap_mb": b["bucket_cap_mb"], "comm_hook": hook}
         name = f"bucket_{b['bucket_cap_mb']}mb" + ("" if hook == "builtin" else f"_{hook}")
-        if not chk["passed"]:
-            rows.append(row(name, p, "failed",
-                            "not timed: the parameter checksums differ across ranks", check=chk))
+        hook_chk = _hook_check(res, hook, chk)
+        if not hook_chk["passed"]:
+            rows.append(row(name, p, "failed", f"not timed: {hook_chk['reason']}", check=hook_chk))
+            continue
+        if b.get("grads_identical") is False:
+            why = "the averaged gradients differ across ranks after the timed steps"
+            rows.append(row(name, p, "failed", why, check={**hook_chk, "passed": False, "reason": why}))
             continue
         slow = {k: col.slowest_rank(b[k]) for k in ("compute", "comm", "nocomm", "ddp")}
         med = {k: summarize(slow[k]["samples_ms"], method, b["warmup"], flush_l2=False) for k in slow}
@@ -354,7 +404,7 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
                    "mfu_vs_phase1_ceiling": tflops / ceiling["tflops"] if ceiling else None}
         # perfect overlap: the step takes max(FLOPs / peak, gradient wire bytes / link)
         wire = col.wire_bytes("all_reduce", grad_bytes, n)
-        rows.append(row(name, p, "ok", None, check=chk, timing=med["ddp"],
+        rows.append(row(name, p, "ok", None, check=hook_chk, timing=med["ddp"],
                         metrics=metrics, prediction=roofline.predict(flops, wire, roofs, params["dtype"], d_ms)))
     for c in contention.slowdowns(res["contention"]) if res.get("contention") else []:
         rows.append(_contention_row(c, base, hbm_roofs))
@@ -388,14 +438,25 @@ def run(ctx, params):
     # matmul in flight), and an SM carve-out (cuBLAS leaves that many SMs out of every matmul).
     settings = [(ch, hp, sm) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]
                 for sm in params["sm_carveouts"]] if pl.backend == "nccl" else [(None, False, None)]
+    unknown = sorted(set(params["comm_hooks"]) - set(COMM_HOOKS))
+    if unknown:
+        raise LabError(f"unknown comm hook {', '.join(unknown)}: choose from {', '.join(COMM_HOOKS)}")
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
         timed = []
+        hooks, why_not = _hooks_for(params["comm_hooks"], pl.backend, n)
+        rows += [row(f"bucket_{cap}mb_copy_engine", {"world_size": n, "backend": pl.backend, "bucket_cap_mb": cap,
+                                                     "comm_hook": "copy_engine"}, "skipped", why_not)
+                 for cap in params["bucket_caps_mb"] if why_not]
         for ch, hp, sm in settings:
+            # the copy-engine hook sends no gradient through NCCL, so NCCL's channel cap cannot change
+            # it: it runs in the launches of the first cap only (a repeat would only be a second sample)
+            launch_hooks = hooks if ch == settings[0][0] else [h for h in hooks if h != "copy_engine"]
             env = {"NCCL_MAX_NCHANNELS": str(ch)} if ch else None
             tag = "".join([f"_ch{ch}" if ch else "", "_hp" if hp else "", f"_sm{sm}" if sm else ""])
             what = ", ".join(([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if hp else [])
                              + ([f"matmuls leave {sm} SMs free"] if sm else []))
-            res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp, "sm_carveout": sm},
+            res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp, "sm_carveout": sm,
+                                                 "comm_hooks": launch_hooks},
                          params["timeout_s"],
                          f"phase4.ddp on {n} ranks" + (f" ({what})" if what else ""), extra_env=env)
             summary["launch_s"][f"{n}{tag}"] = res["_launch_s"]
@@ -419,6 +480,15 @@ def run(ctx, params):
     return rows, summary
 
 
+def _hooks_for(hooks: list[str], backend: str, n: int) -> tuple[list[str], str | None]:
+    """The comm hooks this world size runs, and why the copy-engine hook is left out (None if it is not)."""
+    if "copy_engine" not in hooks:
+        return hooks, None
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    why = copy_engine.unavailable(backend, n, gpus)
+    return ([h for h in hooks if h != "copy_engine"] if why else hooks), why
+
+
 def _setting(r: dict) -> dict:
     """The settings of one timed bucket row and what it measured, for the summary."""
     keys = ("bucket_cap_mb", "nccl_max_channels", "nccl_high_priority", "sm_carveout", "comm_hook")
@@ -437,8 +507,8 @@ EXERCISE = Exercise(
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
             "bucket_caps_mb": [5, 25, 100, 400], "gradient_as_bucket_view": True,
             "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "sm_carveouts": [None],
-            "comm_hooks": ["builtin", "avg"], "contention": True,
-            "warmup_iters": 3, "iters": 15, "wall_steps": 8, "straggler_ms": 20.0},
+            "comm_hooks": ["builtin", "avg", "copy_engine"], "contention": True,
+            "warmup_iters": 3, "iters": 21, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
                 "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},

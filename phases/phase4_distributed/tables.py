@@ -300,10 +300,13 @@ def t_ring(v: View) -> str:
 # ------------------------------------------------------------------------------ DDP
 def _settings(p: dict) -> list[str]:
     """The non-default settings of a DDP row (or of the summary's best), in words."""
-    ch = p.get("nccl_max_channels")
-    sm = p.get("sm_carveout")
-    return (([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if p.get("nccl_high_priority") else [])
-            + ([f"matmuls leave {sm} SMs free"] if sm else []) + (["AVG comm hook"] if p.get("comm_hook") == "avg" else []))
+    ch, sm, hook = p.get("nccl_max_channels"), p.get("sm_carveout"), p.get("comm_hook")
+    stream = "copy" if hook == "copy_engine" else "NCCL"         # the stream the gradients' transfers run on
+    return (([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + ([f"high-priority {stream} stream"] if p.get("nccl_high_priority") else [])
+            + ([f"matmuls leave {sm} SMs free"] if sm else []) + ([HOOK_LABEL[hook]] if hook in HOOK_LABEL else []))
+
+
+HOOK_LABEL = {"avg": "AVG comm hook", "copy_engine": "copy-engine all-reduce hook"}
 
 
 def _bucket_label(r, unit: str = "") -> str:

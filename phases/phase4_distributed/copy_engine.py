@@ -1,0 +1,141 @@
+"""An all-reduce whose bytes the GPUs' copy engines move, as a DDP comm hook.
+
+NCCL's all-reduce is a kernel: its channels hold SMs for as long as it runs, and backward's
+matmuls, which want every SM, run slower beside it (contention.py measures by how much). A copy
+engine moves bytes between GPUs with no SM at all. This all-reduce gives every byte of its
+traffic to the copy engines and keeps one short memory-bound kernel per bucket, the sum itself.
+
+Each rank owns chunk r (1/n) of a bucket of N elements, and every rank holds a symmetric
+workspace (same size, same layout, mapped into every peer's address space by PyTorch's symmetric
+memory) of n + 1 slots of one chunk each:
+
+    1. push:   my chunk j of the bucket -> rank j's slot r, for every j   (cudaMemcpy: copy engines)
+    2. barrier: every rank's pushes have landed                            (a one-block kernel)
+    3. reduce: slot n = mean of my chunk and the n-1 slots, then copied    (one SM kernel: n c reads, c writes;
+               back into my chunk of the bucket                               the copy back: a local copy)
+    4. barrier: every rank's reduced chunk is ready
+    5. pull:   rank j's slot n -> my chunk j of the bucket, for every j    (copy engines)
+
+Bytes per rank: (n-1)/n N out in 1 and (n-1)/n N in in 5, the 2 (n-1)/n N of a ring all-reduce.
+Every chunk is reduced once, by its owner, and copied, so every rank ends with the same bits.
+
+No third barrier is needed before the next bucket reuses the workspace (stream order does it):
+my next push into rank j's slots follows my barrier 4, which rank j reaches only after its reduce
+has read them; rank j rewrites its slot n only after the next barrier 2, which I reach only after
+my pull has read it.
+"""
+import math
+import os
+
+import torch
+import torch.distributed as dist
+
+ALIGN = 64            # chunk boundaries on 256-byte multiples (fp32), where copies run at full speed
+
+
+def unavailable(backend: str, world: int, local_gpus: int) -> str | None:
+    """None if `world` ranks on this host can run the copy-engine all-reduce, else why not, in one line."""
+    if backend != "nccl":
+        return "the copy-engine all-reduce needs CUDA GPUs (it moves bytes with their copy engines); this run uses gloo"
+    if world > local_gpus:
+        return (f"the copy-engine all-reduce needs every rank on one host, in reach of NVLink peer copies "
+                f"({world} ranks, {local_gpus} GPUs here)")
+    return None
+
+
+def chunk_bounds(numel: int, world: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each rank's chunk: equal, ALIGN-rounded, the last ones short or empty."""
+    c = math.ceil(math.ceil(numel / world) / ALIGN) * ALIGN
+    return [(min(j * c, numel), min((j + 1) * c, numel)) for j in range(world)]
+
+
+class CopyEngineAllReduce:
+    """Averages flat CUDA tensors of up to `max_numel` elements across the default group, in place.
+    Collective: every rank builds it, and calls it on its own tensors in the same order."""
+
+    def __init__(self, max_numel: int, dtype=torch.float32, high_priority: bool = False):
+        from torch.distributed import _symmetric_memory as symm_mem
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        why = unavailable(dist.get_backend(), self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+        if why:
+            raise RuntimeError(why)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.chunk = chunk_bounds(max_numel, self.world)[0][1]            # the longest chunk
+        local = symm_mem.empty((self.world + 1) * self.chunk, dtype=dtype, device=self.device)
+        self.handle = symm_mem.rendezvous(local, dist.group.WORLD)
+        # every rank's workspace as seen from here: slots 0..n-1 receive, slot n holds the reduced chunk
+        self.ws = [self.handle.get_buffer(j, (self.world + 1, self.chunk), dtype) for j in range(self.world)]
+        self.stream = torch.cuda.Stream(self.device, priority=-1 if high_priority else 0)
+        self.peers = [(self.rank + k) % self.world for k in range(1, self.world)]   # spread: rank r starts at r+1
+        self.plans: dict = {}
+
+    def _views(self, numel: int) -> list:
+        """Per peer j: (lo, hi) of chunk j, my slot in j's workspace, j's reduced slot; and mine.
+        Built once per bucket length: slicing costs microseconds of CPU per call, and a bucket's
+        whole all-reduce is only a few launches, so the CPU must stay ahead of the copy engines."""
+        if numel not in self.plans:
+            bounds, r, n = chunk_bounds(numel, self.world), self.rank, self.world
+            peers = [(j, bounds[j], self.ws[j][r, : bounds[j][1] - bounds[j][0]],
+                      self.ws[j][n, : bounds[j][1] - bounds[j][0]]) for j in self.peers]
+            lo, hi = bounds[r]
+            self.plans[numel] = (peers, (lo, hi), self.ws[r][:n, : hi - lo], self.ws[r][n, : hi - lo])
+        return self.plans[numel]
+
+    def all_reduce_(self, t: torch.Tensor) -> None:
+        """Enqueue the average of `t` across ranks, in place, on the side stream, after the work
+        already on the current stream. The current stream does not wait: call wait() for that."""
+        peers, (lo, hi), slots, reduced = self._views(t.numel())
+        mine = t[lo:hi]
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for j, (plo, phi), theirs, _ in peers:                   # 1. push
+                theirs.copy_(t[plo:phi])
+            self.handle.barrier()                                    # 2.
+            if self.world == 2:                                      # 3. (mine + theirs) / 2, one pass
+                torch.lerp(mine, slots[1 - self.rank], 0.5, out=reduced)
+            else:                                                    # my chunk into my own slot, then the mean
+                slots[self.rank].copy_(mine)
+                torch.mean(slots, dim=0, out=reduced)
+            mine.copy_(reduced)
+            self.handle.barrier()                                    # 4.
+            for j, (plo, phi), _, their_reduced in peers:            # 5. pull
+                t[plo:phi].copy_(their_reduced)
+
+    def wait(self) -> None:
+        """Make the current stream wait for everything enqueued so far."""
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    def hook(self, state, bucket) -> torch.futures.Future[torch.Tensor]:
+        """A DDP comm hook: the bucket averaged in place, the future complete once the side stream is."""
+        t = bucket.buffer()
+        self.all_reduce_(t)
+        fut = torch.futures.Future(devices=[self.device])
+        with torch.cuda.stream(self.stream):
+            fut.set_result(t)          # marks the result ready after the side stream's work; DDP waits on it
+        return fut
+
+
+CHECK_SIZES = (1, 4097, 1_000_003)       # one element, a short last chunk, and an odd length of ~4 MB
+CHECK_TOLERANCE = 1e-5                   # fp32 averages of randn values (|x| < 10): a few ulps apart at most
+
+
+def max_abs_error(result: torch.Tensor, reference: torch.Tensor) -> float:
+    """The checker's one number: how far a result is from its reference, anywhere."""
+    return float((result.double() - reference.double()).abs().max())
+
+
+def check(engine: CopyEngineAllReduce) -> dict:
+    """The copy-engine average against NCCL's sum / n, on random data of irregular sizes, and a
+    float64 checksum of each result so the caller can confirm every rank ended with the same bits."""
+    gen = torch.Generator(device=engine.device).manual_seed(77 + engine.rank)   # different data per rank
+    worst, sums = 0.0, []
+    for numel in CHECK_SIZES:
+        x = torch.randn(numel, device=engine.device, generator=gen)
+        reference = x.clone()
+        dist.all_reduce(reference)
+        reference /= engine.world
+        engine.all_reduce_(x)
+        engine.wait()
+        worst = max(worst, max_abs_error(x, reference))
+        sums.append(float(x.double().sum()))
+    return {"max_abs_error": worst, "checksums": sums}
