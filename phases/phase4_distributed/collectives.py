@@ -114,11 +114,15 @@ def time_calls(fn, warmup: int, iters: int, device: torch.device) -> list[float]
     return time_interleaved({"call": fn}, warmup, iters, device)["call"]
 
 
-def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device) -> dict[str, list[float]]:
+def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device,
+                     idle_start: bool = False) -> dict[str, list[float]]:
     """Per-call milliseconds of each of `fns`, timed as time_calls times one function but taken in
     turn (a, b, c, a, b, c, ...): a slow spell of the machine (a clock dip, a neighbour) then lands
     on all of them alike, where timing each in its own block lets it bias whichever block it hit,
-    and a ratio of two such blocks with it."""
+    and a ratio of two such blocks with it.
+    idle_start: wait for the GPU to drain before each call, so every call starts from the same
+    state. Without it a call that leaves the CPU behind the GPU (many small launches) hands the
+    next one a GPU that idles while the CPU catches up, and that time lands on the wrong function."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -128,6 +132,8 @@ def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device) -
                       for _ in range(iters)] for k in fns}
         for i in range(iters):
             for k, fn in fns.items():
+                if idle_start:
+                    torch.cuda.synchronize(device)
                 events[k][i][0].record()
                 fn()
                 events[k][i][1].record()

@@ -21,7 +21,7 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
      all-reduced back to back with no compute;
    - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it;
-   the four taken in turn, round after round (collectives.time_interleaved).
+   the four taken in turn, round after round, each from an idle GPU (collectives.time_interleaved).
    hidden_vs_nocomm = (nocomm + comm - ddp) / comm, clipped to [0, 1]: the share of the
    communication that ran under backward, against the step that differs from the DDP step by the
    communication alone (the goal's measure). hidden = (compute + comm - ddp) / comm also charges
@@ -233,7 +233,7 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: CopyEngineAllRe
     # in turn, not in blocks: the hidden share is a difference of these times, and a slow spell
     # that hit one block alone would move it by more than the effect being measured
     samples = col.time_interleaved({"compute": compute, "comm": comm, "nocomm": nocomm, "ddp": step},
-                                   warm, iters, me.device)
+                                   warm, iters, me.device, idle_start=True)
     for name, ms in samples.items():
         entry[name] = me.gather(ms)
     # the hook's average must be the same on every rank. (The weights differ by now: the no_sync
@@ -472,11 +472,14 @@ def run(ctx, params):
             timed += [r for r in new if r["variant"].startswith("bucket_") and r["status"] == "ok"]
             rows += new if (ch, hp, sm) == settings[0] else per_setting
         if timed:
-            best = max(timed, key=lambda r: r["metrics"]["hidden_fraction_vs_nocomm"])
+            # The goal is judged at the setting that trains fastest. The largest hidden share can
+            # belong to a slower all-reduce (fewer channels, small buckets) that hides a bigger
+            # part of a bigger time and leaves as much exposed: a share, not a saving.
             fastest = min(timed, key=lambda r: r["metrics"]["ddp_ms"])
-            summary["best"].append({"world_size": n, **_setting(best),
-                                    "met": best["metrics"]["hidden_fraction_vs_nocomm"] >= GOAL_HIDDEN,
-                                    "fastest_step": _setting(fastest)})
+            most = max(timed, key=lambda r: r["metrics"]["hidden_fraction_vs_nocomm"])
+            summary["best"].append({"world_size": n, "judged_on": "fastest_step", **_setting(fastest),
+                                    "met": fastest["metrics"]["hidden_fraction_vs_nocomm"] >= GOAL_HIDDEN,
+                                    "most_hidden": _setting(most)})
     return rows, summary
 
 
@@ -493,10 +496,13 @@ def _setting(r: dict) -> dict:
     """The settings of one timed bucket row and what it measured, for the summary."""
     keys = ("bucket_cap_mb", "nccl_max_channels", "nccl_high_priority", "sm_carveout", "comm_hook")
     return {**{k: r["params"][k] for k in keys},
-            **{k: r["metrics"][k] for k in ("hidden_fraction_vs_nocomm", "hidden_fraction", "ddp_ms", "bookkeeping_ms")}}
+            **{k: r["metrics"][k] for k in ("hidden_fraction_vs_nocomm", "hidden_fraction", "ddp_ms", "bookkeeping_ms",
+                                            "comm_ms", "exposed_vs_nocomm_ms")}}
 
 
-GOAL_HIDDEN = 0.70          # the issue's goal: >= 70% of gradient communication hidden at the best bucket size
+# the issue's goal: >= 70% of gradient communication hidden at the best bucket size, read as the
+# setting (bucket size, hook, NCCL settings) whose DDP step is fastest
+GOAL_HIDDEN = 0.70
 
 EXERCISE = Exercise(
     id="phase4.ddp", title="DDP: broadcast and sync checked by checksums; communication hidden under backward",
