@@ -16,8 +16,11 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    everywhere, so is the update. Checksums are gathered from every rank and compared bit for bit.
 2. Overlap, measured. For each bucket size (DDP's bucket_cap_mb) four medians, slowest rank:
    - compute: the step under ddp.no_sync(), no gradient communication at all;
-   - nocomm: the DDP step with a comm hook that communicates nothing (noop_hook): everything DDP
-     does but the all-reduce, above all copying each new gradient into its bucket;
+   - nocomm: the same DDP step over a group of this rank alone: DDP's builtin reduction with
+     everything it does but reach another GPU (each new gradient copied into its bucket and
+     divided by the group size, all-reduces of one rank). Not a Python comm hook that returns the
+     bucket: a Python hook can cost CPU time on the autograd thread for every bucket, and that
+     time would be billed to the baseline instead of the communication;
    - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
      all-reduced back to back with no compute;
    - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it;
@@ -165,16 +168,6 @@ def _checksums(tr: Trainer) -> dict:
     return out
 
 
-def noop_hook(state, bucket):
-    """A DDP comm hook that communicates nothing: the bucket comes back as it went in. A DDP step
-    with it is the step with every all-reduce removed and everything else DDP does kept: above
-    all, copying each freshly computed gradient into its bucket (zero_grad(set_to_none=True)
-    drops the bucket views every step, so the reducer copies 805 MB back into the buckets)."""
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
 def avg_hook(state, bucket):
     """A DDP comm hook: all-reduce the bucket with ReduceOp.AVG. Without a hook DDP divides every
     gradient by the world size itself, a separate read-and-write pass over all of them (805 MB of
@@ -193,11 +186,12 @@ COMM_HOOKS = ("builtin", "avg", "copy_engine")
 
 def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: CopyEngineAllReduce | None = None) -> dict:
     """compute (no_sync), comm (DDP's own buckets, all-reduced alone, by what the hook uses),
-    nocomm (a DDP step whose hook communicates nothing) and the DDP step, per rank."""
+    nocomm (the DDP step over a one-rank group) and the DDP step, per rank."""
     me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
     ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
-    quiet, quiet_opt = tr.wrapped(bucket_cap_mb=cap_mb)
-    quiet.register_comm_hook(None, noop_hook)
+    # the same DDP step over a group of this rank alone: DDP's builtin reduction, every bucket copy
+    # and 1/n scaling it makes, and all-reduces that reach no other GPU
+    quiet, quiet_opt = tr.wrapped(bucket_cap_mb=cap_mb, process_group=tr.solo)
     if hook == "avg":
         ddp.register_comm_hook(None, avg_hook)
     elif hook == "copy_engine":
@@ -280,6 +274,7 @@ def worker_task(me, params: dict) -> dict:
            "grad_bytes": sum(p.numel() * p.element_size() for p in tr.model.parameters())}
     me.stage("ddp checksums")
     out.update(_checksums(tr))
+    tr.solo, _ = dist.new_subgroups(group_size=1)        # one group per rank, for the no-communication step
     gc.collect()
     x, y = tr.batch()
     out["buckets"] = []
@@ -429,7 +424,7 @@ def run(ctx, params):
     ceiling = ctx.phase1_ceiling()
     summary = {"backend": pl.backend, "world_sizes": pl.world_sizes, "launch_s": {},
                "params_count": None, "phase1_ceiling": ceiling, "goal_hidden_fraction": GOAL_HIDDEN,
-               "roofs_source": roofs.source, "best": []}
+               "roofs_source": roofs.source, "best": [], "nocomm_baseline": "over a group of this rank alone"}
     # NCCL's all-reduce kernels run on SMs the backward's matmuls also want. Three process-wide
     # settings change how that contest goes, one launch per combination: capping NCCL's channels
     # (NCCL_MAX_NCHANNELS: each all-reduce slower, fewer SMs taken from compute; None = NCCL's own

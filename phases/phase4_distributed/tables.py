@@ -699,8 +699,8 @@ def t_findings(v: View) -> str:
         s = [f"**DDP on {g.label}.** The fastest step, {num(_m(best, 'ddp_ms'))} ms, came with "
              f"{_bucket_label(best, ' MB buckets')}: {_ratio1(_hidden(best))} of the {num(_m(best, 'comm_ms'))} ms "
              f"of gradient all-reduce ran under backward, against "
-             + (f"{num(_m(best, 'nocomm_ms'))} ms for the same DDP step with its communication removed (a comm hook "
-                f"that sends nothing), and {num(_m(best, 'compute_ms'))} ms under no_sync. The "
+             + (f"{num(_m(best, 'nocomm_ms'))} ms for the same DDP step with its communication removed "
+                f"({g.rec['summary'].get('nocomm_baseline') or 'a comm hook that sends nothing'}), and {num(_m(best, 'compute_ms'))} ms under no_sync. The "
                 f"{num(_m(best, 'bookkeeping_ms'))} ms between those two is DDP's own work, above all copying every "
                 f"new gradient into its bucket; charged to the communication as well, the hidden share would be "
                 f"{_ratio(_m(best, 'hidden_fraction'))}." if _m(best, "nocomm_ms") is not None else
