@@ -333,3 +333,112 @@ def test_time_interleaved_takes_the_functions_in_turn():
                                    warmup=1, iters=3, device=torch.device("cpu"))
     assert order == ["a", "b"] * 4                                                    # 1 warm-up round + 3 timed
     assert set(samples) == {"a", "b"} and all(len(v) == 3 and min(v) >= 0 for v in samples.values())
+
+
+# ------------------------------------------------------------------------------ the copy-engine all-reduce
+copy_engine = importlib.import_module("phases.phase4_distributed.copy_engine")
+
+
+@pytest.mark.parametrize("numel, world", [(1, 2), (3, 4), (4097, 2), (1_000_003, 4), (64 * 4, 4)])
+def test_chunk_bounds_cover_the_bucket_once_on_aligned_starts(numel, world):
+    bounds = copy_engine.chunk_bounds(numel, world)
+    assert len(bounds) == world and bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))             # contiguous, no overlap
+    assert all(lo % copy_engine.ALIGN == 0 or lo == numel for lo, _ in bounds)
+    assert sum(hi - lo for lo, hi in bounds) == numel
+
+
+def test_copy_engine_refuses_clearly_where_it_cannot_run():
+    assert "needs CUDA GPUs" in copy_engine.unavailable("gloo", 2, 0)
+    assert "every rank on one host" in copy_engine.unavailable("nccl", 4, 2)
+    assert copy_engine.unavailable("nccl", 2, 2) is None
+    hooks, why = ddp._hooks_for(["builtin", "copy_engine"], "gloo", 2)
+    assert hooks == ["builtin"] and "gloo" in why
+    assert ddp._hooks_for(["builtin", "avg"], "gloo", 2) == (["builtin", "avg"], None)
+
+
+def test_an_unknown_comm_hook_is_a_one_line_error():
+    with pytest.raises(LabError, match="unknown comm hook bogus: choose from builtin, avg, copy_engine"):
+        ddp.run(None, {**ddp.EXERCISE.params, "comm_hooks": ["builtin", "bogus"]})
+
+
+def _ddp_res(check=None, grads_identical=True) -> dict:
+    """What the workers of a 2-rank DDP run with the copy-engine hook return, made up."""
+    bucket = {"bucket_cap_mb": 25, "comm_hook": "copy_engine", "bucket_bytes": [4000, 4000], "warmup": 1,
+              "grads_identical": grads_identical,
+              **{k: [[v] * 5, [v] * 5] for k, v in (("compute", 10.0), ("comm", 4.0), ("nocomm", 10.5), ("ddp", 11.5))}}
+    return {"checksum_before_ddp": [1.0, 2.0], "checksum_after_broadcast": [1.0, 1.0], "checksum_after_steps": [3.0, 3.0],
+            "first_loss": [0.5, 0.6], "steps": 20, "grad_bytes": 8000, "buckets": [bucket], "wall": None,
+            "copy_engine_check": check if check is not None else
+            [{"max_abs_error": 2e-7, "checksums": [1.0, 2.0]}, {"max_abs_error": 1e-7, "checksums": [1.0, 2.0]}]}
+
+
+def _ddp_bucket_rows(res: dict) -> list[dict]:
+    res = {**res, "wall": {k: [1.0, 1.0] for k in ("local", "ddp", "local_straggler", "ddp_straggler")}}
+    p = {**ddp.EXERCISE.params, "d_model": 8, "n_layers": 1, "tokens_per_rank": 4}
+    return [r for r in ddp.rows_from(res, 2, "nccl", p, LINK, None) if r["variant"].startswith("bucket_")]
+
+
+@pytest.mark.parametrize("check, reason", [
+    ([{"max_abs_error": 2e-7, "checksums": [1.0]}, {"max_abs_error": 3e-2, "checksums": [1.0]}], "0.03 from NCCL's"),
+    ([{"max_abs_error": 0.0, "checksums": [1.0]}, {"max_abs_error": 0.0, "checksums": [1.5]}], "different results"),
+    ([], "no copy-engine check ran"),
+])
+def test_a_wrong_copy_engine_all_reduce_fails_its_rows_untimed(check, reason):
+    (good,) = _ddp_bucket_rows(_ddp_res())
+    assert good["status"] == "ok" and good["check"]["passed"] and good["check"]["max_abs_error"] == 2e-7
+    assert good["metrics"]["hidden_fraction_vs_nocomm"] == pytest.approx(0.75)     # (10.5 + 4 - 11.5) / 4
+    (bad,) = _ddp_bucket_rows(_ddp_res(check))
+    assert bad["status"] == "failed" and reason in bad["reason"] and bad["timing"] is None and not bad["metrics"]
+
+
+def test_a_hook_that_leaves_the_ranks_different_gradients_fails_its_row():
+    (bad,) = _ddp_bucket_rows(_ddp_res(grads_identical=False))
+    assert bad["status"] == "failed" and "averaged gradients differ" in bad["reason"]
+
+
+def test_the_goal_is_judged_at_the_fastest_step_and_the_largest_share_is_reported():
+    def timed(cap, hook, ddp_ms, share):
+        return {"params": {"bucket_cap_mb": cap, "nccl_max_channels": None, "nccl_high_priority": False,
+                           "sm_carveout": None, "comm_hook": hook},
+                "metrics": {"ddp_ms": ddp_ms, "hidden_fraction_vs_nocomm": share, "hidden_fraction": share - 0.1,
+                            "bookkeeping_ms": 0.5, "comm_ms": 4.0, "exposed_vs_nocomm_ms": 4.0 * (1 - share)}}
+    verdict = ddp.judge(2, [timed(25, "builtin", 27.5, 0.68), timed(5, "copy_engine", 28.1, 0.80)])
+    assert verdict["bucket_cap_mb"] == 25 and verdict["judged_on"] == "fastest_step" and verdict["met"] is False
+    assert verdict["most_hidden"]["comm_hook"] == "copy_engine"
+    assert ddp.judge(2, [timed(25, "builtin", 27.5, 0.71)])["met"] is True
+
+
+def _timed_row(cap, hook, comm, exposed, ddp_ms, **p):
+    return {"variant": "b", "status": "ok", "params": {"bucket_cap_mb": cap, "comm_hook": hook, **p},
+            "metrics": {"comm_ms": comm, "exposed_vs_nocomm_ms": exposed, "ddp_ms": ddp_ms}}
+
+
+@pytest.mark.parametrize("ce_exposed, verdict", [(0.8, "freeing the SMs paid"), (1.0, "did not buy the time back"),
+                                                 (1.5, "more exposed time")])
+def test_copy_engine_finding_compares_with_nccl_at_the_same_buckets_and_priority(ce_exposed, verdict):
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+    timed = [_timed_row(25, "copy_engine", 3.6, ce_exposed, 27.2), _timed_row(25, "builtin", 3.7, 1.05, 27.5),
+             _timed_row(25, "builtin", 4.5, 0.2, 27.9, nccl_max_channels=16),      # not its twin: another channel cap
+             _timed_row(25, "builtin", 3.8, 0.3, 27.9, nccl_high_priority=True)]   # nor another priority
+    (sentence,) = tables._copy_engine_finding(timed)
+    assert verdict in sentence and f"against NCCL's 1.05 ms" in sentence and "3.6 ms against NCCL's 3.7 ms" in sentence
+    assert tables._copy_engine_finding(timed[1:]) == []
+
+
+def test_overrun_finding_names_python_hooks_only_when_they_are_all_there_is():
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+    fine = _timed_row(25, "builtin", 3.7, 1.0, 27.5)
+    assert tables._overrun_finding([fine]) == []
+    (text,) = tables._overrun_finding([fine, _timed_row(5, "avg", 4.0, 6.0, 33.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0)])
+    assert text.startswith("2 of the 3 settings") and "9 ms" in text and "written in Python" in text
+    (text,) = tables._overrun_finding([_timed_row(5, "builtin", 4.0, 6.0, 33.0), _timed_row(5, "avg", 4.0, 6.0, 33.0)])
+    assert "written in Python" not in text
+
+
+def test_settings_name_the_copy_engine_hook_and_its_stream():
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+    assert tables._settings({"comm_hook": "copy_engine", "nccl_high_priority": True}) == \
+        ["high-priority copy stream", "copy-engine all-reduce hook"]
+    assert tables._settings({"comm_hook": "avg", "nccl_high_priority": True, "nccl_max_channels": 16}) == \
+        ["NCCL_MAX_NCHANNELS=16", "high-priority NCCL stream", "AVG comm hook"]

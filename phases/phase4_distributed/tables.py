@@ -601,6 +601,23 @@ def _copy_engine_finding(timed: list[dict]) -> list[str]:
             f"{num(_m(c, 'ddp_ms'))} ms against {num(_m(twin, 'ddp_ms'))} ms."]
 
 
+def _overrun_finding(timed: list[dict]) -> list[str]:
+    """The settings whose DDP step exposed more than their whole all-reduce takes alone: no overlap
+    explains that, so say which hooks they used."""
+    over = [r for r in timed if _exposed(r) > _m(r, "comm_ms")]
+    if not over:
+        return []
+    hooks = {r["params"].get("comm_hook") or "builtin" for r in over}
+    out = (f"{len(over)} of the {len(timed)} settings left more time exposed than their whole all-reduce takes "
+           f"alone (the worst, {_bucket_label(max(over, key=_exposed), ' MB buckets')}, {num(max(map(_exposed, over)))} "
+           f"ms): no overlap explains that.")
+    if "builtin" not in hooks:
+        out += (" Every one of them used a comm hook written in Python, which runs for every bucket on the thread "
+                "that also launches backward's kernels; DDP's builtin hook, in C++, never did. The time is most "
+                "likely CPU time.")
+    return [out]
+
+
 def _ddp_contention(v: View, g: Group, best: dict, timed: list[dict], goal: float | None) -> list[str]:
     """Sentences on why the exposed time is what it is: the spread over the settings tried at the
     best bucket size, the carve-out, the contention probe, and the last bucket's share."""
@@ -717,6 +734,7 @@ def t_findings(v: View) -> str:
                      + (f", {_ratio(_m(best, 'mfu_vs_phase1_ceiling'))} of the {num(_m(best, 'phase1_ceiling_tflops'))} "
                         f"TFLOP/s best matmul phase 1 measured." if _m(best, "mfu_vs_phase1_ceiling") is not None else "."))
         s += _copy_engine_finding(timed)
+        s += _overrun_finding(timed)
         s += _ddp_contention(v, g, best, timed, g.rec["summary"].get("goal_hidden_fraction"))
         st = g.row("per_rank_steps_straggler")
         if st is not None:
