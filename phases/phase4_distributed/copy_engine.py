@@ -36,7 +36,7 @@ ALIGN = 64            # chunk boundaries on 256-byte multiples (fp32), where cop
 def unavailable(backend: str, world: int, local_gpus: int) -> str | None:
     """None if `world` ranks on this host can run the copy-engine all-reduce, else why not, in one line."""
     if backend != "nccl":
-        return "the copy-engine all-reduce needs CUDA GPUs (it moves bytes with their copy engines); this run uses gloo"
+        return f"the copy-engine all-reduce needs CUDA GPUs (it moves bytes with their copy engines); this run uses {backend}"
     if world > local_gpus:
         return (f"the copy-engine all-reduce needs every rank on one host, in reach of NVLink peer copies "
                 f"({world} ranks, {local_gpus} GPUs here)")
@@ -70,13 +70,14 @@ class CopyEngineAllReduce:
         self.plans: dict = {}
 
     def _views(self, numel: int) -> list:
-        """Per peer j: (lo, hi) of chunk j, my slot in j's workspace, j's reduced slot; and mine.
-        Built once per bucket length: slicing costs microseconds of CPU per call, and a bucket's
-        whole all-reduce is only a few launches, so the CPU must stay ahead of the copy engines."""
+        """Per peer j: (lo, hi) of chunk j, my slot in j's workspace, j's reduced slot; then my own
+        chunk's bounds, my slots and my reduced slot. Built once per bucket length: slicing costs
+        microseconds of CPU per call, and a bucket's whole all-reduce is only a few launches, so the
+        CPU must stay ahead of the copy engines."""
         if numel not in self.plans:
             bounds, r, n = chunk_bounds(numel, self.world), self.rank, self.world
-            peers = [(j, bounds[j], self.ws[j][r, : bounds[j][1] - bounds[j][0]],
-                      self.ws[j][n, : bounds[j][1] - bounds[j][0]]) for j in self.peers]
+            peers = [((lo, hi), self.ws[j][r, : hi - lo], self.ws[j][n, : hi - lo])
+                     for j in self.peers for lo, hi in [bounds[j]]]
             lo, hi = bounds[r]
             self.plans[numel] = (peers, (lo, hi), self.ws[r][:n, : hi - lo], self.ws[r][n, : hi - lo])
         return self.plans[numel]
@@ -88,7 +89,7 @@ class CopyEngineAllReduce:
         mine = t[lo:hi]
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            for j, (plo, phi), theirs, _ in peers:                   # 1. push
+            for (plo, phi), theirs, _ in peers:                      # 1. push
                 theirs.copy_(t[plo:phi])
             self.handle.barrier()                                    # 2.
             if self.world == 2:                                      # 3. (mine + theirs) / 2, one pass
@@ -98,7 +99,7 @@ class CopyEngineAllReduce:
                 torch.mean(slots, dim=0, out=reduced)
             mine.copy_(reduced)
             self.handle.barrier()                                    # 4.
-            for j, (plo, phi), _, their_reduced in peers:            # 5. pull
+            for (plo, phi), _, their_reduced in peers:               # 5. pull
                 t[plo:phi].copy_(their_reduced)
 
     def wait(self) -> None:

@@ -65,7 +65,6 @@ from common.timing import summarize
 from . import collectives as col
 from . import contention
 from . import copy_engine
-from .copy_engine import CopyEngineAllReduce
 from .launch import launch, link_roofs, plan
 
 
@@ -184,13 +183,13 @@ def avg_hook(state, bucket):
 COMM_HOOKS = ("builtin", "avg", "copy_engine")
 
 
-def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: CopyEngineAllReduce | None = None) -> dict:
+def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: copy_engine.CopyEngineAllReduce | None = None) -> dict:
     """compute (no_sync), comm (DDP's own buckets, all-reduced alone, by what the hook uses),
     nocomm (the DDP step over a one-rank group) and the DDP step, per rank."""
     me, warm, iters = tr.me, tr.params["warmup_iters"], tr.params["iters"]
     ddp, opt = tr.wrapped(bucket_cap_mb=cap_mb)
     # the same DDP step over a group of this rank alone: DDP's builtin reduction, every bucket copy
-    # and 1/n scaling it makes, and all-reduces that reach no other GPU
+    # and division it makes, and all-reduces that reach no other GPU
     quiet, quiet_opt = tr.wrapped(bucket_cap_mb=cap_mb, process_group=tr.solo)
     if hook == "avg":
         ddp.register_comm_hook(None, avg_hook)
@@ -279,7 +278,7 @@ def worker_task(me, params: dict) -> dict:
     x, y = tr.batch()
     out["buckets"] = []
     # one workspace for every bucket size: room for the largest possible bucket, all the gradients
-    engine = (CopyEngineAllReduce(out["params"], high_priority=params.get("high_priority_stream", False))
+    engine = (copy_engine.CopyEngineAllReduce(out["params"], high_priority=params.get("high_priority_stream", False))
               if "copy_engine" in params["comm_hooks"] else None)
     if engine is not None:
         out["copy_engine_check"] = me.gather(copy_engine.check(engine))
@@ -337,6 +336,10 @@ def _contention_row(c: dict, base: dict, hbm_roofs) -> dict:
                prediction=roofline.predict(c["flops"], c["bytes"], hbm_roofs, c["dtype"], c["alone_ms"][k]))
 
 
+def _bucket_variant(cap_mb, hook: str) -> str:
+    return f"bucket_{cap_mb}mb" + ("" if hook == "builtin" else f"_{hook}")
+
+
 def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None,
               hbm_roofs=None) -> list[dict]:
     base = {"world_size": n, "backend": backend, "d_model": params["d_model"], "n_layers": params["n_layers"],
@@ -366,7 +369,7 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
     for b in res["buckets"]:
         hook = b.get("comm_hook", "builtin")
         p = {**base, "bucket_cap_mb": b["bucket_cap_mb"], "comm_hook": hook}
-        name = f"bucket_{b['bucket_cap_mb']}mb" + ("" if hook == "builtin" else f"_{hook}")
+        name = _bucket_variant(b["bucket_cap_mb"], hook)
         hook_chk = _hook_check(res, hook, chk)
         if not hook_chk["passed"]:
             rows.append(row(name, p, "failed", f"not timed: {hook_chk['reason']}", check=hook_chk))
@@ -439,9 +442,9 @@ def run(ctx, params):
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
         timed = []
         hooks, why_not = _hooks_for(params["comm_hooks"], pl.backend, n)
-        rows += [row(f"bucket_{cap}mb_copy_engine", {"world_size": n, "backend": pl.backend, "bucket_cap_mb": cap,
-                                                     "comm_hook": "copy_engine"}, "skipped", why_not)
-                 for cap in params["bucket_caps_mb"] if why_not]
+        rows += [row(_bucket_variant(cap, "copy_engine"), {"world_size": n, "backend": pl.backend,
+                                                            "bucket_cap_mb": cap, "comm_hook": "copy_engine"},
+                     "skipped", why_not) for cap in params["bucket_caps_mb"] if why_not]
         for ch, hp, sm in settings:
             # the copy-engine hook sends no gradient through NCCL, so NCCL's channel cap cannot change
             # it: it runs in the launches of the first cap only (a repeat would only be a second sample)
