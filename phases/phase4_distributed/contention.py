@@ -82,18 +82,28 @@ def _align(me) -> None:
     torch.cuda.synchronize(me.device)
 
 
-def _timed(me, fn, reps: int, start=None) -> float:
-    """ms per call of `fn` over `reps` back-to-back calls, with `start`'s transfer (if any) in flight."""
+def _with_transfer(me, start, body):
+    """body()'s result, run with `start`'s transfer (if any) in flight, every rank aligned first and
+    everything drained after."""
     _align(me)
     handles = start() if start else []
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(reps):
-        fn()
-    t1.record()
+    out = body()
     for h in handles:
         h.wait()
     torch.cuda.synchronize(me.device)
+    return out
+
+
+def _timed(me, fn, reps: int, start=None) -> float:
+    """ms per call of `fn` over `reps` back-to-back calls, with `start`'s transfer (if any) in flight."""
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def calls():
+        t0.record()
+        for _ in range(reps):
+            fn()
+        t1.record()
+    _with_transfer(me, start, calls)
     return t0.elapsed_time(t1) / reps
 
 
@@ -127,20 +137,9 @@ def probe(me, tokens: int, d: int, grad_bytes: int, repeats: int = 5) -> dict:
             reps = max(1, int(0.8 * bg_ms[bg] / one))
             entry["reps"][bg] = reps
             entry["under_ms"][bg] = statistics.median([_timed(me, fn, reps, start) for _ in range(repeats)])
-            entry["matches"][bg] = bool(torch.equal(_last_under(me, fn, start), reference))
+            entry["matches"][bg] = bool(torch.equal(_with_transfer(me, start, fn), reference))
         out["kernels"][name] = entry
     return out
-
-
-def _last_under(me, fn, start):
-    """`fn`'s output computed while the transfer is in flight."""
-    _align(me)
-    handles = start()
-    y = fn()
-    for h in handles:
-        h.wait()
-    torch.cuda.synchronize(me.device)
-    return y
 
 
 def slowdowns(per_rank: list[dict]) -> list[dict]:

@@ -577,17 +577,16 @@ def _sm_or_bytes(cells: dict) -> list[str]:
 
 
 def _copy_engine_finding(timed: list[dict]) -> list[str]:
-    """The copy-engine hook against NCCL (DDP's builtin hook, NCCL's default channels) with the same
-    buckets and stream priority, at the copy-engine hook's fastest step: alone, exposed, and the step."""
+    """The copy-engine hook against NCCL (DDP's builtin hook) in the same launch, with the same
+    buckets, at the copy-engine hook's fastest step: alone, exposed, and the step."""
     ce = [r for r in timed if r["params"].get("comm_hook") == "copy_engine"]
     if not ce:
         return []
     c = min(ce, key=lambda r: _m(r, "ddp_ms"))
     p = c["params"]
     twin = next((r for r in timed if (r["params"].get("comm_hook") or "builtin") == "builtin"
-                 and r["params"]["bucket_cap_mb"] == p["bucket_cap_mb"] and not r["params"].get("nccl_max_channels")
-                 and bool(r["params"].get("nccl_high_priority")) == bool(p.get("nccl_high_priority"))
-                 and (r["params"].get("sm_carveout") or 0) == (p.get("sm_carveout") or 0)), None)
+                 and r["params"]["bucket_cap_mb"] == p["bucket_cap_mb"]
+                 and _setting_key(r["params"]) == _setting_key(p)), None)
     if twin is None:
         return []
     ce_x, nccl_x = _exposed(c), _exposed(twin)
