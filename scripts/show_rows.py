@@ -12,8 +12,8 @@ from common.records import load_records  # noqa: E402
 
 KEYS = ("ms", "gbps", "busbw_gbps", "tflops", "pct_of_copy", "pct_of_library", "ours_over_nccl_busbw",
         "compute_ms", "nocomm_ms", "comm_ms", "ddp_ms", "exposed_vs_nocomm_ms", "hidden_fraction",
-        "hidden_fraction_vs_nocomm")
-PARAMS = ("world_size", "size_bytes", "op", "lanes", "depth", "bucket_cap_mb", "comm_hook", "nccl_max_channels",
+        "hidden_fraction_vs_nocomm", "ddp_host_ms", "nocomm_host_ms", "comm_host_ms")
+PARAMS = ("world_size", "size_bytes", "op", "lanes", "depth", "bucket_cap_mb", "comm_hook", "copy_engine_graphs", "nccl_max_channels",
           "nccl_high_priority", "cols", "rows", "n", "dtype")
 
 

@@ -115,14 +115,20 @@ def time_calls(fn, warmup: int, iters: int, device: torch.device) -> list[float]
 
 
 def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device,
-                     idle_start: bool = False) -> dict[str, list[float]]:
+                     idle_start: bool = False, host: dict | None = None, line_up=None) -> dict[str, list[float]]:
     """Per-call milliseconds of each of `fns`, timed as time_calls times one function but taken in
     turn (a, b, c, a, b, c, ...): a slow spell of the machine (a clock dip, a neighbour) then lands
     on all of them alike, where timing each in its own block lets it bias whichever block it hit,
     and a ratio of two such blocks with it.
     idle_start: wait for the GPU to drain before each call, so every call starts from the same
     state. Without it a call that leaves the CPU behind the GPU (many small launches) hands the
-    next one a GPU that idles while the CPU catches up, and that time lands on the wrong function."""
+    next one a GPU that idles while the CPU catches up, and that time lands on the wrong function.
+    host: if given, filled with each function's host milliseconds per call on GPUs (the time the
+    CPU took to enqueue it, as the function returns before its kernels finish): a call whose host
+    time approaches its GPU time is bound by the CPU, not by the GPU.
+    line_up: called before each timed call (after the idle wait), to start every rank's call at
+    the same moment: a collective step is timed on each rank from its own start to the common
+    end, so a rank that starts early is billed the others' lateness."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -134,14 +140,21 @@ def time_interleaved(fns: dict, warmup: int, iters: int, device: torch.device,
             for k, fn in fns.items():
                 if idle_start:
                     torch.cuda.synchronize(device)
+                if line_up is not None:
+                    line_up()
                 events[k][i][0].record()
+                t0 = time.perf_counter()
                 fn()
+                if host is not None:
+                    host.setdefault(k, []).append((time.perf_counter() - t0) * 1e3)
                 events[k][i][1].record()
         torch.cuda.synchronize(device)
         return {k: [s.elapsed_time(e) for s, e in events[k]] for k in fns}
     out: dict = {k: [] for k in fns}
     for _ in range(iters):
         for k, fn in fns.items():
+            if line_up is not None:
+                line_up()
             t0 = time.perf_counter()
             fn()
             out[k].append((time.perf_counter() - t0) * 1e3)

@@ -50,6 +50,7 @@ against the best matmul rate measured in phase 1 (results/phase1/regime_sweep, i
 """
 import copy
 import gc
+import statistics
 import time
 
 import torch
@@ -225,10 +226,24 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: copy_engine.Cop
     entry = {"bucket_cap_mb": cap_mb, "comm_hook": hook, "bucket_bytes": sizes, "warmup": warm}
     # in turn, not in blocks: the hidden share is a difference of these times, and a slow spell
     # that hit one block alone would move it by more than the effect being measured
+    flag = torch.zeros(1, device=me.device)
+
+    def line_up():
+        # every rank leaves together: the all-reduce of one number ends at the same moment on all
+        # GPUs, and each host waits for it. Without this the steps before the DDP step (local
+        # ones, whose length differs per GPU) leave the ranks up to half a millisecond apart, and
+        # the rank that starts the DDP step first waits that long in its first all-reduce.
+        dist.all_reduce(flag)
+        me.sync()
+
+    host: dict = {}
     samples = col.time_interleaved({"compute": compute, "comm": comm, "nocomm": nocomm, "ddp": step},
-                                   warm, iters, me.device, idle_start=True)
+                                   warm, iters, me.device, idle_start=True, host=host, line_up=line_up)
     for name, ms in samples.items():
         entry[name] = me.gather(ms)
+    # the CPU's time to enqueue each call (GPUs only): a step whose host time nears its GPU time
+    # is waiting on Python, which is where a comm hook's per-bucket cost lands
+    entry["host_ms"] = {name: me.gather(statistics.median(ms)) for name, ms in host.items()}
     # the hook's average must be the same on every rank. (The weights differ by now: the no_sync
     # steps updated each rank from its own gradients. The averaged gradient does not.)
     tr.backward(ddp, x, y)
@@ -278,7 +293,8 @@ def worker_task(me, params: dict) -> dict:
     x, y = tr.batch()
     out["buckets"] = []
     # one workspace for every bucket size: room for the largest possible bucket, all the gradients
-    engine = (copy_engine.CopyEngineAllReduce(out["params"], high_priority=params.get("high_priority_stream", False))
+    engine = (copy_engine.CopyEngineAllReduce(out["params"], high_priority=params.get("high_priority_stream", False),
+                                              graphs=params["copy_engine_graphs"])
               if "copy_engine" in params["comm_hooks"] else None)
     if engine is not None:
         out["copy_engine_check"] = me.gather(copy_engine.check(engine))
@@ -368,7 +384,8 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
     peak = roofs.peak(params["dtype"])
     for b in res["buckets"]:
         hook = b.get("comm_hook", "builtin")
-        p = {**base, "bucket_cap_mb": b["bucket_cap_mb"], "comm_hook": hook}
+        p = {**base, "bucket_cap_mb": b["bucket_cap_mb"], "comm_hook": hook,
+             **({"copy_engine_graphs": params["copy_engine_graphs"]} if hook == "copy_engine" else {})}
         name = _bucket_variant(b["bucket_cap_mb"], hook)
         hook_chk = _hook_check(res, hook, chk)
         if not hook_chk["passed"]:
@@ -391,6 +408,7 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
                    "exposed_comm_ms": max(0.0, d_ms - c_ms), "hidden_fraction": hidden, "hidden_fraction_raw": raw,
                    "buckets": len(b["bucket_bytes"]), "bucket_bytes": b["bucket_bytes"], "grad_bytes": grad_bytes,
                    "comm_busbw_gbps": col.busbw_gbps("all_reduce", sum(b["bucket_bytes"]), m_ms, n),
+                   **{f"{k}_host_ms": max(v) for k, v in (b.get("host_ms") or {}).items()},
                    "per_rank_ddp_ms": slow["ddp"]["per_rank_median_ms"],
                    "per_rank_compute_ms": slow["compute"]["per_rank_median_ms"],
                    "model_flops_per_step": flops, "tflops": tflops,
@@ -513,9 +531,9 @@ EXERCISE = Exercise(
             # 201M parameters as 24 blocks of d=1024 (not 6 of 2048): the gradients computed last
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
             "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
-            "bucket_caps_mb": [5, 25, 100, 400], "gradient_as_bucket_view": True,
+            "bucket_caps_mb": [5, 25, 50, 100, 400], "gradient_as_bucket_view": True,
             "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "sm_carveouts": [None],
-            "comm_hooks": ["builtin", "avg", "copy_engine"], "contention": True,
+            "comm_hooks": ["builtin", "avg", "copy_engine"], "copy_engine_graphs": True, "contention": True,
             "warmup_iters": 3, "iters": 21, "wall_steps": 8, "straggler_ms": 20.0},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
