@@ -335,6 +335,14 @@ def test_time_interleaved_takes_the_functions_in_turn():
     assert set(samples) == {"a", "b"} and all(len(v) == 3 and min(v) >= 0 for v in samples.values())
 
 
+def test_time_interleaved_lines_the_ranks_up_before_every_timed_call_only():
+    order, host = [], {}
+    col.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                         warmup=1, iters=2, device=torch.device("cpu"), host=host, line_up=lambda: order.append("|"))
+    assert order == ["a", "b"] + ["|", "a", "|", "b"] * 2      # warm-up unaligned, every timed call after a line-up
+    assert host == {}                                          # enqueue time means something on GPUs only
+
+
 # ------------------------------------------------------------------------------ the copy-engine all-reduce
 copy_engine = importlib.import_module("phases.phase4_distributed.copy_engine")
 
@@ -392,6 +400,15 @@ def test_a_wrong_copy_engine_all_reduce_fails_its_rows_untimed(check, reason):
     assert bad["status"] == "failed" and reason in bad["reason"] and bad["timing"] is None and not bad["metrics"]
 
 
+def test_a_bucket_row_carries_the_slowest_ranks_host_time_per_call():
+    res = _ddp_res()
+    res["buckets"][0]["host_ms"] = {"ddp": [9.0, 11.0], "nocomm": [8.0, 7.5]}
+    (r,) = _ddp_bucket_rows(res)
+    assert r["metrics"]["ddp_host_ms"] == 11.0 and r["metrics"]["nocomm_host_ms"] == 8.0
+    (r,) = _ddp_bucket_rows(_ddp_res())                        # gloo records have none, and say nothing
+    assert "ddp_host_ms" not in r["metrics"]
+
+
 def test_a_hook_that_leaves_the_ranks_different_gradients_fails_its_row():
     (bad,) = _ddp_bucket_rows(_ddp_res(grads_identical=False))
     assert bad["status"] == "failed" and "averaged gradients differ" in bad["reason"]
@@ -409,9 +426,10 @@ def test_the_goal_is_judged_at_the_fastest_step_and_the_largest_share_is_reporte
     assert ddp.judge(2, [timed(25, "builtin", 27.5, 0.71)])["met"] is True
 
 
-def _timed_row(cap, hook, comm, exposed, ddp_ms, **p):
+def _timed_row(cap, hook, comm, exposed, ddp_ms, host_ms=None, **p):
     return {"variant": "b", "status": "ok", "params": {"bucket_cap_mb": cap, "comm_hook": hook, **p},
-            "metrics": {"comm_ms": comm, "exposed_vs_nocomm_ms": exposed, "ddp_ms": ddp_ms}}
+            "metrics": {"comm_ms": comm, "exposed_vs_nocomm_ms": exposed, "ddp_ms": ddp_ms,
+                        **({"ddp_host_ms": host_ms} if host_ms is not None else {})}}
 
 
 @pytest.mark.parametrize("ce_exposed, verdict", [(0.8, "freeing the SMs paid"), (1.0, "did not buy the time back"),
@@ -432,8 +450,24 @@ def test_overrun_finding_names_python_hooks_only_when_they_are_all_there_is():
     assert tables._overrun_finding([fine]) == []
     (text,) = tables._overrun_finding([fine, _timed_row(5, "avg", 4.0, 6.0, 33.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0)])
     assert text.startswith("2 of the 3 settings") and "9 ms" in text and "written in Python" in text
+    assert "most likely CPU time" in text
     (text,) = tables._overrun_finding([_timed_row(5, "builtin", 4.0, 6.0, 33.0), _timed_row(5, "avg", 4.0, 6.0, 33.0)])
-    assert "written in Python" not in text
+    assert "written in Python" not in text and "CPU" not in text
+    # with the host's enqueue time recorded, the sentence says what it measured instead of guessing
+    (text,) = tables._overrun_finding([_timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=31.0),
+                                       _timed_row(5, "copy_engine", 5.0, 9.0, 35.0, host_ms=35.0)])
+    assert "The CPU took 94% to 100% of their GPU step time" in text and "most likely" not in text
+
+
+def test_host_finding_names_the_settings_the_cpu_bound():
+    tables = importlib.import_module("phases.phase4_distributed.tables")
+    best = _timed_row(25, "builtin", 4.0, 1.0, 27.0, host_ms=20.0)
+    assert tables._host_finding(_timed_row(25, "builtin", 4.0, 1.0, 27.0), [best]) == []     # no host times: silent
+    (text,) = tables._host_finding(best, [best])
+    assert text == "The CPU took 20 ms to enqueue the fastest step (74% of its GPU time)."
+    bound = _timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=32.5)
+    (text,) = tables._host_finding(best, [best, bound, _timed_row(5, "builtin", 4.0, 2.0, 29.0, host_ms=25.0)])
+    assert "1 of the 3 settings kept the CPU busy for at least 90%" in text and "32.5 of 33 ms" in text
 
 
 def test_settings_name_the_copy_engine_hook_and_its_stream():

@@ -24,7 +24,8 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    - comm: the gradient buckets alone (the sizes DDP itself built, read from its logging data),
      all-reduced back to back with no compute;
    - ddp: the real step, where each bucket's all-reduce starts as soon as backward fills it;
-   the four taken in turn, round after round, each from an idle GPU (collectives.time_interleaved).
+   the four taken in turn, round after round, each from an idle GPU and with every rank lined up
+   (collectives.time_interleaved), with the host's time to enqueue each call beside its GPU time.
    hidden_vs_nocomm = (nocomm + comm - ddp) / comm, clipped to [0, 1]: the share of the
    communication that ran under backward, against the step that differs from the DDP step by the
    communication alone (the goal's measure). hidden = (compute + comm - ddp) / comm also charges
@@ -33,9 +34,9 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    little, tiny ones pay per-call overhead. Gradients are views into DDP's buckets
    (gradient_as_bucket_view, a param), so no copy back into .grad follows the last all-reduce.
    Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide,
-   avg_hook, or copy_engine.py's all-reduce, whose bytes the copy engines move, not SMs; checked
-   against NCCL's before it is timed), and, one launch each, NCCL's channel cap
-   (nccl_max_channels), the priority of the gradients' stream (nccl_high_priority: NCCL's, or the
+   avg_hook, or copy_engine.py's all-reduce, whose bytes the copy engines move, not SMs, replayed
+   as one CUDA graph per bucket; checked against NCCL's before it is timed), and, one launch
+   each, NCCL's channel cap (nccl_max_channels), the priority of the gradients' stream (nccl_high_priority: NCCL's, or the
    copy engine's) and an SM carve-out for cuBLAS (sm_carveouts): the settings that decide how the
    all-reduce and backward share SMs and HBM, which is where the exposed time goes (the phase
    README's findings).

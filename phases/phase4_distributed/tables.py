@@ -351,16 +351,17 @@ def t_ddp(v: View) -> str:
         rows = []
         for r in sorted((r for r in g.rows if r["variant"].startswith("bucket_")), key=_ddp_order):
             if not _ok(r):
-                rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 12)
+                rows.append([_bucket_label(r), f"{r['status']}: {r['reason']}"] + ["-"] * 13)
                 continue
             pr = r.get("prediction") or {}
             rows.append([_bucket_label(r), str(_m(r, "buckets")), num(_m(r, "compute_ms")), _opt(_m(r, "nocomm_ms"), num),
-                         num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), _opt(_m(r, "exposed_vs_nocomm_ms"), num),
+                         num(_m(r, "comm_ms")), num(_m(r, "ddp_ms")), _opt(_m(r, "ddp_host_ms"), num),
+                         _opt(_m(r, "exposed_vs_nocomm_ms"), num),
                          _opt(_m(r, "hidden_fraction_vs_nocomm"), _pct), _pct(_m(r, "hidden_fraction")),
                          num(_m(r, "tflops")), _opt(_m(r, "mfu_vs_peak"), _pct), _opt(_m(r, "mfu_vs_phase1_ceiling"), _pct),
                          num(pr.get("predicted_ms")), num(pr.get("measured_over_predicted"))])
         out += [markdown(rows, ["bucket cap MB", "buckets", "compute ms (no_sync)", "DDP step, no comm ms",
-                                "comm ms (buckets alone)", "DDP step ms", "exposed ms (vs no comm)",
+                                "comm ms (buckets alone)", "DDP step ms", "host ms to enqueue it", "exposed ms (vs no comm)",
                                 "hidden (vs no comm)", "hidden (vs no_sync)", "TFLOP/s", "MFU (spec peak)",
                                 "MFU (phase-1 ceiling)", "predicted ms (perfect overlap)", "measured/predicted"]), ""]
         prow = []
@@ -607,13 +608,39 @@ def _overrun_finding(timed: list[dict]) -> list[str]:
     if not over:
         return []
     hooks = {r["params"].get("comm_hook") or "builtin" for r in over}
+    host = [_m(r, "ddp_host_ms") / _m(r, "ddp_ms") for r in over if _m(r, "ddp_host_ms") is not None]
     out = (f"{len(over)} of the {len(timed)} settings left more time exposed than their whole all-reduce takes "
            f"alone (the worst, {_bucket_label(max(over, key=_exposed), ' MB buckets')}, {num(max(map(_exposed, over)))} "
            f"ms): no overlap explains that.")
     if "builtin" not in hooks:
         out += (" Every one of them used a comm hook written in Python, which runs for every bucket on the thread "
-                "that also launches backward's kernels; DDP's builtin hook, in C++, never did. The time is most "
-                "likely CPU time.")
+                "that also launches backward's kernels; DDP's builtin hook, in C++, never did.")
+    if len(host) == len(over):
+        out += (f" The CPU took {_ratio(min(host))} to {_ratio(max(host))} of their GPU step time to enqueue a step: "
+                f"the CPU, not the GPU, set their pace.")
+    elif "builtin" not in hooks:
+        out += " The time is most likely CPU time."
+    return [out]
+
+
+# a step whose enqueueing keeps the CPU busy for this share of its GPU time leaves the GPU waiting
+# for launches at some point: the CPU, not the GPU, is then what the step's time measures
+HOST_BOUND = 0.9
+
+
+def _host_finding(best: dict, timed: list[dict]) -> list[str]:
+    """How long the CPU took to enqueue the fastest step, and which settings the CPU bound."""
+    if _m(best, "ddp_host_ms") is None:
+        return []
+    bound = [r for r in timed if _m(r, "ddp_host_ms") is not None and
+             _m(r, "ddp_host_ms") >= HOST_BOUND * _m(r, "ddp_ms")]
+    out = (f"The CPU took {num(_m(best, 'ddp_host_ms'))} ms to enqueue the fastest step "
+           f"({_ratio(_m(best, 'ddp_host_ms') / _m(best, 'ddp_ms'))} of its GPU time).")
+    if bound:
+        worst = max(bound, key=lambda r: _m(r, "ddp_host_ms") / _m(r, "ddp_ms"))
+        out += (f" {len(bound)} of the {len(timed)} settings kept the CPU busy for at least {_ratio(HOST_BOUND)} of "
+                f"their GPU step, where the GPU waits for launches (the most: {_bucket_label(worst, ' MB buckets')}, "
+                f"{num(_m(worst, 'ddp_host_ms'))} of {num(_m(worst, 'ddp_ms'))} ms).")
     return [out]
 
 
@@ -733,6 +760,7 @@ def t_findings(v: View) -> str:
                      + (f", {_ratio(_m(best, 'mfu_vs_phase1_ceiling'))} of the {num(_m(best, 'phase1_ceiling_tflops'))} "
                         f"TFLOP/s best matmul phase 1 measured." if _m(best, "mfu_vs_phase1_ceiling") is not None else "."))
         s += _copy_engine_finding(timed)
+        s += _host_finding(best, timed)
         s += _overrun_finding(timed)
         s += _ddp_contention(v, g, best, timed, g.rec["summary"].get("goal_hidden_fraction"))
         st = g.row("per_rank_steps_straggler")
