@@ -75,8 +75,7 @@ class CopyEngineAllReduce:
         self.stream = torch.cuda.Stream(self.device, priority=priority)
         # one copy at a time, in this order: rank r sends to r+1 while receiving from r-1, so every
         # GPU's link carries one copy in and one out at each moment. (One stream per peer, all
-        # copies at once, made the all-reduce slower on 4 H200s: 805 MB in 6.5-7.1 ms, against
-        # 4.8-5.0 ms in turn.)
+        # copies at once, was tried on 4 H200s and made the all-reduce slower.)
         self.peers = [(self.rank + k) % self.world for k in range(1, self.world)]
         self.plans: dict = {}
         self.graphs: dict | None = {} if graphs else None

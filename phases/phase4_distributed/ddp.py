@@ -36,10 +36,10 @@ per token): the "model FLOPs" of MFU. Matmuls run in bf16 (autocast) on GPUs, fp
    Crossed with every bucket size: the comm hook (comm_hooks: DDP's builtin sum-then-divide,
    avg_hook, or copy_engine.py's all-reduce, whose bytes the copy engines move, not SMs, replayed
    as one CUDA graph per bucket; checked against NCCL's before it is timed), and, one launch
-   each, NCCL's channel cap (nccl_max_channels), the priority of the gradients' stream (nccl_high_priority: NCCL's, or the
-   copy engine's) and an SM carve-out for cuBLAS (sm_carveouts): the settings that decide how the
-   all-reduce and backward share SMs and HBM, which is where the exposed time goes (the phase
-   README's findings).
+   each, NCCL's channel cap (nccl_max_channels), the priority of the gradients' stream
+   (nccl_high_priority: NCCL's, or the copy engine's) and an SM carve-out for cuBLAS
+   (sm_carveouts): the settings that decide how the all-reduce and backward share SMs and HBM,
+   which is where the exposed time goes (the phase README's findings).
 3. What the overlap costs compute (contention.py): backward's kernels at this run's shapes, timed
    alone and under an all-reduce of the gradients, and under the same bytes moved by the copy
    engines (no SMs): the slowdown is what "hidden" communication still costs.
@@ -225,19 +225,19 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: copy_engine.Cop
         tr.step(ddp, opt, x, y)
 
     entry = {"bucket_cap_mb": cap_mb, "comm_hook": hook, "bucket_bytes": sizes, "warmup": warm}
-    # in turn, not in blocks: the hidden share is a difference of these times, and a slow spell
-    # that hit one block alone would move it by more than the effect being measured
     flag = torch.zeros(1, device=me.device)
 
     def line_up():
         # every rank leaves together: the all-reduce of one number ends at the same moment on all
         # GPUs, and each host waits for it. Without this the steps before the DDP step (local
-        # ones, whose length differs per GPU) leave the ranks up to half a millisecond apart, and
-        # the rank that starts the DDP step first waits that long in its first all-reduce.
+        # ones, whose length differs per GPU) leave the ranks apart, and the rank that starts the
+        # DDP step first waits out the gap in its first all-reduce, timed as communication.
         dist.all_reduce(flag)
         me.sync()
 
     host: dict = {}
+    # in turn, not in blocks: the hidden share is a difference of these times, and a slow spell
+    # that hit one block alone would move it by more than the effect being measured
     samples = col.time_interleaved({"compute": compute, "comm": comm, "nocomm": nocomm, "ddp": step},
                                    warm, iters, me.device, idle_start=True, host=host, line_up=line_up)
     for name, ms in samples.items():
