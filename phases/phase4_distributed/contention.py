@@ -75,17 +75,10 @@ def backgrounds(me, grad_bytes: int) -> dict:
     return out
 
 
-def _align(me) -> None:
-    """Every rank idle and at the same point, so a transfer starts on all of them together."""
-    torch.cuda.synchronize(me.device)
-    dist.barrier()
-    torch.cuda.synchronize(me.device)
-
-
 def _with_transfer(me, start, body):
-    """body()'s result, run with `start`'s transfer (if any) in flight, every rank aligned first and
-    everything drained after."""
-    _align(me)
+    """body()'s result, run with `start`'s transfer (if any) in flight, every rank lined up first
+    (so the transfer starts on all of them together) and everything drained after."""
+    me.line_up()
     handles = start() if start else []
     out = body()
     for h in handles:
@@ -108,7 +101,7 @@ def _timed(me, fn, reps: int, start=None) -> float:
 
 
 def _background_ms(me, start) -> float:
-    _align(me)
+    me.line_up()
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0.record()
     for h in start():

@@ -225,21 +225,14 @@ def _bucket(tr: Trainer, cap_mb: float, hook: str, x, y, engine: copy_engine.Cop
         tr.step(ddp, opt, x, y)
 
     entry = {"bucket_cap_mb": cap_mb, "comm_hook": hook, "bucket_bytes": sizes, "warmup": warm}
-    flag = torch.zeros(1, device=me.device)
-
-    def line_up():
-        # every rank leaves together: the all-reduce of one number ends at the same moment on all
-        # GPUs, and each host waits for it. Without this the steps before the DDP step (local
-        # ones, whose length differs per GPU) leave the ranks apart, and the rank that starts the
-        # DDP step first waits out the gap in its first all-reduce, timed as communication.
-        dist.all_reduce(flag)
-        me.sync()
-
     host: dict = {}
     # in turn, not in blocks: the hidden share is a difference of these times, and a slow spell
-    # that hit one block alone would move it by more than the effect being measured
+    # that hit one block alone would move it by more than the effect being measured. Every rank
+    # lined up before each call: otherwise the local steps before the DDP step (whose length
+    # differs per GPU) leave the ranks apart, and the rank that starts the DDP step first waits
+    # out the gap in its first all-reduce, timed as communication.
     samples = col.time_interleaved({"compute": compute, "comm": comm, "nocomm": nocomm, "ddp": step},
-                                   warm, iters, me.device, idle_start=True, host=host, line_up=line_up)
+                                   warm, iters, me.device, idle_start=True, host=host, line_up=me.line_up)
     for name, ms in samples.items():
         entry[name] = me.gather(ms)
     # the CPU's time to enqueue each call (GPUs only): a step whose host time nears its GPU time

@@ -309,10 +309,15 @@ def _settings(p: dict) -> list[str]:
 HOOK_LABEL = {"avg": "AVG comm hook", "copy_engine": "copy-engine all-reduce hook"}
 
 
+def _with_settings(text: str, p: dict) -> str:
+    """`text`, followed by the row's non-default settings in parentheses if it has any."""
+    extra = _settings(p)
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
 def _bucket_label(r, unit: str = "") -> str:
     """'25 (NCCL_MAX_NCHANNELS=16, ...)' for a table cell; with unit=' MB buckets', for a sentence."""
-    extra = _settings(r["params"])
-    return f"{num(r['params']['bucket_cap_mb'])}{unit}" + (f" ({', '.join(extra)})" if extra else "")
+    return _with_settings(f"{num(r['params']['bucket_cap_mb'])}{unit}", r["params"])
 
 
 def _setting_key(p: dict) -> tuple:
@@ -411,8 +416,7 @@ def t_contention(v: View) -> str:
         table = []
         for (bg, _), cells in sorted(by_setting.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             any_row = next(iter(cells.values()))
-            extra = _settings(any_row["params"])
-            label = BACKGROUND_LABEL.get(bg, bg) + (f" ({', '.join(extra)})" if extra else "")
+            label = _with_settings(BACKGROUND_LABEL.get(bg, bg), any_row["params"])
             transfer = max(_m(any_row, "background_ms") or [0]) or None
             table.append([label, num(transfer)] + [
                 (f"{100 * _m(cells[k], 'slowdown'):+.0f}%" if _ok(cells.get(k)) else
@@ -608,7 +612,7 @@ def _overrun_finding(timed: list[dict]) -> list[str]:
     if not over:
         return []
     hooks = {r["params"].get("comm_hook") or "builtin" for r in over}
-    host = [_m(r, "ddp_host_ms") / _m(r, "ddp_ms") for r in over if _m(r, "ddp_host_ms") is not None]
+    host = [x for x in map(_host_share, over) if x is not None]
     out = (f"{len(over)} of the {len(timed)} settings left more time exposed than their whole all-reduce takes "
            f"alone (the worst, {_bucket_label(max(over, key=_exposed), ' MB buckets')}, {num(max(map(_exposed, over)))} "
            f"ms): no overlap explains that.")
@@ -628,16 +632,21 @@ def _overrun_finding(timed: list[dict]) -> list[str]:
 HOST_BOUND = 0.9
 
 
+def _host_share(r) -> float | None:
+    """The CPU's time to enqueue a DDP step over the step's GPU time (None in older records)."""
+    host = _m(r, "ddp_host_ms")
+    return None if host is None else host / _m(r, "ddp_ms")
+
+
 def _host_finding(best: dict, timed: list[dict]) -> list[str]:
     """How long the CPU took to enqueue the fastest step, and which settings the CPU bound."""
-    if _m(best, "ddp_host_ms") is None:
+    if _host_share(best) is None:
         return []
-    bound = [r for r in timed if _m(r, "ddp_host_ms") is not None and
-             _m(r, "ddp_host_ms") >= HOST_BOUND * _m(r, "ddp_ms")]
+    bound = [r for r in timed if (_host_share(r) or 0) >= HOST_BOUND]
     out = (f"The CPU took {num(_m(best, 'ddp_host_ms'))} ms to enqueue the fastest step "
-           f"({_ratio(_m(best, 'ddp_host_ms') / _m(best, 'ddp_ms'))} of its GPU time).")
+           f"({_ratio(_host_share(best))} of its GPU time).")
     if bound:
-        worst = max(bound, key=lambda r: _m(r, "ddp_host_ms") / _m(r, "ddp_ms"))
+        worst = max(bound, key=_host_share)
         out += (f" {len(bound)} of the {len(timed)} settings kept the CPU busy for at least {_ratio(HOST_BOUND)} of "
                 f"their GPU step, where the GPU waits for launches (the most: {_bucket_label(worst, ' MB buckets')}, "
                 f"{num(_m(worst, 'ddp_host_ms'))} of {num(_m(worst, 'ddp_ms'))} ms).")

@@ -65,6 +65,13 @@ class Rank:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def line_up(self) -> None:
+        """Every rank idle and leaving this call together (the barrier's all-reduce ends at the same
+        moment on every GPU, and each host waits for it), so what follows starts on all at once."""
+        self.sync()
+        dist.barrier()
+        self.sync()
+
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order, on every rank."""
         out = [None] * self.world
