@@ -22,6 +22,8 @@ REL_TOLERANCE = {
 TORCH_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
                 "fp16": torch.float16, "bf16": torch.bfloat16}
 BYTES_PER_ELEMENT = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+CHECK_CHUNK = 1 << 26              # elements compared at a time (float64 copies of this many live at once)
+EMPTY = "the output holds no elements: nothing was checked"
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -31,7 +33,7 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(-123456789 if t.dtype in (torch.int32, torch.int64) else -1)
 
 
-def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int = 1 << 26,
+def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int = CHECK_CHUNK,
             expected_shape: tuple | None = None) -> dict:
     """Check block for a record.
 
@@ -39,6 +41,7 @@ def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int =
     flattened output's elements [start, stop): then a 4 GiB output is checked in chunks without
     ever materializing an 8 GiB float64 reference, and `expected_shape` must say what the output
     should be (a callable cannot tell an empty or truncated output from a right one).
+    An output with no elements never passes: an empty check proves nothing.
     """
     tol = REL_TOLERANCE[precision]
     if callable(ref) and not isinstance(ref, torch.Tensor):
@@ -50,6 +53,8 @@ def compare(out: torch.Tensor, ref, precision: str, reference: str, chunk: int =
     if tuple(out.shape) != want:
         return _block(reference, precision, tol, None, None, False,
                       f"shape {tuple(out.shape)} != reference {want}")
+    if out.numel() == 0:
+        return _block(reference, precision, tol, None, None, False, EMPTY)
     o = out.reshape(-1)
     ref_slice = ref if callable(ref) else (lambda a, b, r=ref.reshape(-1): r[a:b])
     err_sq, ref_sq, max_abs, nan_count = 0.0, 0.0, 0.0, 0
@@ -80,8 +85,9 @@ def _block(reference, precision, tol, rel, max_abs, passed, reason) -> dict:
 
 
 def exact(out: torch.Tensor, ref: torch.Tensor, reference: str) -> dict:
-    """For operations with one right answer (copies, integer sums): bit-for-bit equality."""
-    ok = out.shape == ref.shape and bool(torch.equal(out, ref))
+    """For operations with one right answer (copies, integer sums): bit-for-bit equality.
+    An output with no elements never passes."""
+    ok = out.shape == ref.shape and out.numel() > 0 and bool(torch.equal(out, ref))
+    reason = None if ok else (EMPTY if out.numel() == 0 else "output differs from the reference")
     return {"reference": reference, "metric": "exact", "precision": None, "tolerance": 0.0,
-            "rel_l2_error": None, "max_abs_error": None, "passed": ok,
-            "reason": None if ok else "output differs from the reference"}
+            "rel_l2_error": None, "max_abs_error": None, "passed": ok, "reason": reason}

@@ -144,3 +144,13 @@ def test_reference_with_inf_does_not_pass_a_zero_output():
     ref = torch.ones(10, dtype=torch.float64)
     ref[3] = float("inf")
     assert compare(torch.zeros(10), ref, "fp32", "ref")["passed"] is False
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0)])
+def test_an_output_that_holds_nothing_never_passes(shape):
+    """An empty output against an empty reference: nothing was compared, so nothing passed."""
+    out, ref = torch.empty(shape), torch.empty(shape)
+    verdict = compare(out, ref, "fp32", "empty reference")
+    assert not verdict["passed"] and "no elements" in verdict["reason"]
+    verdict = exact(out, ref, "empty reference")
+    assert not verdict["passed"] and "no elements" in verdict["reason"]
