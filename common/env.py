@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, scrub_paths
 
 
 def run_quiet(cmd: list[str], timeout: float = 20.0) -> str | None:
@@ -177,30 +177,52 @@ def software_info() -> dict:
     }
 
 
-def git_info() -> dict:
-    """Commit and dirty flag of the checkout, as `git describe --dirty` means it: tracked files
-    modified. results/ is excluded from 'dirty': a run writes there.
+def git_info(root: Path = REPO_ROOT) -> dict:
+    """Commit (full id) and dirty flag of the checkout that holds the lab's own package, computed
+    by git, never assumed. Dirty means tracked files differ from the commit (`git describe
+    --dirty`); results/ is excluded, since a run writes there.
 
-    LAB_GIT_COMMIT / LAB_GIT_DIRTY, when set, win: whoever copied the tree to another machine knows
-    which commit it is, while the copy's .git may be stale (a lent GPU machine's copy was seen to
-    carry an older HEAD and report the newer files as modifications of it). The source says which.
+    A git repository that merely encloses the lab (a copy of the tree inside another project) is
+    not the lab's: then there is no commit. LAB_GIT_COMMIT names the commit when the copy's .git
+    cannot (a copy sent to another machine without its history): it must be a full id, git
+    verifies it where the history is present and then computes the dirty flag against it; where it
+    is not, dirty is null (unknown), and the source says so.
     """
+    from .errors import LabError
+    git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
+    top = run_quiet([*git, "rev-parse", "--show-toplevel"])
+    ours = top is not None and Path(top).resolve() == Path(root).resolve()
     env_commit = os.environ.get("LAB_GIT_COMMIT")
     if env_commit:
-        return {"commit": env_commit, "dirty": os.environ.get("LAB_GIT_DIRTY", "0") not in ("0", "false", ""),
-                "source": "LAB_GIT_COMMIT (set by whoever copied the tree)"}
-    git = ["git", "-c", f"safe.directory={REPO_ROOT}", "-C", str(REPO_ROOT)]
-    commit = run_quiet([*git, "rev-parse", "HEAD"])
-    if commit:
-        status = run_quiet([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                            ":(exclude)results"])
-        return {"commit": commit, "dirty": bool(status), "source": "git"}
-    head = _read_head(REPO_ROOT / ".git")
-    if head:
-        dirty = os.environ.get("LAB_GIT_DIRTY")
-        return {"commit": head, "dirty": None if dirty is None else dirty not in ("0", "false", ""),
-                "source": ".git/HEAD (no git binary)" + ("; dirty from LAB_GIT_DIRTY" if dirty is not None else "")}
+        known = run_quiet([*git, "rev-parse", "--verify", "--quiet", f"{env_commit}^{{commit}}"]) if ours else None
+        if known:
+            return {"commit": known, "dirty": _dirty(git, known), "source": "LAB_GIT_COMMIT, verified by git"}
+        if not re.fullmatch(r"[0-9a-f]{40}", env_commit):
+            raise LabError(f"LAB_GIT_COMMIT '{env_commit}' is not a full 40-character commit id, and no git "
+                           "history here can expand it")
+        if ours and run_quiet([*git, "rev-parse", "HEAD"]):
+            raise LabError(f"LAB_GIT_COMMIT {env_commit[:12]}... is not a commit of this checkout's history")
+        return {"commit": env_commit, "dirty": None,
+                "source": "LAB_GIT_COMMIT, not verified (no git history here); dirty unknown"}
+    if ours:
+        commit = run_quiet([*git, "rev-parse", "HEAD"])
+        if commit:
+            return {"commit": commit, "dirty": _dirty(git, "HEAD"), "source": "git"}
+    if (Path(root) / ".git").exists():
+        head = _read_head(Path(root) / ".git")
+        if head and re.fullmatch(r"[0-9a-f]{40}", head):
+            return {"commit": head, "dirty": None, "source": ".git/HEAD (no git binary); dirty unknown"}
     return {"commit": None, "dirty": None, "source": None}
+
+
+def _dirty(git: list[str], commit: str) -> bool | None:
+    """Tracked files outside results/ that differ from `commit` (None if git cannot tell)."""
+    try:
+        out = subprocess.run([*git, "diff", "--quiet", commit, "--", ".", ":(exclude)results"],
+                             capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: False, 1: True}.get(out.returncode)
 
 
 def _read_head(git_dir: Path) -> str | None:
@@ -221,14 +243,9 @@ def _read_head(git_dir: Path) -> str | None:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed, with the program shortened to its name and absolute paths hidden."""
+    """The command as typed, with the program shortened to its name and every absolute path, in
+    any spelling (`--x=/a`, `KEY=/a`, `/a`, `~/a`), shortened to <path>/its-last-part."""
     argv = list(sys.argv if argv is None else argv)
     if not argv:
         return "lab"
-    parts = [Path(argv[0]).name]
-    for arg in argv[1:]:
-        key, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
-        if os.path.isabs(value):
-            arg = f"{key}{eq}<path>/{Path(value).name}"
-        parts.append(arg)
-    return " ".join(parts)
+    return " ".join([Path(argv[0]).name, *(scrub_paths(arg) for arg in argv[1:])])

@@ -1,5 +1,6 @@
 """Where the lab's files live: the repo root, hardware.yaml, results/."""
 import os
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -23,3 +24,37 @@ def relative_to_repo(path: Path) -> str:
         return path.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return path.name
+
+
+# An absolute path anywhere in a string: /x at the start or after a space, '=', ':', a quote, a
+# bracket or a comma ("--param data_dir=/abs", "KEY=/abs", "(/home/x)"); also ~/x, file:///x and
+# C:\x. "GB/s", "a/b" and URLs (https://host/...) are not paths: a word character, a dot or a
+# second slash comes before the slash there.
+ABSOLUTE_PATH = re.compile(r"""(?:(?<![\w.~/>])/(?=[\w.~-])[^\s'",;)\]]*"""
+                           r"""|(?<![\w.])~/[^\s'",;)\]]*"""
+                           r"""|file://[^\s'",;)\]]*"""
+                           r"""|(?<![\w])[A-Za-z]:\\[^\s'",;)\]]*)""")
+URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"]*", re.IGNORECASE)
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute paths a string holds (URLs other than file:// are not paths)."""
+    found = ABSOLUTE_PATH.findall(URL.sub(lambda m: m.group(0) if m.group(0).startswith("file:") else "", text))
+    return [f for f in found if f not in ("/",)]
+
+
+def scrub_paths(text: str) -> str:
+    """The string with each absolute path replaced by <path>/its-last-part."""
+    def short(m):
+        name = re.split(r"[\\/]", m.group(0).rstrip("/\\"))[-1]
+        return f"<path>/{name}" if name else "<path>"
+    kept = []
+
+    def hold(m):                            # keep http(s) URLs whole
+        if m.group(0).startswith("file:"):
+            return m.group(0)
+        kept.append(m.group(0))
+        return f"\0{len(kept) - 1}\0"
+    text = URL.sub(hold, text)
+    text = ABSOLUTE_PATH.sub(short, text)
+    return re.sub(r"\0(\d+)\0", lambda m: kept[int(m.group(1))], text)

@@ -13,8 +13,12 @@ import tempfile
 from pathlib import Path
 
 from .errors import RecordError
+from .paths import absolute_paths
 
-SCHEMA_VERSION = 1
+# 2: provenance.commit is a full 40-character id (or null), computed from the lab's own checkout.
+# Records of version 1 stay valid under version 1's rules: records are never rewritten.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)
 STATUSES = ("ok", "failed", "skipped")
 REQUIRED = {
     "schema_version": int, "exercise": dict, "status": str, "reason": (str, type(None)),
@@ -51,8 +55,8 @@ def problems(record: dict) -> list[str]:
             out.append(f"'{key}' has type {type(record[key]).__name__}")
     if out:
         return out
-    if record["schema_version"] != SCHEMA_VERSION:
-        out.append(f"schema_version {record['schema_version']} != {SCHEMA_VERSION}")
+    if record["schema_version"] not in SCHEMA_VERSIONS:
+        out.append(f"schema_version {record['schema_version']} not in {SCHEMA_VERSIONS}")
     if record["status"] not in STATUSES:
         out.append(f"status '{record['status']}' not in {STATUSES}")
     ex = record["exercise"]
@@ -75,11 +79,16 @@ def problems(record: dict) -> list[str]:
             out.append(f"rows[{i}] is timed but has no prediction")
         if row.get("status") == "failed" and row.get("timing"):
             out.append(f"rows[{i}] failed its check but carries a timing")
+    commit = record["provenance"].get("commit")
+    if record["schema_version"] >= 2 and commit is not None and not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit)):
+        out.append(f"provenance.commit '{commit}' is not a full 40-character commit id")
     for where, key, value in _walk(record):
+        if isinstance(key, str) and absolute_paths(key):
+            out.append(f"{where} has a key holding an absolute path")
         if isinstance(value, str):
             if value == "":
                 out.append(f"{where}.{key} is an empty string (use null)")
-            elif value.startswith("/") or re.match(r"^[A-Za-z]:\\", value):
+            elif absolute_paths(value):
                 out.append(f"{where}.{key} holds an absolute path")
             elif any(p.search(value) for p in SECRET_PATTERNS):
                 out.append(f"{where}.{key} looks like a secret")
@@ -152,18 +161,30 @@ def write_record(record: dict, results: Path) -> Path:
 
 
 def load_records(results: Path, phase: int | None = None, exercise: str | None = None,
-                 hardware: str | None = None) -> list[dict]:
+                 hardware: str | None = None, strict: bool = False) -> list[dict]:
     """All records under results/ (oldest first), optionally filtered. Each gets a `_path` key
-    (relative to results/) for linking; it is not part of the stored record."""
+    (relative to results/) for linking; it is not part of the stored record.
+
+    strict (what `lab report` uses): a file that is not valid JSON, or a record that fails the
+    validator `lab run` writes with, raises RecordError naming the file; otherwise such files
+    are passed over (an exercise looking up an earlier ceiling must not die on a stray file)."""
     results = Path(results)
     out = []
     for path in sorted(results.glob("phase*/*/*/*.json")):
         if path.name.startswith("."):               # a write in progress (or killed mid-way)
             continue
+        rel = path.relative_to(results).as_posix()
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if strict:
+                why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON ({str(exc).split(':')[0]})"
+                raise RecordError(f"record results/{rel}: {why}") from None
             continue
+        if strict:
+            found = problems(rec) if isinstance(rec, dict) else ["not a JSON object"]
+            if found:
+                raise RecordError(f"record results/{rel} is invalid: {'; '.join(found[:3])}")
         if not isinstance(rec, dict) or not isinstance(rec.get("exercise"), dict):
             continue
         ex_id = rec["exercise"].get("id", "")
@@ -173,7 +194,7 @@ def load_records(results: Path, phase: int | None = None, exercise: str | None =
             continue
         if hardware is not None and rec.get("hardware", {}).get("key") != hardware:
             continue
-        rec["_path"] = path.relative_to(results).as_posix()
+        rec["_path"] = rel
         out.append(rec)
     out.sort(key=order_key)
     return out

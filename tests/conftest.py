@@ -23,7 +23,7 @@ from common.records import SCHEMA_VERSION, load_records
 from common.timing import summarize
 
 REPO = Path(__file__).resolve().parent.parent
-LAB_VARS = ("LAB_RESULTS_DIR", "LAB_USD_PER_HOUR", "LAB_HARDWARE_YAML", "LAB_GIT_COMMIT", "LAB_GIT_DIRTY")
+LAB_VARS = ("LAB_RESULTS_DIR", "LAB_USD_PER_HOUR", "LAB_HARDWARE_YAML", "LAB_GIT_COMMIT", "LAB_DATA_DIR")
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
 
@@ -154,7 +154,7 @@ def _make_record(**overrides) -> dict:
         "source": {"kind": "measured", "citation": None},
         "hardware": {"key": "cpu", "device": "cpu", "name": "test cpu", "spec": None},
         "software": {"python": "3.11", "torch": "2.13.0+cpu", "triton": None},
-        "provenance": {"commit": "0123456789abcdef", "dirty": False, "source": "git",
+        "provenance": {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False, "source": "git",
                        "command": "lab run 1", "started_utc": "2026-11-21T12:00:00Z", "duration_s": 1.0},
         "cost": cost_block(None, None, 1.0),
     }

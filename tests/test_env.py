@@ -5,6 +5,7 @@ import stat
 import pytest
 
 from common import env, paths
+from common.errors import LabError
 from common.records import write_record
 
 
@@ -24,18 +25,80 @@ def test_git_info_shape():
     info = env.git_info()
     assert set(info) == {"commit", "dirty", "source"}
     if info["commit"]:
-        assert len(info["commit"]) >= 7 and isinstance(info["dirty"], bool)
+        assert len(info["commit"]) == 40 and isinstance(info["dirty"], bool)
 
 
-def test_an_explicit_commit_wins_over_the_copy_s_git(monkeypatch):
-    # A lent machine's copy of the tree carried a stale .git: the commit named by whoever made the
-    # copy must be the one recorded.
+def _git(root, *args):
+    import subprocess
+    ident = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **ident}).stdout.strip()
+
+
+@pytest.fixture
+def lab_checkout(tmp_path):
+    """A git checkout standing in for the lab's: one tracked file and a results/ folder."""
+    root = tmp_path / "lab"
+    (root / "results").mkdir(parents=True)
+    (root / "code.py").write_text("x = 1\n")
+    (root / "results" / "r.json").write_text("{}\n")
+    _git(tmp_path, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "first")
+    return root
+
+
+def test_commit_is_full_and_dirty_is_computed(lab_checkout):
+    info = env.git_info(lab_checkout)
+    assert info == {"commit": _git(lab_checkout, "rev-parse", "HEAD"), "dirty": False, "source": "git"}
+    (lab_checkout / "results" / "r.json").write_text('{"new": 1}\n')     # a run writes results/: not dirty
+    assert env.git_info(lab_checkout)["dirty"] is False
+    (lab_checkout / "code.py").write_text("x = 2\n")
+    assert env.git_info(lab_checkout)["dirty"] is True
+
+
+def test_an_enclosing_repository_is_not_the_labs(tmp_path):
+    """A copy of the tree inside another project must not record that project's commit."""
+    outer = tmp_path / "other-project"
+    inner = outer / "vendor" / "lab"
+    inner.mkdir(parents=True)
+    (outer / "f.txt").write_text("x")
+    _git(tmp_path, "init", "-q", str(outer))
+    _git(outer, "add", "-A")
+    _git(outer, "commit", "-qm", "other")
+    assert env.git_info(inner) == {"commit": None, "dirty": None, "source": None}
+
+
+def test_a_given_commit_is_verified_and_expanded_where_history_exists(lab_checkout, monkeypatch):
+    full = _git(lab_checkout, "rev-parse", "HEAD")
+    monkeypatch.setenv("LAB_GIT_COMMIT", full[:7])
+    info = env.git_info(lab_checkout)
+    assert info["commit"] == full and info["dirty"] is False and "verified" in info["source"]
+    (lab_checkout / "code.py").write_text("x = 3\n")
+    assert env.git_info(lab_checkout)["dirty"] is True                  # computed, never assumed
+    monkeypatch.setenv("LAB_GIT_COMMIT", "0" * 40)
+    with pytest.raises(LabError, match="not a commit of this checkout"):
+        env.git_info(lab_checkout)
+
+
+def test_a_given_commit_without_history(tmp_path, monkeypatch):
+    bare = tmp_path / "copy"                                          # a copy with no .git at all
+    bare.mkdir()
     monkeypatch.setenv("LAB_GIT_COMMIT", "90f68da")
-    monkeypatch.setenv("LAB_GIT_DIRTY", "0")
-    info = env.git_info()
-    assert info["commit"] == "90f68da" and info["dirty"] is False and info["source"].startswith("LAB_GIT_COMMIT")
-    monkeypatch.setenv("LAB_GIT_DIRTY", "1")
-    assert env.git_info()["dirty"] is True
+    with pytest.raises(LabError, match="not a full 40-character commit id"):
+        env.git_info(bare)
+    monkeypatch.setenv("LAB_GIT_COMMIT", "a" * 40)
+    info = env.git_info(bare)
+    assert info["commit"] == "a" * 40 and info["dirty"] is None and "not verified" in info["source"]
+
+
+def test_new_records_carry_full_commit_ids(make_record):
+    from common.records import problems
+    rec = make_record()
+    rec["provenance"]["commit"] = "ccbffb6f"
+    assert any("40-character" in p for p in problems(rec))
+    rec["schema_version"] = 1                                        # older records keep older rules
+    assert problems(rec) == []
 
 
 def test_clock_event_reasons():

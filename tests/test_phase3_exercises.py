@@ -215,7 +215,7 @@ def _record(ex_id, rows, stamp="2026-11-22T10:00:00Z"):
                                              "clock_event_reasons": ["sw_power_cap"]}},
             "hardware": {"key": "h200_sxm", "device": "cuda", "name": "NVIDIA H200", "spec": H200},
             "software": {"python": "3.11", "torch": "2.11.0", "triton": "3.6.0"},
-            "provenance": {"commit": "abcdef0123456", "dirty": False, "command": "lab run 3", "started_utc": stamp,
+            "provenance": {"commit": "abcdef0123456789abcdef0123456789abcdef01", "dirty": False, "command": "lab run 3", "started_utc": stamp,
                            "duration_s": 1.0},
             "cost": {"usd_per_hour": None, "usd": None}}
 
