@@ -5,16 +5,26 @@ Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 noth
 """
 import argparse
 import json
+import signal
 import sys
+import threading
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import LabError
+from .errors import LabError, Terminated
 
-console = Console()
-err_console = Console(stderr=True)
+# Without a terminal (a pipe, a CI log) rich would squeeze tables to 80 columns and wrap them a
+# word per line; there the width is unbounded and each row stays on one line.
+console = Console(width=None if sys.stdout.isatty() else 100_000)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)
+
+
+def _terminate(signum, frame):
+    """SIGTERM as an exception in the main thread: `finally` blocks stop child processes and
+    remove temporary files before `lab` exits (the default action would skip them)."""
+    raise Terminated()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
@@ -71,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as exc:
         err_console.print(f"lab: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
+    except Terminated:
+        err_console.print("lab: stopped by SIGTERM; no record was written for the exercise in progress",
+                          markup=False)
+        return 143
     except KeyboardInterrupt:
         err_console.print("lab: interrupted", markup=False)
         return 130
@@ -118,8 +134,8 @@ def cmd_run(args) -> int:
     from .paths import relative_to_repo, results_dir
     from .records import write_record
     from .registry import select
-    from .runner import (check_writable, make_context, parse_overrides, run_one, static_blocks,
-                         validate_selection)
+    from .runner import (check_writable, checked_params, make_context, parse_overrides, run_one,
+                         static_blocks, validate_selection)
 
     exercises = select(args.targets)
     overrides = parse_overrides(args.param)
@@ -133,6 +149,7 @@ def cmd_run(args) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
     ctx = make_context(args.device, args.hardware, variants, args.quick, progress, results)
+    params = checked_params(exercises, ctx, overrides)         # every value, before any work
     usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
     where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
     console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))
@@ -146,7 +163,7 @@ def cmd_run(args) -> int:
         overall = progress.add_task("exercises", total=len(exercises))
         for ex in exercises:
             progress.update(overall, description=f"{ex.id}")
-            record = run_one(ex, ctx, overrides, static, usd_rate, rate_source, debug=args.debug)
+            record = run_one(ex, ctx, params[ex.id], static, usd_rate, rate_source, debug=args.debug)
             path = write_record(record, results)
             progress.advance(overall)
             style = {"ok": "green", "failed": "red", "skipped": "yellow"}[record["status"]]

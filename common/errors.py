@@ -12,3 +12,13 @@ class LabError(Exception):
 
 class RecordError(LabError):
     """A result record that does not match the schema, or could not be written."""
+
+
+class Skip(LabError):
+    """Raised inside an exercise when this machine cannot run it (missing data, an unsupported
+    backend, too few GPUs): the record says 'skipped' with this reason, never 'failed'."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler's stop), raised in the main thread so that every `finally` runs:
+    child processes are killed and temporary files removed before `lab` exits."""

@@ -16,6 +16,7 @@ import torch
 from . import roofline
 from .checks import BYTES_PER_ELEMENT
 from .hardware import DTYPES, HardwareSpec
+from .params import Param
 from .timing import Timing, benchmark
 
 
@@ -48,6 +49,10 @@ class Needs:
 
 @dataclass(frozen=True)
 class Exercise:
+    """One exercise. `params` declares every parameter as a `common.params.Param` (default, type,
+    allowed values, unit); after construction `params` holds the defaults and `schema` the
+    declarations. `footprint_bytes(params)` predicts the most device memory a run with those
+    parameters holds at once, so a problem that cannot fit is refused before any work."""
     id: str                                  # "phase1.elementwise"
     title: str
     run: Callable
@@ -57,6 +62,19 @@ class Exercise:
     quick_params: dict = field(default_factory=dict)
     variants: tuple[str, ...] = ()
     bench_version: int = 1
+    footprint_bytes: Callable[[dict], float] | None = None
+    schema: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        undeclared = [k for k, v in self.params.items() if not isinstance(v, Param)]
+        if undeclared:
+            raise TypeError(f"{self.id}: parameter '{undeclared[0]}' is not declared as a Param")
+        object.__setattr__(self, "schema", dict(self.params))
+        object.__setattr__(self, "params", {k: p.default for k, p in self.params.items()})
+        for label, extra in (("cpu_params", self.cpu_params), ("quick_params", self.quick_params)):
+            unknown = set(extra) - set(self.schema)
+            if unknown:
+                raise TypeError(f"{self.id}: {label} sets undeclared '{sorted(unknown)[0]}'")
 
     @property
     def phase(self) -> int:
@@ -67,13 +85,19 @@ class Exercise:
         return self.id.split(".", 1)[1]
 
     def resolve_params(self, on_cpu: bool, quick: bool, overrides: dict) -> dict:
+        """Defaults, then the CPU and quick sets, then the user's overrides, each value checked
+        against its declaration (ParamError, one line, on the first bad one)."""
         params = dict(self.params)
         if on_cpu:
             params.update(self.cpu_params)
         if quick:
             params.update(self.quick_params)
-        params.update({k: v for k, v in overrides.items() if k in self.params})
-        return params
+        params.update({k: v for k, v in overrides.items() if k in self.schema})
+        return {k: self.schema[k].check(k, v) for k, v in params.items()}
+
+    def recorded_params(self, params: dict) -> dict:
+        """The parameters as the record stores them (folders relative to the repo or hashed)."""
+        return {k: (self.schema[k].recorded(v) if k in self.schema else v) for k, v in params.items()}
 
 
 class Context:

@@ -1,5 +1,6 @@
 """`lab run`: pick the device, match its spec sheet, run exercises, write one record each."""
 import datetime as dt
+import os
 import tempfile
 import time
 import traceback
@@ -9,7 +10,7 @@ import torch
 
 from . import env
 from .cost import cost_block
-from .errors import LabError
+from .errors import LabError, Skip
 from .exercise import Context, Exercise
 from .hardware import get_spec, load_hardware, match_gpu
 from .records import SCHEMA_VERSION
@@ -67,10 +68,47 @@ def _status(rows: list[dict]) -> str:
     return "ok" if "ok" in statuses else "skipped"
 
 
-def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate, rate_source,
+def device_memory_bytes(ctx: Context) -> int | None:
+    """What one problem may hold at once: the GPU's memory, or the RAM the host has available."""
+    if ctx.is_cuda:
+        return torch.cuda.get_device_properties(ctx.device).total_memory
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def checked_params(exercises: list[Exercise], ctx: Context, overrides: dict) -> dict[str, dict]:
+    """Every selected exercise's parameters, each value checked against its declaration, and the
+    predicted memory of each runnable problem against the device's, before any work starts: a
+    bad value or a problem that cannot fit ends the run with one line (exit 2), no record."""
+    memory = device_memory_bytes(ctx)
+    out = {}
+    for ex in exercises:
+        params = ex.resolve_params(ctx.device.type == "cpu", ctx.quick, overrides)
+        if ex.footprint_bytes is not None and memory and ex.needs.unmet(ctx) is None:
+            need = ex.footprint_bytes(params)
+            if need > memory:
+                where = (f"this GPU has {memory / 2**30:.1f} GiB" if ctx.is_cuda
+                         else f"this machine has {memory / 2**30:.1f} GiB of RAM available")
+                raise LabError(f"{ex.id}: these parameters need about {need / 2**30:,.1f} GiB of "
+                               f"{'GPU' if ctx.is_cuda else 'host'} memory at once (predicted from their sizes); "
+                               f"{where}: choose smaller sizes with --param")
+        out[ex.id] = params
+    return out
+
+
+def run_one(ex: Exercise, ctx: Context, params: dict, static: dict, usd_rate, rate_source,
             debug: bool = False) -> dict:
-    """Run (or skip) one exercise and return its record, not yet written."""
-    params = ex.resolve_params(ctx.device.type == "cpu", ctx.quick, overrides)
+    """Run (or skip) one exercise with its checked parameters; return its record, not yet written."""
+    recorded = ex.recorded_params(params)          # as given, before run() could touch the dict
+    params = dict(params)
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
     rows, summary, reason = [], {}, ex.needs.unmet(ctx)
@@ -80,6 +118,8 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
             rows, summary = result if isinstance(result, tuple) else (result, {})
             if not rows:
                 reason = "no variant selected" if ctx.variants else "produced no rows"
+        except Skip as exc:                     # this machine cannot run it: a reason, not a failure
+            rows, reason, summary = [], str(exc), {}
         except LabError as exc:
             rows, reason = [], str(exc)
             summary = {"error": str(exc)}
@@ -107,7 +147,7 @@ def run_one(ex: Exercise, ctx: Context, overrides: dict, static: dict, usd_rate,
                      "bench_version": ex.bench_version},
         "status": status,
         "reason": reason,
-        "params": params,
+        "params": recorded,
         "rows": rows,
         "summary": summary,
         "source": {"kind": "measured", "citation": None},

@@ -258,9 +258,10 @@ def test_diagnose_names_the_rank_that_died():
 
 def test_records_from_rows_are_valid(spec_ctx, static_for):
     """A phase-4 record built by the runner from skip rows passes the schema (no launch needed)."""
-    from common.runner import run_one
+    from common.runner import checked_params, run_one
     ctx = spec_ctx()
-    rec = run_one(ring.EXERCISE, ctx, {}, static_for(ctx), None, None)
+    rec = run_one(ring.EXERCISE, ctx, checked_params([ring.EXERCISE], ctx, {})[ring.EXERCISE.id],
+                  static_for(ctx), None, None)
     assert rec["status"] == "skipped" and problems(rec) == []
     assert not math.isnan(rec["provenance"]["duration_s"])
 

@@ -5,8 +5,9 @@ import torch
 from common.errors import LabError
 from common.exercise import Context, Exercise, Needs, measure, row
 from common.records import problems, write_record
+from common.params import Int
 from common.registry import all_exercises, select
-from common.runner import make_context, parse_overrides, run_one, validate_selection
+from common.runner import checked_params, make_context, parse_overrides, run_one, validate_selection
 from conftest import cpu_only
 
 
@@ -16,8 +17,8 @@ def exercise(ex_id):
 
 
 def _run(ex, ctx, static, **kw):
-    return run_one(ex, ctx, kw.pop("overrides", {}), static, kw.pop("rate", None),
-                   kw.pop("source", None))
+    params = checked_params([ex], ctx, kw.pop("overrides", {}))[ex.id]
+    return run_one(ex, ctx, params, static, kw.pop("rate", None), kw.pop("source", None))
 
 
 # ------------------------------------------------------------------------------ crashes and failures
@@ -146,7 +147,7 @@ def test_a_record_whose_rows_all_skipped_says_why(spec_ctx, static_for):
 
 # ------------------------------------------------------------------------------ params
 def test_resolve_params_precedence():
-    ex = Exercise(id="phase9.p", title="t", run=None, params={"n": 4096, "reps": 20},
+    ex = Exercise(id="phase9.p", title="t", run=None, params={"n": Int(4096, min=1), "reps": Int(20, min=1)},
                   cpu_params={"n": 512}, quick_params={"n": 64})
     assert ex.resolve_params(False, False, {}) == {"n": 4096, "reps": 20}
     assert ex.resolve_params(True, False, {}) == {"n": 512, "reps": 20}

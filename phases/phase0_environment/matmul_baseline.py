@@ -17,6 +17,7 @@ import torch
 
 from common.checks import compare, poison
 from common.exercise import Exercise, measure, row
+from common.params import Int
 
 
 @contextmanager
@@ -57,11 +58,17 @@ def fp32_matmul_rows(ctx, n: int, variants, timing=None) -> list[dict]:
     return rows
 
 
+def footprint_bytes(n: int) -> int:
+    """A, B, C in fp32 and the float64 reference with its two upcast inputs."""
+    return 3 * n * n * 4 + 3 * n * n * 8
+
+
 def run(ctx, params):
     variants = [v for v in ("fp32", "tf32") if ctx.wants(v)]
     return fp32_matmul_rows(ctx, params["n"], ctx.track(variants, "matmul 4096 fp32"))
 
 
 EXERCISE = Exercise(id="phase0.matmul_baseline", title="4096 x 4096 FP32 matmul baseline vs spec peak",
-                    run=run, params={"n": 4096}, cpu_params={"n": 1024}, quick_params={"n": 96},
-                    variants=("fp32", "tf32"))
+                    run=run, params={"n": Int(4096, min=1, max=65536, unit="rows = columns")},
+                    cpu_params={"n": 1024}, quick_params={"n": 96},
+                    variants=("fp32", "tf32"), footprint_bytes=lambda p: footprint_bytes(p["n"]))

@@ -12,9 +12,10 @@ import time
 
 from common import roofline
 from common.exercise import Exercise, row, throughput_metrics
+from common.params import Int
 from common.timing import summarize
 
-from .matmul_baseline import fp32_matmul_rows, matmul_precision
+from .matmul_baseline import footprint_bytes, fp32_matmul_rows, matmul_precision
 
 import torch
 
@@ -71,6 +72,9 @@ def run(ctx, params):
 
 
 EXERCISE = Exercise(id="phase0.synchronize", title="Timing without and with torch.cuda.synchronize()",
-                    run=run, params={"n": 4096, "reps": 20, "samples": 10},
+                    run=run, params={"n": Int(4096, min=1, max=65536, unit="rows = columns"),
+                                    "reps": Int(20, min=1, max=10_000, unit="matmuls per sample"),
+                                    "samples": Int(10, min=1, max=10_000, unit="samples")},
                     cpu_params={"n": 512, "reps": 5, "samples": 5}, quick_params={"n": 64, "reps": 2, "samples": 2},
-                    variants=("no_sync", "sync"))
+                    variants=("no_sync", "sync"),
+                    footprint_bytes=lambda p: footprint_bytes(p["n"]) + 3 * p["n"] ** 2 * 4)

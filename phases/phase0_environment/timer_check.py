@@ -14,6 +14,7 @@ import torch
 from common import roofline
 from common.checks import compare, exact, poison
 from common.exercise import Exercise, Needs, row, throughput_metrics
+from common.params import Float, Int
 
 
 def kernels(ctx, p):
@@ -93,11 +94,20 @@ def run(ctx, params):
     return rows
 
 
+def footprint_bytes(p: dict) -> int:
+    """All three kernels' tensors live at once, plus the matmul's float64 reference and inputs."""
+    n = p["matmul_n"]
+    return 2 * 4 * p["copy_elements"] + 3 * 4 * p["mul_elements"] + 3 * 2 * n * n + 3 * 8 * n * n
+
+
 EXERCISE = Exercise(id="phase0.timer_check", title="Timing harness vs triton.testing.do_bench",
                     run=run, needs=Needs(cuda=True, modules=("triton",)),
-                    params={"copy_elements": 2**28, "mul_elements": 2**25, "matmul_n": 4096,
-                            "rounds": 3, "tolerance": 0.05},
+                    params={"copy_elements": Int(2**28, min=1, unit="fp32 elements"),
+                            "mul_elements": Int(2**25, min=1, unit="fp32 elements"),
+                            "matmul_n": Int(4096, min=1, max=65536, unit="rows = columns"),
+                            "rounds": Int(3, min=1, max=100, unit="interleaved rounds"),
+                            "tolerance": Float(0.05, min=0, max=1, unit="relative difference")},
                     # Quick still compares kernels long enough to time (>= ~0.1 ms): two event-based
                     # harnesses legitimately differ by ~10% on a 6 us kernel (seen on the H200).
                     quick_params={"copy_elements": 2**26, "mul_elements": 2**24, "matmul_n": 2048, "rounds": 1},
-                    variants=("copy", "mul", "matmul_bf16"))
+                    variants=("copy", "mul", "matmul_bf16"), footprint_bytes=footprint_bytes)

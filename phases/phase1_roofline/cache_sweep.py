@@ -14,6 +14,7 @@ import torch
 
 from common.checks import exact, poison
 from common.exercise import Exercise, measure
+from common.params import Int
 
 
 def graph_reps(working_set: int, target_bytes: int = 2**30) -> int | None:
@@ -65,6 +66,8 @@ def run(ctx, params):
 
 MiB = 2**20
 EXERCISE = Exercise(id="phase1.cache_sweep", title="Copy bandwidth vs working set: the L2 cliff",
-                    run=run, params={"working_sets": [2**k * MiB for k in range(0, 13)]},   # 1 MiB .. 4 GiB
+                    run=run, params={"working_sets": Int([2**k * MiB for k in range(0, 13)], min=64, many=True,
+                                                         unit="bytes, source plus destination")},   # 1 MiB .. 4 GiB
                     cpu_params={"working_sets": [int(2**k * MiB) for k in range(-2, 10)]},     # 256 KiB .. 512 MiB
-                    quick_params={"working_sets": [64 * 1024, 256 * 1024]})
+                    quick_params={"working_sets": [64 * 1024, 256 * 1024]},
+                    footprint_bytes=lambda p: max(p["working_sets"]))

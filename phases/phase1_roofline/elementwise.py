@@ -13,7 +13,15 @@ far beyond any L2 so every byte comes from HBM.
 import torch
 
 from common.checks import compare, exact, poison
+from common.checks import CHECK_CHUNK
 from common.exercise import Exercise, measure
+from common.params import Int
+
+
+def footprint_bytes(p: dict) -> int:
+    """a, b, c at the largest size, plus one chunk of the float64 check (output, reference, difference)."""
+    n = max(p["sizes"])
+    return 3 * 4 * n + 3 * 8 * min(n, CHECK_CHUNK)
 
 
 def run(ctx, params):
@@ -59,6 +67,6 @@ def run(ctx, params):
 
 
 EXERCISE = Exercise(id="phase1.elementwise", title="Memory-bound anchor: fp32 element-wise multiply vs copy",
-                    run=run, params={"sizes": [33554432, 1073741824]},
+                    run=run, params={"sizes": Int([33554432, 1073741824], min=1, unit="fp32 elements", many=True)},
                     cpu_params={"sizes": [4194304, 67108864]}, quick_params={"sizes": [100003]},
-                    variants=("copy", "mul"))
+                    variants=("copy", "mul"), footprint_bytes=footprint_bytes)

@@ -13,7 +13,13 @@ import torch
 
 from common.checks import TORCH_DTYPES, compare, poison
 from common.exercise import Exercise, measure, measure_copy_gbps
+from common.params import Choice, Int
 from common.roofline import ridge_point
+
+
+def footprint_bytes(n: int, dtype: str) -> int:
+    """A, B, C in `dtype`, their fp32 draws, and the float64 reference with its upcast inputs."""
+    return 3 * n * n * TORCH_DTYPES[dtype].itemsize + n * n * 4 + 3 * n * n * 8
 
 
 def matmul_row(ctx, n: int, dtype: str) -> dict:
@@ -60,10 +66,15 @@ def run_sweep(ctx, params):
 
 
 ANCHOR = Exercise(id="phase1.matmul_fp16", title="Compute-bound anchor: FP16 matmul at N=8192",
-                  run=run_anchor, params={"n": 8192, "dtype": "fp16"}, cpu_params={"n": 1024, "dtype": "fp32"},
-                  quick_params={"n": 80})
+                  run=run_anchor, params={"n": Int(8192, min=1, max=65536, unit="rows = columns"),
+                                          "dtype": Choice("fp16", ("fp16", "bf16", "fp32"))},
+                  cpu_params={"n": 1024, "dtype": "fp32"}, quick_params={"n": 80},
+                  footprint_bytes=lambda p: footprint_bytes(p["n"], p["dtype"]))
 SWEEP = Exercise(id="phase1.regime_sweep", title="Roofline regime sweep: FP16 matmul, N = 64 to 8192",
-                 run=run_sweep, params={"sizes": [64, 128, 256, 512, 1024, 2048, 4096, 8192], "dtype": "fp16",
-                                        "copy_bytes": 2**31},
+                 run=run_sweep, params={"sizes": Int([64, 128, 256, 512, 1024, 2048, 4096, 8192], min=1, max=65536,
+                                                     unit="N of an N x N x N product", many=True),
+                                        "dtype": Choice("fp16", ("fp16", "bf16", "fp32")),
+                                        "copy_bytes": Int(2**31, min=2**20, unit="bytes per copy buffer")},
                  cpu_params={"sizes": [64, 128, 256, 512, 1024], "dtype": "fp32", "copy_bytes": 2**28},
-                 quick_params={"sizes": [16, 48], "copy_bytes": 2**20})
+                 quick_params={"sizes": [16, 48], "copy_bytes": 2**20},
+                 footprint_bytes=lambda p: max(footprint_bytes(max(p["sizes"]), p["dtype"]), 2 * p["copy_bytes"]))

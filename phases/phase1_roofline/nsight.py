@@ -13,6 +13,7 @@ Clocks are left as found (`--clock-control none`); the lab never changes a GPU's
 """
 from common import ncu
 from common.exercise import Exercise, Needs, row
+from common.params import Float, Int
 
 METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -52,6 +53,9 @@ def run(ctx, params):
 
 EXERCISE = Exercise(id="phase1.nsight", title="Nsight Compute: DRAM and SM throughput of the two anchors",
                     run=run, needs=Needs(cuda=True, tools=("ncu",)),
-                    params={"elementwise_n": 33554432, "matmul_n": 8192, "timeout_s": 300},
+                    params={"elementwise_n": Int(33554432, min=1, unit="fp32 elements"),
+                            "matmul_n": Int(8192, min=1, max=65536, unit="rows = columns"),
+                            "timeout_s": Float(300, min=1, max=86400, unit="seconds per profiled anchor")},
                     quick_params={"elementwise_n": 1 << 20, "matmul_n": 256},
-                    variants=("elementwise", "matmul_fp16"))
+                    variants=("elementwise", "matmul_fp16"),
+                    footprint_bytes=lambda p: max(3 * 4 * p["elementwise_n"], 3 * 2 * p["matmul_n"] ** 2))

@@ -73,9 +73,10 @@ from dataclasses import dataclass
 
 import torch
 
-from common.checks import compare, poison
+from common.checks import CHECK_CHUNK, compare, poison
 from common.errors import LabError
 from common.exercise import Exercise, Needs, measure, row
+from common.params import Int
 
 from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
@@ -259,6 +260,21 @@ def runnable(variant: str, device) -> str | None:
 
 
 # ------------------------------------------------------------------------------ the exercise
+MAX_N = 46340                      # the largest N with N x N < 2^31 elements (the kernels index with int)
+
+
+def footprint_bytes(p: dict) -> int:
+    """fp32/bf16 operands, outputs and float64 references at the largest size, plus a check's temporaries."""
+    n2 = max(n * n for n in p["sizes"])
+    held = (2 * 4 + 3 * 2 + 4 + 2) * n2            # a32, b32; a16, b16, b16 column-major; fp32 and bf16 C
+    refs = 2 * 8 * n2                              # the fp32 and the bf16 float64 products
+    check = 3 * 2 * n2 + 3 * 8 * min(n2, CHECK_CHUNK)   # a bf16 rung's rounded copies, one float64 chunk
+    sweep = held + refs + max(check, 2 * 8 * n2)   # or: the float64 A and B a reference is built from
+    m, n, k = p["irregular_shape"]                 # fp32 operands and trimmed copies, bf16 copies, float64
+    irregular = 24 * (m * k + k * n) + 12 * m * n + 3 * 8 * min(m * n, CHECK_CHUNK)   # A, B, C and reference
+    return max(sweep, irregular)
+
+
 def run(ctx, params):
     wanted = [v for v in VARIANTS if ctx.wants(v)]
     m_i, n_i, k_i = params["irregular_shape"]
@@ -352,6 +368,9 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase2.matmul", title="CUDA matmul ladder: naive to warp-tiled fp32, mma.sync and wgmma+TMA bf16, vs cuBLAS",
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
-    params={"sizes": [1024, 2048, 4096, 8192], "naive_max_n": 8192, "irregular_shape": [1000, 777, 555]},
+    params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
+            "naive_max_n": Int(8192, min=0, unit="largest N the naive rung is timed at"),
+            "irregular_shape": Int([1000, 777, 555], min=1, max=INT32_MAX, length=3,
+                                   unit="M, N, K of the bounds check (checked, not timed)")},
     cpu_params={}, quick_params={"sizes": [256], "irregular_shape": [100, 77, 55]},
-    variants=(*VARIANTS, *BASELINES))
+    variants=(*VARIANTS, *BASELINES), footprint_bytes=footprint_bytes)

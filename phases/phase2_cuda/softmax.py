@@ -61,9 +61,10 @@ import ctypes
 
 import torch
 
-from common.checks import compare, exact, poison
+from common.checks import CHECK_CHUNK, compare, exact, poison
 from common.errors import LabError
 from common.exercise import Exercise, Needs, measure
+from common.params import Choice, Int, Param, ParamError
 
 from . import build
 from ._args import INT32_MAX, need_contiguous
@@ -376,14 +377,49 @@ def _relate(here: list[dict]) -> None:
             r["metrics"]["speedup_vs_torch"] = torch_row["metrics"]["ms"] / r["metrics"]["ms"]
 
 
+class ShapeList(Param):
+    """A list of [rows, cols] shapes. `Int(..., length=2)` declares one shape, not a list of them, so
+    this is kind "any" with its own check: each shape a pair of integers from 1 to 2^31 - 1 whose
+    product stays below 2^31 (the kernels count with int)."""
+
+    def allowed(self) -> str:
+        return "a list of [rows, cols] pairs, each an integer >= 1, rows x cols < 2^31"
+
+    def check(self, name: str, value):
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ParamError(f"--param {name}={value}: must be {self.allowed()}")
+        pair = Int(None, min=1, max=INT32_MAX, length=2, unit="rows, columns")
+        out = []
+        for i, shape in enumerate(value):
+            rows, cols = pair.check(f"{name}[{i}]", shape)
+            if rows * cols > INT32_MAX:
+                raise ParamError(f"--param {name}[{i}]={rows}x{cols}: must have fewer than 2^31 elements")
+            out.append([rows, cols])
+        return out
+
+
+def footprint_bytes(p: dict) -> int:
+    """The largest tensor: x, out, the float64 reference, then its float64 input or a check (output, chunk)."""
+    shapes = [p["seed_shape"], *p["irregular_shapes"]]
+    n = max(*(max(p["total_elements"], c) for c in p["cols"]), *(r * c for r, c in shapes))
+    s = max(4 if d == "fp32" else 2 for d in p["dtypes"])
+    return 2 * s * n + 8 * n + max(8 * n, s * n + 3 * 8 * min(n, CHECK_CHUNK))
+
+
 EXERCISE = Exercise(
     id="phase2.softmax",
     title="CUDA softmax: the seed's warp per row, then block, cluster and online kernels to 65,536 columns, "
           "fp32 and bf16, vs torch.softmax and copy",
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
-    params={"cols": [32, 128, 512, 1024, 4096, 16384, 65536], "total_elements": 2**28, "dtypes": ["fp32", "bf16"],
-            "seed_shape": [4096, 32], "irregular_shapes": [[1000, 1000], [77, 33], [3, 65537], [5, 100000]]},
+    params={"cols": Int([32, 128, 512, 1024, 4096, 16384, 65536], min=1, max=INT32_MAX, unit="columns (row length)",
+                        many=True),
+            "total_elements": Int(2**28, min=1, max=INT32_MAX, unit="elements per tensor (rows = this // cols)"),
+            "dtypes": Choice(["fp32", "bf16"], tuple(TORCH_DTYPES), many=True),
+            "seed_shape": Int([4096, 32], min=1, length=2, unit="rows, columns (fp32)"),
+            # A list of lists: kind "any", checked by ShapeList (each a [rows, cols] pair).
+            "irregular_shapes": ShapeList([[1000, 1000], [77, 33], [3, 65537], [5, 100000]], "any",
+                                          unit="rows, columns (checked, not timed)")},
     cpu_params={},
     quick_params={"cols": [128, 4096, 65536], "total_elements": 2**20,
                   "irregular_shapes": [[77, 33], [3, 65537]]},
-    variants=(*BASELINES, *VARIANTS))
+    variants=(*BASELINES, *VARIANTS), footprint_bytes=footprint_bytes)

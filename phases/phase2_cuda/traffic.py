@@ -25,6 +25,9 @@ compulsory minimum, each input read once and the output written once (3 N^2 x 4,
 """
 from common import ncu
 from common.exercise import Exercise, Needs, row
+from common.params import Float, Int
+
+from .matmul import MAX_N
 
 METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
            "lts__t_sectors_srcunit_tex_op_read.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -69,6 +72,11 @@ def metrics_of(kind: str, n: int, kernels: list[dict]) -> dict:
             "ncu_kernel_ms": (k[METRICS[5]] or 0) / 1e6}                    # ns -> ms
 
 
+def footprint_bytes(p: dict) -> int:
+    """What the profiled target allocates (fp32): a, b, c of the largest vector add, or A, B, C of the matmul."""
+    return max(3 * 4 * max(p["vector_add_sizes"]), 3 * 4 * p["matmul_n"] ** 2)
+
+
 def run(ctx, params):
     cases = [("vector_add", n) for n in params["vector_add_sizes"]] + \
             [(kind, params["matmul_n"]) for kind in ("naive", "tiled")]
@@ -89,6 +97,9 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase2.traffic", title="Nsight Compute: global-load, L2 and DRAM bytes of vector add, naive and tiled matmul",
     run=run, needs=Needs(cuda=True, tools=("nvcc", "ncu")),
-    params={"vector_add_sizes": [2**20], "matmul_n": 4096, "timeout_s": 300},
+    params={"vector_add_sizes": Int([2**20], min=1, unit="fp32 elements", many=True),
+            # The predicted counts assume N a multiple of 16 (full tiles); the kernels take any N.
+            "matmul_n": Int(4096, min=1, max=MAX_N, unit="rows = columns (N x N < 2^31 elements)"),
+            "timeout_s": Float(300, min=1, max=86400, unit="seconds per profiled kernel")},
     cpu_params={}, quick_params={"vector_add_sizes": [2**20], "matmul_n": 256, "timeout_s": 120},
-    variants=("vector_add", "naive", "tiled"))
+    variants=("vector_add", "naive", "tiled"), footprint_bytes=footprint_bytes)

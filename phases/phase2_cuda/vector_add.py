@@ -24,6 +24,7 @@ import torch
 
 from common.checks import exact, poison
 from common.exercise import Exercise, Needs, measure
+from common.params import Int
 
 from . import build
 from ._args import need_contiguous, need_dtype
@@ -78,6 +79,11 @@ def inputs(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.randn(n, device=device, generator=g), torch.randn(n, device=device, generator=g))
 
 
+def footprint_bytes(p: dict) -> int:
+    """a, b, out and the check's torch a + b reference (fp32) at the largest of the sizes and irregular_n."""
+    return 4 * 4 * max(*p["sizes"], p["irregular_n"])
+
+
 def run(ctx, params):
     # The irregular size first: the tail guard is checked before any size is timed.
     a, b = inputs(params["irregular_n"], ctx.device)
@@ -130,6 +136,8 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase2.vector_add", title="CUDA vector add: the seed's 1M elements (4096 x 256) and 2^28, vs copy",
     run=run, needs=Needs(cuda=True, tools=("nvcc",)),
-    params={"sizes": [2**20, 2**28], "irregular_n": IRREGULAR_N, "graph_below_n": 2**22},
+    params={"sizes": Int([2**20, 2**28], min=1, unit="fp32 elements", many=True),
+            "irregular_n": Int(IRREGULAR_N, min=1, unit="fp32 elements (checked, not timed)"),
+            "graph_below_n": Int(2**22, min=0, unit="elements; sizes up to this are timed as CUDA-graph replays")},
     cpu_params={}, quick_params={"sizes": [2**20], "irregular_n": 100_003},
-    variants=("copy", *LAUNCHERS))
+    variants=("copy", *LAUNCHERS), footprint_bytes=footprint_bytes)

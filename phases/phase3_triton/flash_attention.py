@@ -43,8 +43,9 @@ import warnings
 
 import torch
 
-from common.checks import TORCH_DTYPES, compare
+from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
 from common.exercise import Exercise, Needs, measure
+from common.params import Bool, Choice, Int
 
 from ._support import (LOG2E_VALUE, attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options,
                        require, skipped, tl, triton, tune, tuning_summary)
@@ -353,11 +354,17 @@ INTERPRETER_BWD = _bwd(32, 64, 4, 1, 64, 32, 4, 1)
 
 
 # ------------------------------------------------------------------------------ wrappers
+HEAD_DIMS = (16, 32, 64, 128, 256)     # what the kernels accept (tl.arange needs a power of two, tl.dot >= 16)
+# What the exercise can run: at D = 256 every forward candidate (and the fallback) needs 256 to 449 KiB
+# of shared memory compiled for sm_90 (Hopper allows 227), so no config would pass.
+EXERCISE_HEAD_DIMS = (16, 32, 64, 128)
+
+
 def _shape_check(*ts: torch.Tensor) -> tuple[int, int, int, int]:
     q = ts[0]
     assert q.ndim == 4 and all(t.shape == q.shape and t.dtype == q.dtype for t in ts), "q, k, v: one (B, H, N, D) shape"
     assert all(t.is_contiguous() for t in ts), "attention kernels take contiguous (B, H, N, D) tensors"
-    assert q.shape[-1] in (16, 32, 64, 128, 256), "head dim must be a power of two from 16 to 256"
+    assert q.shape[-1] in HEAD_DIMS, "head dim must be a power of two from 16 to 256"
     return q.shape
 
 
@@ -555,6 +562,22 @@ def problems(params) -> list[dict]:
     return out
 
 
+def problem_footprint(p: dict) -> int:
+    """Device bytes one problem holds at once (see footprint_bytes)."""
+    b, h, n, d = p["batch"], p["heads"], p["n"], p["head_dim"]
+    s, bhnd, k = TORCH_DTYPES[p["dtype"]].itemsize, p["batch"] * p["heads"] * n * d, len(check_heads(b, h))
+    held = 3 * s * bhnd + 8 * k * n * d                      # q, k, v; the float64 reference of k heads
+    reference = 3 * 8 * n * n + 2 * n * n + 3 * 8 * n * d    # one head's float64 scores (3 at once), masks, q, k, v
+    check = 2 * s * bhnd + 4 * b * h * n + s * k * n * d + 3 * 8 * min(k * n * d, CHECK_CHUNK)   # O twice, LSE
+    naive = (2 * 4 * b * h * n * n + 2 * 4 * bhnd) if p["group"] == "seed" else 0   # fp32 scores, probabilities
+    return held + max(reference, check, naive)
+
+
+def footprint_bytes(p: dict) -> int:
+    """Largest problem: q, k, v, O, LSE, float64 reference heads and their N x N scores, naive's B·H·N² (seed)."""
+    return max(problem_footprint(x) for x in problems(p))
+
+
 _WINNERS: dict = {}                 # (head_dim, causal, n) -> bf16's winning config, reused for fp16
 
 
@@ -665,15 +688,22 @@ EXERCISE = Exercise(
     id="phase3.flash_attention",
     title="Flash attention forward: the seed's fp32 case vs naive, then bf16/fp16 vs SDPA's fastest backend",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
-    params={"seed_sizes": [512, 1024, 2048, 4096], "seed_batch": 2, "seed_heads": 4, "seed_head_dim": 64,
-            "sizes": [1024, 2048, 4096, 8192, 16384], "dtypes": ["bf16", "fp16"], "head_dims": [128, 64],
-            "causal": [False, True], "tokens": 16384, "model_dim": 2048,
+    params={"seed_sizes": Int([512, 1024, 2048, 4096], min=1, many=True, unit="tokens N of the fp32 seed case"),
+            "seed_batch": Int(2, min=1, unit="batches B (seed case)"),
+            "seed_heads": Int(4, min=1, unit="heads H (seed case)"),
+            "seed_head_dim": Int(64, choices=EXERCISE_HEAD_DIMS, unit="head dim D (seed case)"),
+            "sizes": Int([1024, 2048, 4096, 8192, 16384], min=1, many=True, unit="tokens N"),
+            "dtypes": Choice(["bf16", "fp16"], ("bf16", "fp16", "fp32"), many=True),
+            "head_dims": Int([128, 64], choices=EXERCISE_HEAD_DIMS, many=True, unit="head dim D"),
+            "causal": Bool([False, True], many=True),
+            "tokens": Int(16384, min=1, unit="tokens per problem (B = tokens // N, at least 1)"),
+            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
             # Off by default: on the H200 (triton 3.6, 2026-11-21) the warp-specialized configs wrote
             # out of bounds at head dim 64 (NaNs, and a corrupted float64 reference next to them) and
             # stored a wrong LSE at head dim 128. Opt in with --param warp_specialize=true.
-            "warp_specialize": False},
+            "warp_specialize": Bool(False)},
     cpu_params={"seed_sizes": [256], "sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [False],
                 "tokens": 512, "model_dim": 128},
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
                   "tokens": 2048, "model_dim": 256},
-    variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"))
+    variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)

@@ -22,8 +22,9 @@ import math
 
 import torch
 
-from common.checks import TORCH_DTYPES, compare
+from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
 from common.exercise import Exercise, Needs, measure
+from common.params import Bool, Choice, Int
 
 from . import flash_attention as fa
 from ._support import attempt, compare_to_library, interpreting, label, skipped, tune, tuning_summary
@@ -64,12 +65,31 @@ def backward_bytes(b, h, n, d, itemsize: int) -> int:
     return 8 * b * h * n * d * itemsize
 
 
+def problems(params) -> list[dict]:
+    return [{"n": n, "batch": max(1, params["tokens"] // n), "heads": max(1, params["model_dim"] // d),
+             "head_dim": d, "dtype": dtype, "causal": causal}
+            for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
+            for n in params["sizes"]]
+
+
+def problem_footprint(p: dict) -> int:
+    """Device bytes one problem holds at once (see footprint_bytes)."""
+    b, h, n, d = p["batch"], p["heads"], p["n"], p["head_dim"]
+    s, bhnd, k = TORCH_DTYPES[p["dtype"]].itemsize, b * h * n * d, len(fa.check_heads(b, h))
+    held = 4 * s * bhnd + 3 * 8 * k * n * d             # q, k, v, dO; float64 dQ, dK, dV of k heads
+    reference = 4 * 8 * n * n + 2 * n * n + 8 * 8 * n * d   # one head's float64 autograd: P, dP and temporaries
+    rows = 10 * s * bhnd + 2 * 4 * b * h * n + 3 * 8 * min(k * n * d, CHECK_CHUNK)   # SDPA: clones, O, grads twice
+    return held + max(reference, rows)
+
+
+def footprint_bytes(p: dict) -> int:
+    """Largest problem: q, k, v, dO, the library's or our O and gradients, float64 autograd of the checked heads."""
+    return max(problem_footprint(x) for x in problems(p))
+
+
 def run(ctx, params):
     rows, tuning = [], {}
-    p_all = [{"n": n, "batch": max(1, params["tokens"] // n), "heads": max(1, params["model_dim"] // d),
-              "head_dim": d, "dtype": dtype, "causal": causal}
-             for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
-             for n in params["sizes"]]
+    p_all = problems(params)
     for p in ctx.track(p_all, "attention backward problems"):
         t = TORCH_DTYPES[p["dtype"]]
         b, h, n, d, causal = p["batch"], p["heads"], p["n"], p["head_dim"], p["causal"]
@@ -157,9 +177,13 @@ EXERCISE = Exercise(
     id="phase3.flash_attention_bwd",
     title="Flash attention backward: dQ, dK, dV vs autograd, timed against SDPA's backward",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
-    params={"sizes": [1024, 4096, 16384], "dtypes": ["bf16"], "head_dims": [128, 64], "causal": [False, True],
-            "tokens": 16384, "model_dim": 2048},
+    params={"sizes": Int([1024, 4096, 16384], min=1, many=True, unit="tokens N"),
+            "dtypes": Choice(["bf16"], ("bf16", "fp16"), many=True),
+            "head_dims": Int([128, 64], choices=fa.EXERCISE_HEAD_DIMS, many=True, unit="head dim D"),
+            "causal": Bool([False, True], many=True),
+            "tokens": Int(16384, min=1, unit="tokens per problem (B = tokens // N, at least 1)"),
+            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)")},
     cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
-    variants=("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"))
+    variants=("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)

@@ -26,8 +26,9 @@ the record keeps the winner and every candidate's time.
 """
 import torch
 
-from common.checks import TORCH_DTYPES, compare, poison
+from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare, poison
 from common.exercise import Exercise, Needs, measure
+from common.params import Bool, Choice, Int
 
 from ._support import (attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options, require,
                        sm_count, tl, triton, tune, tuning_summary)
@@ -194,6 +195,16 @@ def bytes_moved(m: int, n: int, k: int, itemsize: int) -> int:
 
 
 # ------------------------------------------------------------------------------ the exercise
+MAX_N = 46340                      # N x N < 2^31: matmul_kernel's offsets (row x stride) are 32-bit
+
+
+def footprint_bytes(p: dict) -> int:
+    """A, B, C and the float64 reference at the largest size, plus the reference's float64 inputs or a check chunk."""
+    n2 = max(p["sizes"]) ** 2
+    itemsize = max(TORCH_DTYPES[d].itemsize for d in p["dtypes"])
+    return 3 * itemsize * n2 + 8 * n2 + max(2 * 8 * n2, 3 * 8 * min(n2, CHECK_CHUNK))
+
+
 def run(ctx, params):
     rows, tuning = [], {}
     work = [(n, d) for d in params["dtypes"] for n in params["sizes"]]
@@ -238,7 +249,9 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase3.matmul", title="Tiled, autotuned Triton matmul (plain and TMA-persistent) vs cuBLAS, fp16 and bf16",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
-    params={"sizes": [1024, 2048, 4096, 8192], "dtypes": ["bf16", "fp16"], "warp_specialize": True},
+    params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
+            "dtypes": Choice(["bf16", "fp16"], ("bf16", "fp16"), many=True),
+            "warp_specialize": Bool(True, help="also tune the warp-specialized TMA configs")},
     cpu_params={"sizes": [256], "dtypes": ["fp16"]},
     quick_params={"sizes": [256], "dtypes": ["bf16"]},
-    variants=("cublas", "triton", "triton_tma"))
+    variants=("cublas", "triton", "triton_tma"), footprint_bytes=footprint_bytes)

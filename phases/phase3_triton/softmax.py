@@ -41,8 +41,9 @@ keeps the fastest that passes the check; the record says which one won.
 """
 import torch
 
-from common.checks import compare, exact, poison
+from common.checks import CHECK_CHUNK, compare, exact, poison
 from common.exercise import Exercise, Needs, measure
+from common.params import Int
 
 from ._support import (LOG2E, attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
                        next_pow2, require, resident_programs_per_sm, sm_count, tl, triton, tune, tuning_summary)
@@ -335,6 +336,12 @@ def shapes(params) -> list[tuple[int, int, str]]:
     return out
 
 
+def footprint_bytes(p: dict) -> int:
+    """Largest fp32 tensor: x, out, float64 reference, plus the unfused chain's 3 or a check's output and chunk."""
+    n = max(m * cols for m, cols, _ in shapes(p))
+    return (4 + 4 + 8) * n + max(3 * 4 * n, 8 * n, 4 * n + 3 * 8 * min(n, CHECK_CHUNK))
+
+
 def run(ctx, params):
     rows, tuning, copy_gbps = [], {}, {}
     for m, n, group in ctx.track(shapes(params), "softmax shapes"):
@@ -398,8 +405,10 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase3.softmax", title="Fused softmax: Triton vs the 5-op unfused chain vs torch.softmax, rows up to 65,536",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
-    params={"seed_shape": [1024, 2048], "cols": [32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536],
-            "total_elements": 2**27},
+    params={"seed_shape": Int([1024, 2048], min=1, length=2, unit="rows, columns"),
+            "cols": Int([32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], min=1, many=True,
+                        unit="columns (row length)"),
+            "total_elements": Int(2**27, min=1, unit="fp32 elements per tensor (rows = this // cols)")},
     cpu_params={"cols": [128, 4096], "total_elements": 2**20},
     quick_params={"seed_shape": [64, 2048], "cols": [1537], "total_elements": 2**14},
-    variants=("copy", "torch", "unfused", "triton"))
+    variants=("copy", "torch", "unfused", "triton"), footprint_bytes=footprint_bytes)

@@ -19,6 +19,7 @@ import torch
 
 from common.checks import exact, poison
 from common.exercise import Exercise, Needs, measure, measure_copy_gbps
+from common.params import Int
 
 from ._support import (attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
                        require, tl, triton, tune, tuning_summary)
@@ -68,6 +69,12 @@ def bytes_moved(n: int, itemsize: int = 4) -> int:
 
 
 # ------------------------------------------------------------------------------ the exercise
+def footprint_bytes(p: dict) -> int:
+    """x, y, out and the check's x + y (fp32) at the largest size; or the last size's three with the large copy."""
+    copy = 2 * p["copy_bytes"] if p["copy_bytes"] else 0           # its source and destination
+    return max(4 * 4 * max(p["sizes"]), 3 * 4 * p["sizes"][-1] + copy)
+
+
 def run(ctx, params):
     rows, tuning = [], {}
     for n in ctx.track(params["sizes"], "vector add sizes"):
@@ -124,7 +131,10 @@ def run(ctx, params):
 EXERCISE = Exercise(
     id="phase3.vector_add", title="Triton vector add: the seed's 98,432-element case and a bandwidth sweep",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
-    params={"sizes": [98432, 2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28], "copy_bytes": 2**31},
+    params={"sizes": Int([98432, 2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28], min=1, unit="fp32 elements",
+                         many=True),
+            "copy_bytes": Int(2**31, min=2**20, nullable=True,
+                              unit="bytes per buffer of the summary's large copy (null: none; GPU only)")},
     cpu_params={"sizes": [98432, 2**20], "copy_bytes": None},
     quick_params={"sizes": [98432, 100003], "copy_bytes": None},
-    variants=("copy", "torch", "triton"))
+    variants=("copy", "torch", "triton"), footprint_bytes=footprint_bytes)

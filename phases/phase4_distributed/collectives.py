@@ -27,8 +27,27 @@ import time
 
 import torch
 
+from common.params import Int
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 CHUNK_ELEMENTS = 1 << 26            # checks walk big tensors 64 Mi elements (256 MiB of fp32) at a time
+# pattern() and pattern_sum() hold ~40 bytes of int64 and fp32 temporaries per element of one chunk:
+# about 10 bytes of scratch per byte checked, up to one chunk (2.5 GiB at 256 MiB and above)
+CHECK_SCRATCH_PER_BYTE = 10
+
+
+def check_scratch_bytes(size_bytes: int) -> int:
+    """Device memory fill_pattern / count_wrong hold at once while checking a buffer of size_bytes."""
+    return CHECK_SCRATCH_PER_BYTE * min(int(size_bytes), CHUNK_ELEMENTS * 4)
+
+
+def timing_params(warmup: int, min_iters: int, max_iters: int, iter_bytes: int) -> dict:
+    """The declared parameters of iterations(): warm-up calls, then iter_bytes / size timed calls
+    clamped to [min_iters, max_iters]."""
+    return {"warmup_iters": Int(warmup, min=0, unit="calls"),
+            "min_iters": Int(min_iters, min=1, unit="calls"),
+            "max_iters": Int(max_iters, min=1, unit="calls"),
+            "iter_bytes": Int(iter_bytes, min=1, unit="bytes", help="timed calls = iter_bytes / size, clamped")}
 
 
 # ------------------------------------------------------------------------------ bandwidth arithmetic

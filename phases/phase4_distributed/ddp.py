@@ -62,12 +62,13 @@ import torch.nn.functional as F
 from common import roofline
 from common.errors import LabError
 from common.exercise import Exercise, row
+from common.params import Bool, Choice, Float, Int
 from common.timing import summarize
 
 from . import collectives as col
 from . import contention
 from . import copy_engine
-from .launch import launch, link_roofs, plan
+from .launch import launch, launch_params, link_roofs, plan, ranks_sharing_memory
 
 
 # ------------------------------------------------------------------------------ the model
@@ -518,19 +519,50 @@ def _setting(r: dict) -> dict:
 # setting (bucket size, hook, NCCL settings) whose DDP step is fastest
 GOAL_HIDDEN = 0.70
 
+
+def footprint_bytes(p: dict) -> float:
+    """Per rank: fp32 weights x ~7-8.5 (copies, grad buckets, comm buffers, copy-engine workspace) + one step's activations."""
+    d, layers, tokens = p["d_model"], p["n_layers"], p["tokens_per_rank"]
+    weights = 4 * layers * (8 * d * d + 7 * d)            # fp32: two Linears with biases and a LayerNorm per block
+    grads = 1 if p["gradient_as_bucket_view"] else 2      # the buckets, and .grad unless it is a view into them
+    # at a bucket step: tr.model and a second copy that stays from the checksum step's DDP (measured:
+    # 7 weights' worth in all with views); ddp and quiet, each weights + buckets; the comm buffers
+    # (At defaults this gives 10.9 GiB; an H100 running the task on 1 rank peaked at 10.8 GiB allocated.)
+    copies = 2 + 2 * (1 + grads) + 1
+    if "copy_engine" in p["comm_hooks"]:
+        copies += 1.5                                     # (n + 1) chunks of weights / n, n >= 2
+    if p["dtype"] == "bf16" and p["backend"] != "gloo":   # (autocast runs on GPUs only) saved per block: x fp32, LN out bf16, fc1 and GELU outputs bf16 (4d), ...
+        acts = 22 * tokens * d * layers + weights / 2     # ... and autocast's bf16 copies of the weights
+    else:                       # fp32: x, LN out, fc1 and GELU outputs
+        acts = 40 * tokens * d * layers
+    batch = 2 * 4 * tokens * d                            # x, y
+    return (copies * weights + acts + batch) * ranks_sharing_memory(p)
+
+
 EXERCISE = Exercise(
     id="phase4.ddp", title="DDP: broadcast and sync checked by checksums; communication hidden under backward",
     run=run,
-    params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 240,
+    params={**launch_params(timeout_s=240),
             # 201M parameters as 24 blocks of d=1024 (not 6 of 2048): the gradients computed last
             # (block 0's) are what no bucket can hide, so narrower blocks leave less exposed.
-            "d_model": 1024, "n_layers": 24, "tokens_per_rank": 8192, "dtype": "bf16", "lr": 1e-4, "steps": 20,
-            "bucket_caps_mb": [5, 25, 50, 100, 400], "gradient_as_bucket_view": True,
-            "nccl_max_channels": [None, 16], "nccl_high_priority": [False, True], "sm_carveouts": [None],
-            "comm_hooks": ["builtin", "avg", "copy_engine"], "copy_engine_graphs": True, "contention": True,
-            "warmup_iters": 3, "iters": 21, "wall_steps": 8, "straggler_ms": 20.0},
+            "d_model": Int(1024, min=1), "n_layers": Int(24, min=1, unit="blocks"),
+            "tokens_per_rank": Int(8192, min=1, unit="tokens"),
+            "dtype": Choice("bf16", ("bf16", "fp32"), help="bf16: autocast matmuls on GPUs (fp32 on CPUs)"),
+            "lr": Float(1e-4, min=0), "steps": Int(20, min=1),
+            "bucket_caps_mb": Float([5, 25, 50, 100, 400], unit="MiB", min=0.001, many=True),
+            "gradient_as_bucket_view": Bool(True),
+            "nccl_max_channels": Int([None, 16], min=1, max=64, many=True, nullable=True,
+                                     help="NCCL_MAX_NCHANNELS, one launch each; null: NCCL's own choice"),
+            "nccl_high_priority": Bool([False, True], many=True),
+            "sm_carveouts": Int([None], min=0, max=256, unit="SMs", many=True, nullable=True,
+                                help="SMs every cuBLAS matmul leaves free, one launch each; null: none"),
+            "comm_hooks": Choice(["builtin", "avg", "copy_engine"], COMM_HOOKS, many=True),
+            "copy_engine_graphs": Bool(True), "contention": Bool(True),
+            "warmup_iters": Int(3, min=0, unit="steps"), "iters": Int(21, min=1, unit="steps"),
+            "wall_steps": Int(8, min=1, unit="steps"), "straggler_ms": Float(20.0, min=0, unit="ms")},
     cpu_params={"d_model": 64, "n_layers": 2, "tokens_per_rank": 32, "dtype": "fp32", "comm_hooks": ["builtin", "avg"],
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
                 "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"n_layers": 2, "bucket_caps_mb": [0.01, 1], "iters": 3, "warmup_iters": 1, "wall_steps": 3},
+    footprint_bytes=footprint_bytes,
 )

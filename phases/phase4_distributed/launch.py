@@ -23,10 +23,16 @@ rank that dies without a word (segfault, os._exit, OOM-kill) is reported by torc
 the others (its "Root Cause" block names the rank); a job that is still running after `timeout_s`
 is killed (torchrun's process group, then any rank still alive, by the pids the ranks wrote) and
 the error names what each rank was doing last (`stage.<rank>`).
+
+Interrupted (Ctrl-C, or SIGTERM from a job scheduler, which `lab` turns into common.errors.Terminated,
+a KeyboardInterrupt): the job is stopped at once, not after torchrun's own 30 s shutdown: SIGTERM
+to torchrun's group and to every rank together, INTERRUPT_GRACE_S to go, SIGKILL for whatever is
+left; then the job's temporary folder (`lab-phase4-*`) is removed. The whole stop takes ~1 s.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,10 +44,32 @@ from pathlib import Path
 from common import roofline
 from common.errors import LabError
 from common.exercise import row
+from common.params import Choice, Int
 from common.paths import REPO_ROOT
 
 BACKENDS = ("auto", "nccl", "gloo")
+INTERRUPT_GRACE_S = 1.0          # interrupted: how long the ranks get to go before SIGKILL
 NO_GPU = "no GPU in this run: needs 2 CUDA GPUs for NCCL (the CPU version runs only when asked: --param backend=gloo)"
+
+
+def launch_params(timeout_s: int) -> dict:
+    """The parameters every phase-4 exercise takes: how its ranks are launched and how long they get."""
+    return {
+        "backend": Choice("auto", BACKENDS, help="auto: NCCL on 2+ GPUs, else skipped; gloo: the CPU version"),
+        "world_sizes": Int("auto", min=2, unit="ranks", many=True, also=("auto",),
+                           help="auto: [2, every GPU] with NCCL, [2, 4] with gloo"),
+        "pg_timeout_s": Int(120, min=1, unit="s", help="a collective whose peer never arrives fails after this"),
+        "timeout_s": Int(timeout_s, min=1, unit="s", help="a job with no result after this is killed"),
+    }
+
+
+def ranks_sharing_memory(params: dict) -> int:
+    """How many ranks share the memory a footprint is compared with: with gloo every rank is a CPU
+    process on this host (the largest world size; auto: 4); with NCCL each rank has its own GPU."""
+    if params.get("backend") != "gloo":
+        return 1
+    sizes = params.get("world_sizes", "auto")
+    return 4 if sizes == "auto" else max([sizes] if isinstance(sizes, int) else sizes)
 
 
 @dataclass
@@ -119,8 +147,10 @@ def link_roofs(ctx, backend: str, dtype: str | None = None) -> roofline.Roofs:
 
 # ------------------------------------------------------------------------------ torchrun
 def worker_command(task: str, n: int, job: dict, result: Path) -> list[str]:
+    # --log-dir: torchrun's own folder (otherwise a torchelastic_* in TMPDIR, never removed) goes
+    # inside the job's, and with it
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc_per_node", str(n), "--max_restarts", "0",
+            "--nproc_per_node", str(n), "--max_restarts", "0", "--log-dir", str(result.parent / "torchelastic"),
             "-m", "phases.phase4_distributed.worker", task, json.dumps(job), str(result)]
 
 
@@ -142,8 +172,12 @@ class Job:
         self._out = open(self.dir / "torchrun.out", "w")
         self._err = open(self.dir / "torchrun.err", "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(worker_command(task, n, job, self.result), cwd=REPO_ROOT, env=env,
-                                     stdout=self._out, stderr=self._err, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(worker_command(task, n, job, self.result), cwd=REPO_ROOT, env=env,
+                                         stdout=self._out, stderr=self._err, start_new_session=True)
+        except BaseException:                  # nothing started: leave no folder behind
+            self.close()
+            raise
 
     def markers(self, name: str) -> dict[int, str]:
         """{rank: content} of the files `<name>.<rank>` the ranks wrote."""
@@ -155,35 +189,95 @@ class Job:
                 continue
         return out
 
-    def kill(self) -> None:
+    def rank_pids(self) -> set[int]:
+        """The ranks still alive: the pids they wrote, and torchrun's children (a rank that has not
+        written its pid yet), each confirmed by its command line."""
+        pids = set()
+        for pid in self.markers("pid").values():
+            try:
+                pids.add(int(pid))
+            except ValueError:
+                continue
+        pids |= _children(self.proc.pid)
+        return {pid for pid in pids if _is_rank(pid)}
+
+    def kill(self, grace_s: float = 5.0) -> None:
         """SIGTERM torchrun's process group (its agent then stops the ranks), SIGKILL it after a
         grace period, then SIGKILL any rank still alive by the pid it wrote: each rank runs in a
         session of its own, so the group signal alone does not reach it."""
+        ranks = self.rank_pids()                    # before torchrun goes: its children are found through it
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 break
             try:
-                self.proc.wait(timeout=5.0)
+                self.proc.wait(timeout=grace_s)
                 break
             except subprocess.TimeoutExpired:
                 continue
-        for pid in self.markers("pid").values():
-            try:
-                cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
-            except (OSError, ValueError):
-                continue                            # already gone
-            if b"phases.phase4_distributed.worker" in cmdline:      # still one of our ranks
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        for pid in ranks | self.rank_pids():
+            _signal(pid, signal.SIGKILL)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the job now (the lab was interrupted): SIGTERM to torchrun's group and to every rank
+        at once, up to `grace_s` (INTERRUPT_GRACE_S) for them to go, then SIGKILL whatever is left.
+        torchrun alone would give its ranks 30 s."""
+        grace_s = INTERRUPT_GRACE_S if grace_s is None else grace_s
+        ranks = self.rank_pids()
+        deadline = time.monotonic() + grace_s
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in ranks:
+            _signal(pid, signal.SIGTERM)
+        while time.monotonic() < deadline:
+            ranks |= self.rank_pids()
+            if self.proc.poll() is not None and not any(_is_rank(pid) for pid in ranks):
+                break
+            time.sleep(0.05)
+        ranks |= self.rank_pids()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in ranks:
+            _signal(pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=2.0)             # reap torchrun
+        except subprocess.TimeoutExpired:
+            pass
+        end = time.monotonic() + 1.0                # a SIGKILLed rank is gone within milliseconds
+        while any(_is_rank(pid) for pid in ranks) and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def finish(self) -> None:
+        """The end of every job, however it ends: one still running (the lab was interrupted, or
+        raised) is stopped at once, then the folder goes."""
+        try:
+            if self.proc.poll() is None or self.rank_pids():
+                self.stop()
+        except KeyboardInterrupt:              # a second interrupt while stopping: no more grace
+            self.stop(grace_s=0.0)
+            raise
+        finally:
+            self.close()
 
     def close(self) -> None:
+        """Close the log files and remove the job's folder (retried once: a rank killed a moment
+        ago may still have been writing its stage file into it)."""
         for fh in (self._out, self._err):
             fh.close()
-        self._tmp.cleanup()
+        for _ in range(3):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if not self.dir.exists():
+                break
+            time.sleep(0.1)
+        try:
+            self._tmp.cleanup()                     # nothing left to remove; keeps the object quiet
+        except OSError:
+            pass
 
     def stages(self) -> str:
         st = self.markers("stage")
@@ -221,7 +315,9 @@ def diagnose(torchrun_err: str, errors: dict[int, str], n: int, label: str, rc: 
 
 def launch(task: str, n: int, backend: str, params: dict, timeout_s: float, label: str,
            nccl_debug: bool = False, extra_env: dict | None = None) -> dict:
-    """Run `task` on n ranks; return rank 0's result, or raise LabError with one clear line."""
+    """Run `task` on n ranks; return rank 0's result, or raise LabError with one clear line.
+    Interrupted (KeyboardInterrupt, common.errors.Terminated), the job is stopped within ~1 s and
+    its folder removed before the interrupt goes on."""
     job = Job(task, n, backend, params, label, nccl_debug, extra_env)
     try:
         try:
@@ -240,6 +336,39 @@ def launch(task: str, n: int, backend: str, params: dict, timeout_s: float, labe
         out["_nccl_logs"] = [p.read_text(errors="replace") for p in sorted(job.dir.glob("nccl.*.log"))]
         return out
     finally:
-        if job.proc.poll() is None:
-            job.kill()
-        job.close()
+        job.finish()
+
+
+# ------------------------------------------------------------------------------ processes
+def _children(pid: int) -> set[int]:
+    """The pids whose parent is `pid` (from /proc)."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()       # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and fields[1] == str(pid):
+            out.add(int(d.name))
+    return out
+
+
+def _is_rank(pid: int) -> bool:
+    """Whether `pid` is alive and one of our ranks (not a zombie, not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return b"phases.phase4_distributed.worker" in cmdline and stat[stat.rindex(")") + 2:][:1] != "Z"
+
+
+def _signal(pid: int, sig) -> None:
+    if _is_rank(pid):
+        try:
+            os.kill(int(pid), sig)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -74,12 +74,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from common.checks import compare, exact
+from common.checks import CHECK_CHUNK, compare, exact
 from common.errors import LabError
 from common.exercise import Exercise, row
+from common.params import Bool, Float, Int
 
 from . import collectives as col
-from .launch import Job, launch, link_roofs, plan
+from .launch import Job, launch, launch_params, link_roofs, plan, ranks_sharing_memory
 
 
 # ------------------------------------------------------------------------------ the algorithm
@@ -447,9 +448,7 @@ def deadlock_demo(n: int, backend: str, params: dict) -> dict:
             "deadlocked": False, "waited_s": time.monotonic() - t0,
             "ranks_returned": len(job.markers("returned")), "killed": False})
     finally:
-        if job.proc.poll() is None:
-            job.kill()
-        job.close()
+        job.finish()                           # interrupted: stopped at once, the folder removed
 
 
 def run(ctx, params):
@@ -477,17 +476,37 @@ def run(ctx, params):
 
 GOAL_RATIO, GOAL_MIN_SIZE = 0.85, 256 * 2**20      # the issue's goal: >= 85% of NCCL's busbw from 256 MiB up
 
-COMMON = {"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 240,
-          "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30}
+
+def footprint_bytes(p: dict) -> float:
+    """Per rank, the largest of its three jobs: timed (buffer + scratch + #wrong check), checks, deadlock demo."""
+    size = max(p["sizes_bytes"])
+    timed = 1.5 * size + col.check_scratch_bytes(size)          # buffer, reduce-scatter scratch <= size / n
+    numel = max(p["check_numels"])
+    checks = 6 * 4 * numel + col.check_scratch_bytes(4 * numel) + 3 * 8 * min(numel, CHECK_CHUNK)
+    naive = 2 * p["deadlock_bytes"] if p["deadlock_demo"] else 0  # x and y
+    return max(timed, checks, naive) * ranks_sharing_memory(p)
+
+
+# the launch and the timing, shared with nothing else: the sweep declares its own (other defaults)
+COMMON = {**launch_params(timeout_s=240), **col.timing_params(5, 20, 200, 8 * 2**30)}
 EXERCISE = Exercise(
     id="phase4.ring_allreduce", title="Ring all-reduce from scratch (isend/irecv only), pipelined, vs NCCL",
     run=run,
-    params={**COMMON, "lanes": [1, 2], "directions": [1, 2], "depths": [1, 2], "graphs": [False, True],
-            "min_subchunk_bytes": 4 * 2**20,
-            "p2p_chunk_bytes": 65536,
-            "check_numels": [1, 3, 1031, 1_000_003, 2**24 + 7],
-            "sizes_bytes": [64 * 2**20, 256 * 2**20, 2**30],
-            "deadlock_demo": True, "deadlock_bytes": 256 * 2**20, "deadlock_wait_s": 5.0},
+    params={**COMMON,
+            # lanes: each an NCCL communicator whose channels (one SM each, up to 32) must all fit on
+            # the GPU beside the others' (a kernel waiting for an unscheduled peer waits forever)
+            "lanes": Int([1, 2], min=1, max=4, unit="process groups", many=True),
+            "directions": Int([1, 2], choices=(1, 2), many=True),
+            "depths": Int([1, 2], min=1, unit="sub-chunks", many=True),
+            "graphs": Bool([False, True], many=True, help="true: the ring replayed as one CUDA graph (GPUs only)"),
+            "min_subchunk_bytes": Int(4 * 2**20, min=0, unit="bytes"),
+            "p2p_chunk_bytes": Int(65536, min=1, unit="bytes", nullable=True,
+                                   help="NCCL_P2P_NVL_CHUNKSIZE for the ring's job; null: NCCL's default"),
+            "check_numels": Int([1, 3, 1031, 1_000_003, 2**24 + 7], min=1, unit="fp32 elements", many=True),
+            "sizes_bytes": Int([64 * 2**20, 256 * 2**20, 2**30], min=4, unit="bytes", many=True),
+            "deadlock_demo": Bool(True),
+            "deadlock_bytes": Int(256 * 2**20, min=4, unit="bytes"),
+            "deadlock_wait_s": Float(5.0, min=0.1, unit="s")},
     cpu_params={"lanes": [1, 2], "directions": [1, 2], "depths": [1, 4], "graphs": [False],
                 "min_subchunk_bytes": 64 * 2**10,
                 "check_numels": [1, 3, 1031, 100_003],
@@ -497,4 +516,5 @@ EXERCISE = Exercise(
     quick_params={"lanes": [1, 2], "directions": [2], "depths": [1, 3], "check_numels": [1, 5, 1031],
                   "sizes_bytes": [2**18],
                   "min_iters": 3, "max_iters": 3, "warmup_iters": 1, "deadlock_wait_s": 1.5},
+    footprint_bytes=footprint_bytes,
 )

@@ -27,10 +27,12 @@ import os
 import torch
 import torch.distributed as dist
 
+from common.errors import LabError
 from common.exercise import Exercise
+from common.params import Bool, Choice, Int
 
 from . import collectives as col
-from .launch import launch, link_roofs, plan
+from .launch import launch, launch_params, link_roofs, plan, ranks_sharing_memory
 from .ring import GOAL_MIN_SIZE as RING_GOAL_MIN_SIZE, GOAL_RATIO as RING_GOAL_RATIO, Config, lane_groups, \
     p2p_env
 
@@ -182,8 +184,26 @@ def _goal(rows: list[dict], n: int) -> dict:
 GOAL_GBPS, GOAL_MIN_SIZE = {2: 340.0, 4: 355.0}, 2**30
 
 
+def too_small(params: dict, world_sizes: list[int]) -> str | None:
+    """Why a size cannot run, or None. all_gather and reduce_scatter give every rank an equal share
+    of whole fp32 elements, so their sizes need 4 bytes per rank (a range cannot say that: it
+    depends on the world size)."""
+    split = [op for op in params["ops"] if op in ("all_gather", "reduce_scatter")]
+    if not split or not world_sizes:
+        return None
+    n = max(world_sizes)
+    small = [size for size in params["sizes_bytes"] if size < 4 * n]
+    if small:
+        return (f"--param sizes_bytes: {small[0]} bytes is too small for {split[0]} on {n} ranks: each rank's "
+                f"share must hold one fp32 element (at least {4 * n} bytes)")
+    return None
+
+
 def run(ctx, params):
     pl = plan(ctx, params)
+    why = too_small(params, pl.world_sizes)
+    if why:                                    # before any rank starts
+        raise LabError(why)
     rows = pl.skip_rows()
     if not pl.world_sizes:
         return rows, {"backend": pl.backend}
@@ -221,18 +241,42 @@ def run(ctx, params):
     return rows, summary
 
 
+# Buffers per rank, in units of the message: all_reduce 1; all_gather and reduce_scatter 1 + 1/n
+# (the gathered output or the input, plus one share); sendrecv 2 (send and receive); our ring
+# 1 + 1/n (the buffer plus its reduce-scatter scratch). n >= 2.
+BUFFERS = {"all_reduce": 1.0, "all_gather": 1.5, "reduce_scatter": 1.5, "sendrecv": 2.0, "ring_allreduce": 1.5}
+
+
+def footprint_bytes(p: dict) -> float:
+    """Per rank: the largest message's buffers (up to 2x for sendrecv) plus the #wrong check's scratch."""
+    size = max(p["sizes_bytes"])
+    ops = list(p["ops"]) + (["ring_allreduce"] if p["ours"] else [])
+    per_rank = max(BUFFERS[op] for op in ops) * size + col.check_scratch_bytes(size)
+    return per_rank * ranks_sharing_memory(p)
+
+
 SIZES_GPU = [2**k for k in range(15, 33)]            # 32 KiB ... 4 GiB
 EXERCISE = Exercise(
     id="phase4.interconnect", title="Interconnect sweep, nccl-tests style: all-reduce, all-gather, "
                                     "reduce-scatter, send/recv, and our ring, 32 KiB to 4 GiB",
     run=run,
-    params={"backend": "auto", "world_sizes": "auto", "pg_timeout_s": 120, "timeout_s": 300,
-            "sizes_bytes": SIZES_GPU, "ops": ["all_reduce", "all_gather", "reduce_scatter", "sendrecv"],
-            "ours": True, "ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_graph": True, "ring_min_subchunk_bytes": 32 * 2**20,
-            "ring_p2p_chunk_bytes": 65536, "probe_algorithms": True,
-            "warmup_iters": 5, "min_iters": 20, "max_iters": 200, "iter_bytes": 8 * 2**30},
+    params={**launch_params(timeout_s=300),
+            "sizes_bytes": Int(SIZES_GPU, min=4, unit="bytes", many=True,
+                               help="nccl-tests' size: per-rank buffer; all_gather output; reduce_scatter input"),
+            "ops": Choice(["all_reduce", "all_gather", "reduce_scatter", "sendrecv"], col.OPS, many=True),
+            "ours": Bool(True, help="also our ring all-reduce (ring.py) at every size"),
+            "ring_lanes": Int(1, min=1, max=4, unit="process groups"),
+            "ring_directions": Int(1, choices=(1, 2)),
+            "ring_depth": Int(1, min=1, unit="sub-chunks"),
+            "ring_graph": Bool(True, help="replay our ring as one CUDA graph (GPUs only)"),
+            "ring_min_subchunk_bytes": Int(32 * 2**20, min=0, unit="bytes"),
+            "ring_p2p_chunk_bytes": Int(65536, min=1, unit="bytes", nullable=True,
+                                        help="NCCL_P2P_NVL_CHUNKSIZE for our ring's job; null: NCCL's default"),
+            "probe_algorithms": Bool(True, help="an untimed NCCL_DEBUG job to learn NCCL's algorithm per size"),
+            **col.timing_params(5, 20, 200, 8 * 2**30)},
     cpu_params={"sizes_bytes": [2**k for k in range(15, 23, 2)], "ring_min_subchunk_bytes": 64 * 2**10,
                 "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"sizes_bytes": [2**15 + 12, 2**17], "warmup_iters": 1, "min_iters": 3, "max_iters": 3},
+    footprint_bytes=footprint_bytes,
 )

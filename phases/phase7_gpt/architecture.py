@@ -24,10 +24,39 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from common import roofline
 from common.checks import compare
 from common.exercise import Exercise, row, throughput_metrics
+from common.params import Folder, Int, Record
 
 from . import seed
 from .model import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
 from .train import autocast, clean, setup
+
+# ------------------------------------------------------------------------------ declarations
+SHAPE = {"n_layer": Int(None, min=1, max=96, unit="layers"),       # a model shape: every key required
+         "n_head": Int(None, min=1, max=128, unit="heads"),
+         "n_embd": Int(None, min=1, max=16384, unit="channels")}
+SHAPE_30M = {"n_layer": 6, "n_head": 6, "n_embd": 384}
+SHAPE_7M = {"n_layer": 4, "n_head": 4, "n_embd": 128}
+
+# shared with the training exercises (overfit.COMMON). block_size <= 8,192: the 33,803-token
+# validation split must hold failures.py's probe of 4 windows and at least one evaluation window
+DATA_DIR = Folder(None)
+SEED = Int(1337, min=0, max=2**64 - 1)
+BLOCK_SIZE = Int(256, min=1, max=8192, unit="tokens")
+VOCAB_MULTIPLE = Int(64, min=1, unit="vocabulary rows (pad to a multiple of this)")
+
+DATA_BYTES = 16 * seed.DATA["tokens"]     # both splits as int64 on the device, plus evaluation windows
+
+
+def training_bytes(shape: dict, block_size: int, batch_size: int, vocab_multiple: int = 1,
+                   optimizer: bool = True) -> float:
+    """Rough peak device bytes of one training step (fp32 state, bf16 activations, fp32 logits)."""
+    cfg = GPTConfig(block_size=block_size, vocab_multiple=vocab_multiple, **shape)
+    n = param_formula(cfg)["total"]                     # allocated: the padded vocabulary rows included
+    tokens = batch_size * block_size
+    state = n * (16 if optimizer else 8)                # weights, grads (+ AdamW's two moments), fp32
+    activations = tokens * cfg.n_embd * cfg.n_layer * 34            # bf16, saved for the backward
+    logits = tokens * cfg.padded_vocab * 4 * 2                      # fp32 logits and their gradient
+    return state + activations + logits + DATA_BYTES
 
 
 def _count_row(variant: str, cfg: GPTConfig, compare_seed: bool) -> dict:
@@ -145,15 +174,25 @@ def run(ctx, params):
     return clean(rows), clean(summary)
 
 
-SHAPE_30M = {"n_layer": 6, "n_head": 6, "n_embd": 384}
-SHAPE_7M = {"n_layer": 4, "n_head": 4, "n_embd": 128}
+def footprint_bytes(p: dict) -> float:
+    """model_run's forward + backward on sdpa_batch windows, math attention's scores and the fp64 check."""
+    shape, T, B = p["model_run"], p["block_size"], p["sdpa_batch"]
+    scores = B * shape["n_head"] * T * T
+    math_path = shape["n_layer"] * scores * 2 * 3       # bf16 scores, probabilities, their gradient, per layer
+    reference = scores * 8 * 3                          # _attention_check: fp64 scores, masked, softmax
+    return training_bytes(shape, T, B, p["vocab_multiple"], optimizer=False) + math_path + reference
+
 
 EXERCISE = Exercise(
     id="phase7.model", title="nanoGPT-style model: parameter breakdown, initial loss, flash attention",
     run=run,
-    params={"data_dir": None, "seed": 1337, "block_size": 256, "model_30m": SHAPE_30M, "model_7m": SHAPE_7M,
-            "model_run": SHAPE_30M, "vocab_multiple": 64, "init_batch": [4, 64], "sdpa_batch": 32},
+    params={"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE, "model_30m": Record(SHAPE_30M, SHAPE),
+            "model_7m": Record(SHAPE_7M, SHAPE), "model_run": Record(SHAPE_30M, SHAPE),
+            "vocab_multiple": VOCAB_MULTIPLE,
+            "init_batch": Int([4, 64], min=1, length=2, unit="[sequences, tokens]"),
+            "sdpa_batch": Int(32, min=1, unit="sequences")},
     cpu_params={"model_run": {"n_layer": 2, "n_head": 2, "n_embd": 64}, "block_size": 64, "sdpa_batch": 2},
     quick_params={"model_run": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "block_size": 32,
                   "init_batch": [2, 16], "sdpa_batch": 2},
-    variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"))
+    variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"),
+    footprint_bytes=footprint_bytes)

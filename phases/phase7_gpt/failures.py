@@ -25,8 +25,10 @@ A NaN or a frozen loss is this exercise's *result*, not a failure of the exercis
 import torch
 
 from common.exercise import Exercise
+from common.params import Bool, Float, Int, Record
 
 from . import seed
+from .architecture import SHAPE, training_bytes
 from .model import GPT
 from .overfit import COMMON
 from .train import clean, model_config, residual_stream_rms, setup, train, train_config, training_row
@@ -93,15 +95,24 @@ def run(ctx, params):
     return clean(rows), clean(summary)
 
 
+def footprint_bytes(p: dict) -> float:
+    """One training run of `model` (each variant trains alone; the RMS probe's model is freed first)."""
+    return training_bytes(p["model"], p["block_size"], p["batch_size"], p["vocab_multiple"])
+
+
 EXERCISE = Exercise(
     id="phase7.failures", title="Engineered failures: residuals, LayerNorm, warmup, learning rate, clipping",
     run=run,
-    params={**COMMON, "model": {"n_layer": 12, "n_head": 4, "n_embd": 128}, "max_iters": 400, "warmup_full": 200,
-            "warmup_short": 50, "lr_multiplier": 100, "eval_every": 25, "compile": False, "frozen_below": 0.1},
+    params={**COMMON, "model": Record({"n_layer": 12, "n_head": 4, "n_embd": 128}, SHAPE),
+            "max_iters": Int(400, min=1, unit="steps"), "warmup_full": Int(200, min=0, unit="steps"),
+            "warmup_short": Int(50, min=0, unit="steps"),
+            "lr_multiplier": Float(100, min=0, unit="x lr in the lr_x100 variants"),
+            "eval_every": Int(25, min=1, unit="steps"), "compile": Bool(False),
+            "frozen_below": Float(0.1, min=0, unit="nats of validation-loss drop")},
     cpu_params={"model": {"n_layer": 4, "n_head": 2, "n_embd": 32}, "block_size": 32, "batch_size": 4,
                 "max_iters": 60, "warmup_full": 20, "warmup_short": 5, "eval_every": 20, "eval_tokens": 256,
                 "vocab_multiple": 1, "timing_warmup": 3},
     quick_params={"model": {"n_layer": 3, "n_head": 1, "n_embd": 8}, "block_size": 16, "batch_size": 4,
                   "max_iters": 8, "warmup_full": 4, "warmup_short": 1, "eval_every": 4, "eval_tokens": 128,
                   "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2},
-    variants=tuple(CONFIGS))
+    variants=tuple(CONFIGS), footprint_bytes=footprint_bytes)

@@ -21,10 +21,13 @@ FLOPs per step = tokens x (6 N_non_embedding + 12 L d T + 6 d V) (model.flops_pe
 that over the median step time, against the spec sheet's dense BF16 peak and against the best
 matmul rate phase 1 measured on this GPU.
 """
+from dataclasses import replace
+
 from common.exercise import Exercise, row
+from common.params import Bool, Float, Int, Record
 
 from . import seed
-from .architecture import SHAPE_7M, SHAPE_30M
+from .architecture import BLOCK_SIZE, DATA_DIR, SEED, SHAPE, SHAPE_7M, SHAPE_30M, VOCAB_MULTIPLE, training_bytes
 from .model import param_formula
 from .train import clean, model_config, sample, setup, train, train_config, training_row
 
@@ -100,18 +103,41 @@ def run(ctx, params):
     return clean(rows), clean(summary)
 
 
-COMMON = {"data_dir": None, "seed": 1337, "block_size": 256, "batch_size": 64, "vocab_multiple": 64,
-          "lr": 1e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1, "grad_clip": 1.0, "profile_steps": 3,
-          "timing_warmup": 5, "eval_tokens": None}
+COMMON = {"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE,
+          "batch_size": Int(64, min=1, unit="sequences per step"), "vocab_multiple": VOCAB_MULTIPLE,
+          "lr": Float(1e-3, min=0, max=1, unit="peak learning rate"),
+          "min_lr_ratio": Float(0.1, min=0, max=1, unit="final lr / peak lr"),
+          "weight_decay": Float(0.1, min=0, unit="AdamW decoupled decay"),
+          "grad_clip": Float(1.0, min=0, unit="max gradient L2 norm; 0: no clipping"),
+          "profile_steps": Int(3, min=0, unit="steps"), "timing_warmup": Int(5, min=0, unit="steps"),
+          "eval_tokens": Int(None, min=1, nullable=True, unit="validation tokens; null: the whole split")}
+
+
+def footprint_bytes(p: dict) -> float:
+    """The largest training run; reproducibility holds its first model's weights while the second trains."""
+    batch, T, vm = p["batch_size"], p["block_size"], p["vocab_multiple"]
+    large_weights = 4 * param_formula(model_config(p["model_large"], T, vm))["total"]
+    return max(training_bytes(p["model_large"], T, p["throughput_batch_size"] or batch, vm),
+               training_bytes(p["model_large"], T, batch, vm) + large_weights,
+               training_bytes(p["model_small"], T, batch, vm))
+
 
 EXERCISE = Exercise(
     id="phase7.overfit", title="Overfitting: 30M and 7.25M GPTs on 304K tokens; throughput and MFU",
     run=run,
-    params={**COMMON, "model_large": SHAPE_30M, "model_small": SHAPE_7M, "max_iters": 2000, "warmup_iters": 100,
-            "eval_every": 50, "compile": True, "throughput_steps": 150, "throughput_eval_tokens": 8192,
-            "throughput_batch_size": None,
-            "repro_step": 100, "repro_tolerance": 2e-2, "sample_tokens": 100, "sample_temperature": 0.8,
-            "sample_top_k": 200, "goal_tokens_per_s": 1_000_000, "timing_warmup": 10, "profile_steps": 5},
+    params={**COMMON, "model_large": Record(SHAPE_30M, SHAPE), "model_small": Record(SHAPE_7M, SHAPE),
+            "max_iters": Int(2000, min=1, unit="steps"), "warmup_iters": Int(100, min=0, unit="steps"),
+            "eval_every": Int(50, min=1, unit="steps"), "compile": Bool(True),
+            "throughput_steps": Int(150, min=1, unit="steps"),
+            "throughput_eval_tokens": Int(8192, min=1, unit="validation tokens"),
+            "throughput_batch_size": Int(None, min=1, nullable=True, unit="sequences per step; null: batch_size"),
+            "repro_step": Int(100, min=0, unit="step"), "repro_tolerance": Float(2e-2, min=0, unit="nats"),
+            "sample_tokens": Int(100, min=1, unit="tokens"),
+            "sample_temperature": Float(0.8, min=0, unit="softmax temperature; 0: greedy"),
+            "sample_top_k": Int(200, min=1, max=50257, nullable=True, unit="tokens; null: no top-k"),
+            "goal_tokens_per_s": Int(1_000_000, min=1, unit="tokens/s"),
+            "timing_warmup": replace(COMMON["timing_warmup"], default=10),
+            "profile_steps": replace(COMMON["profile_steps"], default=5)},
     cpu_params={"model_large": {"n_layer": 2, "n_head": 2, "n_embd": 64},
                 "model_small": {"n_layer": 1, "n_head": 1, "n_embd": 32}, "block_size": 32, "batch_size": 4,
                 "max_iters": 120, "warmup_iters": 10, "eval_every": 20, "eval_tokens": 512, "compile": False,
@@ -122,4 +148,5 @@ EXERCISE = Exercise(
                   "max_iters": 12, "warmup_iters": 2, "eval_every": 4, "eval_tokens": 256, "compile": False,
                   "throughput_steps": 10, "throughput_eval_tokens": 64, "repro_step": 6, "sample_tokens": 12,
                   "timing_warmup": 1, "profile_steps": 2, "vocab_multiple": 1},
-    variants=("throughput", "throughput_eager", "large", "small", "reproducibility"))
+    variants=("throughput", "throughput_eager", "large", "small", "reproducibility"),
+    footprint_bytes=footprint_bytes)

@@ -18,8 +18,10 @@ Tokens per parameter, against Chinchilla's ~20 for compute-optimal training:
   the seed's "x underfed": 20 N_non_embedding / 304,222
 """
 from common.exercise import Exercise
+from common.params import Bool, Int, Record, Text
 
 from . import seed
+from .architecture import SHAPE, training_bytes
 from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
 from .model import param_formula
 from .overfit import COMMON
@@ -79,11 +81,21 @@ SIZES = [{"name": "nano", "n_layer": 2, "n_head": 2, "n_embd": 64},
          {"name": "small", "n_layer": 6, "n_head": 6, "n_embd": 192},
          {"name": "base", "n_layer": 6, "n_head": 6, "n_embd": 384}]
 
+
+def footprint_bytes(p: dict) -> float:
+    """The largest size's training run (the sizes train one after another)."""
+    return max(training_bytes({k: s[k] for k in SHAPE}, p["block_size"], p["batch_size"], p["vocab_multiple"])
+               for s in p["sizes"])
+
+
 EXERCISE = Exercise(
     id="phase7.scaling", title="Scaling law: five sizes to their best validation loss, power-law fit with bootstrap",
     run=run,
-    params={**COMMON, "sizes": SIZES, "max_iters": 3000, "warmup_iters": 100, "eval_every": 50, "patience": 6,
-            "compile": False, "bootstrap_resamples": 2000},
+    params={**COMMON, "sizes": Record(SIZES, {"name": Text(None), **SHAPE}, many=True),
+            "max_iters": Int(3000, min=1, unit="steps"), "warmup_iters": Int(100, min=0, unit="steps"),
+            "eval_every": Int(50, min=1, unit="steps"),
+            "patience": Int(6, min=1, unit="evaluations without a new best"), "compile": Bool(False),
+            "bootstrap_resamples": Int(2000, min=1, unit="resamples")},
     cpu_params={"sizes": [{"name": "nano", "n_layer": 1, "n_head": 1, "n_embd": 16},
                           {"name": "micro", "n_layer": 1, "n_head": 2, "n_embd": 32},
                           {"name": "mini", "n_layer": 2, "n_head": 2, "n_embd": 48},
@@ -97,4 +109,4 @@ EXERCISE = Exercise(
                   "block_size": 16, "batch_size": 4, "max_iters": 8, "warmup_iters": 2, "eval_every": 4,
                   "patience": 2, "eval_tokens": 128, "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2,
                   "bootstrap_resamples": 200},
-    variants=tuple(s["name"] for s in SIZES))
+    variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes)
