@@ -1,4 +1,5 @@
-"""Phase 7 data: offline tokenization of the shared TinyShakespeare, hashes, the split, the data path."""
+"""Phase 7 data: offline tokenization of the TinyShakespeare that ships in data/, hashes, the split,
+the data path. Nothing here reads outside the repository."""
 import importlib.util
 import shutil
 from pathlib import Path
@@ -6,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import LabError
+from common.errors import LabError, Skip
+from common.paths import absolute_paths
 from phases.phase7_gpt import data as D
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+SHIPPED = Path(__file__).resolve().parent.parent / "data"
 HAS_TIKTOKEN = importlib.util.find_spec("tiktoken") is not None
 needs_tiktoken = pytest.mark.skipif(not HAS_TIKTOKEN, reason="tiktoken is not installed (pip install tiktoken): "
                                                              "it belongs in the test extras")
@@ -17,9 +19,9 @@ needs_tiktoken = pytest.mark.skipif(not HAS_TIKTOKEN, reason="tiktoken is not in
 
 @pytest.fixture(scope="module")
 def shared() -> Path:
-    if not (SHARED / D.TEXT).is_file():
-        pytest.skip("the shared data folder ../shared/data is not here")
-    return SHARED
+    """The repository's own data/ folder: it must be there (it is committed), never skipped."""
+    assert all((SHIPPED / name).is_file() for name in D.FILES), "data/ is missing files: restore it with git"
+    return SHIPPED
 
 
 @needs_tiktoken
@@ -85,18 +87,18 @@ def test_data_dir_precedence(shared, tmp_path, monkeypatch):
         D.resolve_data_dir(str(tmp_path / "nowhere"))
 
 
-def test_missing_data_is_one_clear_error(tmp_path, monkeypatch):
+def test_missing_data_is_a_reason_to_skip(tmp_path, monkeypatch):
     monkeypatch.delenv("LAB_DATA_DIR", raising=False)
-    monkeypatch.setattr(D, "REPO_ROOT", tmp_path / "repo")
-    with pytest.raises(LabError) as exc:
+    monkeypatch.setattr(D, "SHIPPED", tmp_path / "repo" / "data")
+    with pytest.raises(Skip) as exc:
         D.resolve_data_dir(None)
     msg = str(exc.value)
-    assert "\n" not in msg and "not found" in msg and "data_dir" in msg
+    assert "\n" not in msg and "<repo>/data has no" in msg and "data_dir" in msg
 
 
 def test_labels_never_hold_absolute_paths(tmp_path):
-    for p in (tmp_path, D.REPO_ROOT / ".data", D.REPO_ROOT.parent / "shared" / "data"):
-        assert not D.label_of(p).startswith("/")
+    for p in (tmp_path, D.REPO_ROOT / "data", tmp_path / "elsewhere" / "data"):
+        assert not absolute_paths(D.label_of(p))
 
 
 @needs_tiktoken

@@ -1,7 +1,6 @@
 """Phase 7 model and training loop on a CPU: counts, ablation switches, the loop, the records' rows."""
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch.nn as nn
 from phases.phase7_gpt import train as TR
 from phases.phase7_gpt.model import GPT, GPTConfig, bytes_per_step, flops_per_token, param_breakdown, param_formula
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 TINY = dict(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=16)
 
 
@@ -143,11 +141,8 @@ def test_padded_vocab_is_never_sampled():
 # ------------------------------------------------------------------------------ the loop
 @pytest.fixture(scope="module")
 def splits():
-    if (SHARED / "tinyshakespeare" / "gpt2_train.u16").is_file():
-        from phases.phase7_gpt import data as D
-        return D.load_splits(SHARED)
-    rng = np.random.default_rng(0)                           # a stand-in with the same id range
-    return rng.integers(0, 50257, 5000).astype("<u2"), rng.integers(0, 50257, 600).astype("<u2")
+    from phases.phase7_gpt import data as D
+    return D.load_splits(D.SHIPPED)                          # the split that ships in data/
 
 
 CPU = torch.device("cpu")

@@ -1,16 +1,18 @@
 """TinyShakespeare and the GPT-2 tokenizer, offline: find the files, check their hashes, tokenize.
 
-Where the data comes from, first match wins:
+The files ship with the repository in `data/` (sources and licences in data/README.md). Where
+they are read from, first match wins:
 
-    --param data_dir=PATH  >  $LAB_DATA_DIR  >  <repo>/.data  >  <repo>/../shared/data
+    --param data_dir=PATH  >  $LAB_DATA_DIR  >  <repo>/data
 
 Each folder holds `tinyshakespeare/` (input.txt and the pre-tokenized split gpt2_train.u16 /
 gpt2_val.u16) and `gpt2/` (OpenAI's encoder.json and vocab.bpe). Every file is checked against
 its sha256 before use, so a truncated copy or a different tokenizer cannot slip into a record.
+A folder without the files is a reason to skip an exercise, not a failure.
 
-On a machine with internet, `lab run phase7.data_prep --param download=true` (or
-`python -m phases.phase7_gpt.data DEST`) fetches the three source files from their canonical
-addresses, checks the same hashes, and writes the split with tiktoken.
+`lab run phase7.data_prep --param download=true` (or `python -m phases.phase7_gpt.data DEST`)
+fetches the three source files from their canonical addresses, checks the same hashes, and
+writes the split with tiktoken: how data/ itself can be rebuilt.
 
 Tokenizing needs `tiktoken` (only the data_prep exercise does it). Training reads the .u16 split
 and decodes samples with a few lines of Python over encoder.json, so it needs numpy alone.
@@ -25,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import LabError
+from common.errors import LabError, Skip
 from common.paths import REPO_ROOT
 
-# name under the data folder -> (bytes, sha256); from shared/data/README.md
+# name under the data folder -> (bytes, sha256); data/README.md says where each comes from
 FILES = {
     "tinyshakespeare/input.txt": (1_115_394, "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
     "gpt2/encoder.json": (1_042_301, "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
@@ -56,40 +58,41 @@ PATTERN_ORIGINAL = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N
 
 
 # ------------------------------------------------------------------------------ where
+SHIPPED = REPO_ROOT / "data"
+
+
 def candidates(data_dir: str | None = None) -> list[tuple[str, Path]]:
     out = []
     if data_dir:
         out.append(("--param data_dir", Path(data_dir).expanduser()))
     if os.environ.get("LAB_DATA_DIR"):
         out.append(("LAB_DATA_DIR", Path(os.environ["LAB_DATA_DIR"]).expanduser()))
-    out += [("<repo>/.data", REPO_ROOT / ".data"), ("../shared/data", REPO_ROOT.parent / "shared" / "data")]
+    out.append(("<repo>/data", SHIPPED))
     return out
 
 
 def resolve_data_dir(data_dir: str | None = None, need: tuple[str, ...] = (TRAIN, VAL)) -> Path:
     """The first folder holding the files in `need`. A folder the user named explicitly must have
-    them: falling through to another copy would silently use data they did not ask for."""
-    looked = []
+    them: falling through to another copy would silently use data they did not ask for. Missing
+    data is a reason to skip (Skip), never a failed run."""
     for label, path in candidates(data_dir):
         if all((path / n).is_file() for n in need):
             return path
-        if label in ("--param data_dir", "LAB_DATA_DIR"):
-            missing = next(n for n in need if not (path / n).is_file())
-            raise LabError(f"phase 7 data: {label} points at {label_of(path)}, which has no {missing}")
-        looked.append(label)
-    raise LabError(f"phase 7 data not found (looked in {', '.join(looked)}): pass --param data_dir=PATH, "
-                   f"set LAB_DATA_DIR, or fetch it with --param download=true on a machine with internet")
+        missing = next(n for n in need if not (path / n).is_file())
+        if label != "<repo>/data":
+            raise Skip(f"phase 7 data: {label} points at {label_of(path)}, which has no {missing}")
+        raise Skip(f"phase 7 data: <repo>/data has no {missing} (it ships with the repository: restore it "
+                   f"with git, pass --param data_dir=PATH, or fetch it with --param download=true)")
+    raise AssertionError("unreachable: <repo>/data is always a candidate")
 
 
 def label_of(path: Path) -> str:
     """How a data folder may appear in a record: never an absolute path."""
     path = Path(path).resolve()
-    for base, name in ((REPO_ROOT, "<repo>"), (REPO_ROOT.parent, "<repo>/..")):
-        try:
-            return f"{name}/{path.relative_to(base).as_posix()}"
-        except ValueError:
-            continue
-    return f"<data_dir>/{path.name}"
+    try:
+        return f"<repo>/{path.relative_to(REPO_ROOT).as_posix()}"
+    except ValueError:
+        return f"<data_dir>/{path.name}"
 
 
 # ------------------------------------------------------------------------------ hashes
@@ -108,16 +111,17 @@ def sha256(path: Path) -> str:
 
 
 def verify(data_dir: Path, names=tuple(FILES)) -> dict:
-    """name -> sha256 for each file, after checking size and hash; LabError on any mismatch."""
+    """name -> sha256 for each file, after checking size and hash; Skip (the data, not the code,
+    is at fault) on a missing or different file."""
     out = {}
     for name in names:
         size, want = FILES[name]
         path = Path(data_dir) / name
         if not path.is_file():
-            raise LabError(f"phase 7 data: {label_of(data_dir)} has no {name}")
+            raise Skip(f"phase 7 data: {label_of(data_dir)} has no {name}")
         got = sha256(path)
         if path.stat().st_size != size or got != want:
-            raise LabError(f"phase 7 data: {name} in {label_of(data_dir)} has sha256 {got[:12]}..., "
+            raise Skip(f"phase 7 data: {name} in {label_of(data_dir)} has sha256 {got[:12]}..., "
                            f"expected {want[:12]}... ({size:,} bytes): a different or damaged file")
         out[name] = got
     return out
@@ -230,7 +234,7 @@ def download(dest: Path) -> Path:
         try:
             blob = _fetch(url)
         except OSError as exc:
-            raise LabError(f"phase 7 data: could not download {url}: {exc}") from None
+            raise Skip(f"phase 7 data: could not download {url}: {exc}") from None
         got = hashlib.sha256(blob).hexdigest()
         if got != FILES[name][1]:
             raise LabError(f"phase 7 data: {url} gave sha256 {got[:12]}..., expected {FILES[name][1][:12]}...")
@@ -254,5 +258,5 @@ def write_split(data_dir: Path) -> None:
 
 
 if __name__ == "__main__":          # python -m phases.phase7_gpt.data DEST
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT / ".data"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else SHIPPED
     print(f"data in {download(target)}")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from common.exercise import Exercise, Needs, row
-from common.paths import REPO_ROOT
+from common.params import Bool, Folder
 
 from . import data as D
 from . import seed
@@ -38,14 +38,9 @@ def _check(passed: bool, reference: str, reason: str | None, err=None) -> dict:
 
 def run(ctx, params):
     if params.get("download"):
-        target = Path(params["data_dir"]).expanduser() if params.get("data_dir") else REPO_ROOT / ".data"
-        D.download(target)
-        params["data_dir"] = D.label_of(target)
-        data_dir = target
+        data_dir = D.download(Path(params["data_dir"]).expanduser() if params.get("data_dir") else D.SHIPPED)
     else:
         data_dir = D.resolve_data_dir(params.get("data_dir"), need=(D.TEXT, D.ENCODER, D.MERGES, D.TRAIN, D.VAL))
-        if params.get("data_dir"):
-            params["data_dir"] = D.label_of(data_dir)
     hashes = D.verify(data_dir)
     text = D.read_text(data_dir)
     enc = D.encoding(data_dir)
@@ -86,7 +81,7 @@ def run(ctx, params):
             "tokenize_s": tokenize_s, "tokenizer_tokens_per_s": len(ids) / tokenize_s,
             "tokenizer": "tiktoken GPT-2 BPE built from the local encoder.json (no network)",
         }
-        rows.append(row("tokenize", {"data_dir": params.get("data_dir")}, "ok" if check["passed"] else "failed",
+        rows.append(row("tokenize", {"data_dir": D.label_of(data_dir)}, "ok" if check["passed"] else "failed",
                         check["reason"], check=check, metrics=metrics))
 
     if ctx.wants("storage"):
@@ -105,7 +100,12 @@ def run(ctx, params):
     return clean(rows), clean(summary)
 
 
+def footprint_bytes(p: dict) -> int:
+    """No device tensors: tokenizing and splitting run on the host; a few MB as a margin."""
+    return 4 * 2**20
+
+
 EXERCISE = Exercise(
     id="phase7.data_prep", title="TinyShakespeare -> GPT-2 BPE tokens: counts, split, uint16 storage",
-    run=run, needs=Needs(modules=("tiktoken",)), params={"data_dir": None, "download": False},
-    variants=("tokenize", "storage"))
+    run=run, needs=Needs(modules=("tiktoken",)), params={"data_dir": Folder(None, must_exist=False), "download": Bool(False)},
+    variants=("tokenize", "storage"), footprint_bytes=footprint_bytes)

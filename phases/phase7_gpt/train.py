@@ -472,8 +472,7 @@ def train_config(params: dict, **overrides) -> TrainConfig:
 
 
 def setup(ctx, params: dict):
-    """Find and verify the data; put a printable label (never an absolute path) in the params."""
+    """Find and verify the data (the record stores data_dir as its declaration says: relative to
+    the repository, or a folder name and content hash)."""
     data_dir = D.resolve_data_dir(params.get("data_dir"))
-    if params.get("data_dir"):
-        params["data_dir"] = D.label_of(data_dir)    # the runner stores this dict in the record
     return data_dir, D.load_splits(data_dir), ctx.phase1_ceiling() or {"tflops": None, "source": None}
