@@ -320,9 +320,30 @@ def render(text: str, view_for) -> str:
 
 def regenerate(check: bool = False, results: str | None = None, echo=print) -> int:
     res = results_dir(results)
-    records = load_records(res)
+    if not res.exists():
+        raise LabError(f"results folder '{res.name}' does not exist")
+    if not res.is_dir():
+        raise LabError(f"results folder '{res.name}' is not a folder")
+    records = load_records(res, strict=True)
+    if not records:
+        raise LabError(f"no records under results folder '{res.name}': nothing to report "
+                       "(the READMEs' tables are left as they are)")
     df = frame(records)
     stale = []
+    missing_blocks = blocks_missing()
+    if missing_blocks:
+        gone = (f"generated block '{missing_blocks[0]}' is in no README: put back "
+                f"<!-- lab:begin {missing_blocks[0]} --> ... <!-- lab:end {missing_blocks[0]} --> where it belongs")
+        if check:
+            echo(f"stale: {gone}")
+            return 1
+        raise LabError(gone)
+    if check and res.resolve() == (REPO_ROOT / "results").resolve():
+        rewritten = records_rewritten()
+        if rewritten:
+            echo(f"append-only broken: {rewritten[0]} ({len(rewritten)} in all); records are never "
+                 "deleted or rewritten: restore them from git")
+            return 1
     for readme in readmes():
         if not readme.is_file():
             continue
@@ -348,6 +369,45 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
             made += mod.draw(records, res)
     echo(f"rewrote {len(stale)} README(s); drew {len(made)} plot(s) from {len(records)} record(s)")
     return 0
+
+
+def blocks_missing() -> list[str]:
+    """Generated blocks that no README holds any more (someone deleted one by hand). Only the
+    lab's own READMEs must hold every block; a stand-in README (in a test) holds what it holds."""
+    from . import paths
+    if Path(REPO_ROOT).resolve() != paths.REPO_ROOT.resolve():
+        return []
+    present = set()
+    for readme in readmes():
+        if readme.is_file():
+            present |= set(BEGIN.findall(readme.read_text()))
+    return sorted(set(builders()) - present)
+
+
+def records_rewritten(root: Path = REPO_ROOT) -> list[str]:
+    """Committed records that are gone or changed: in the working tree against HEAD, and in the
+    history (a commit that deleted or modified a record). Empty where git or history is absent."""
+    from .env import run_quiet
+    git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
+    top = run_quiet([*git, "rev-parse", "--show-toplevel"])
+    if top is None or Path(top).resolve() != Path(root).resolve():
+        return []
+    spec = ["--", "results/phase*/*/*/*.json"]
+    out = []
+    now = run_quiet([*git, "diff", "--name-status", "HEAD", *spec]) or ""
+    out += [f"{line.split()[-1]} {'deleted' if line[0] == 'D' else 'changed'} in the working tree"
+            for line in now.splitlines() if line[:1] in ("D", "M", "R", "T")]
+    past = run_quiet([*git, "log", "--format=%h", "--name-status", "--diff-filter=DMRT", *spec], timeout=60) or ""
+    commit = None
+    for line in past.splitlines():
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            commit = line.strip()
+            continue
+        status, name = line.split("\t", 1)
+        out.append(f"{name.split(chr(9))[0]} {'deleted' if status[0] == 'D' else 'changed'} by commit {commit}")
+    return out
 
 
 def expected_plots(records: list[dict], res: Path) -> list[Path]:

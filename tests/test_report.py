@@ -1,7 +1,9 @@
 """common/report.py (+ findings, plots): README blocks regenerated from records, and --check."""
 import copy
+import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -143,13 +145,94 @@ def test_unknown_block_id_is_an_error(fake_repo, quick_results_copy, lab):
     assert "phase1.nope" in err
 
 
-def test_no_records_says_so_and_needs_no_plots(fake_repo, tmp_path):
+def test_zero_records_never_rewrite_the_tables(fake_repo, tmp_path, lab):
+    """An empty results folder (a typo in --results, a fresh folder) must not wipe every table."""
     empty = tmp_path / "empty-results"
-    assert report.regenerate(check=False, results=str(empty), echo=quiet) == 0
-    text = fake_repo.read_text()
-    assert "_No records yet: run `lab run phase1.elementwise`" in block(text, "phase1.elementwise")
-    assert "planned" in block(text, "phases")
-    assert report.regenerate(check=True, results=str(empty), echo=quiet) == 0
+    empty.mkdir()
+    for check in (False, True):
+        with pytest.raises(LabError, match="no records"):
+            report.regenerate(check=check, results=str(empty), echo=quiet)
+    assert fake_repo.read_text() == README
+    rc, out, err = lab("report", "--results", empty)
+    assert_one_line_error(rc, err) and rc == 2
+
+
+@pytest.mark.parametrize("make", ["missing", "a-file"])
+def test_a_results_folder_that_is_not_one_is_refused(fake_repo, tmp_path, lab, make):
+    target = tmp_path / make
+    if make == "a-file":
+        target.write_text("x")
+    rc, out, err = lab("report", "--results", target)
+    assert rc == 2
+    assert_one_line_error(rc, err)
+    assert ("does not exist" if make == "missing" else "is not a folder") in err
+    assert fake_repo.read_text() == README
+
+
+def _first_record(results):
+    return sorted(results.glob("phase*/*/*/*.json"))[0]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda text: text[: len(text) // 2], "not valid JSON"),                        # truncated
+    (lambda text: "{ this is not json", "not valid JSON"),                           # corrupt
+    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "hardware"}),
+     "missing 'hardware'"),                                                          # a block missing
+    (lambda text: text.replace('"status": "ok"', '"status": "fine"', 1), "status 'fine'"),   # invalid
+    (lambda text: json.dumps({**json.loads(text), "reason": "see /home/someone/log"}), "absolute path"),
+])
+def test_a_bad_record_is_named_and_nothing_is_rewritten(fake_repo, quick_results_copy, lab, damage, words):
+    bad = _first_record(quick_results_copy)
+    bad.write_text(damage(bad.read_text()))
+    for args in (("report",), ("report", "--check")):
+        rc, out, err = lab(*args, "--results", quick_results_copy)
+        assert rc == 2
+        assert_one_line_error(rc, err)
+        assert bad.relative_to(quick_results_copy.parent).as_posix() in err and words in err, err
+        assert "internal error" not in err
+    assert fake_repo.read_text() == README
+
+
+def test_check_fails_when_a_generated_block_is_removed(tmp_path, monkeypatch):
+    """Deleting a generated block by hand (with its markers) is caught, in the lab's own READMEs."""
+    copies = []
+    for path in report.readmes():
+        dst = tmp_path / path.relative_to(report.REPO_ROOT)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(path.read_text())
+        copies.append(dst)
+    top = copies[0]
+    top.write_text(re.sub(r"<!-- lab:begin phase1\.cache_sweep -->.*?<!-- lab:end phase1\.cache_sweep -->\n",
+                          "", top.read_text(), flags=re.S))
+    monkeypatch.setattr(report, "readmes", lambda: copies)
+    assert report.blocks_missing() == ["phase1.cache_sweep"]
+    messages = []
+    assert report.regenerate(check=True, results=str(report.REPO_ROOT / "results"), echo=messages.append) == 1
+    assert "phase1.cache_sweep" in messages[-1] and "in no README" in messages[-1]
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_append_only_is_enforced_against_the_records_git_tracks(tmp_path):
+    root = tmp_path / "lab"
+    rec = root / "results" / "phase1" / "elementwise" / "cpu" / "20261121T000000Z_abcdef0.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text("{}\n")
+    _git(root.parent, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "a record")
+    assert report.records_rewritten(root) == []
+    rec.write_text('{"changed": true}\n')
+    assert report.records_rewritten(root) == [f"{rec.relative_to(root).as_posix()} changed in the working tree"]
+    rec.unlink()
+    assert report.records_rewritten(root) == [f"{rec.relative_to(root).as_posix()} deleted in the working tree"]
+    _git(root, "commit", "-qam", "drop a record")
+    [gone] = report.records_rewritten(root)
+    assert gone.startswith(f"{rec.relative_to(root).as_posix()} deleted by commit ")
 
 
 def test_lab_report_cli(fake_repo, quick_results_copy, lab):
