@@ -178,13 +178,14 @@ def load_records(results: Path, phase: int | None = None, exercise: str | None =
             rec = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             if strict:
-                why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON ({str(exc).split(':')[0]})"
-                raise RecordError(f"record results/{rel}: {why}") from None
+                why = (f"not valid JSON ({exc.msg} at line {exc.lineno})" if isinstance(exc, json.JSONDecodeError)
+                       else exc.strerror if isinstance(exc, OSError) else "not UTF-8 text")
+                raise RecordError(f"record {results.name}/{rel}: {why}") from None
             continue
         if strict:
             found = problems(rec) if isinstance(rec, dict) else ["not a JSON object"]
             if found:
-                raise RecordError(f"record results/{rel} is invalid: {'; '.join(found[:3])}")
+                raise RecordError(f"record {results.name}/{rel} is invalid: {'; '.join(found[:3])}")
         if not isinstance(rec, dict) or not isinstance(rec.get("exercise"), dict):
             continue
         ex_id = rec["exercise"].get("id", "")
