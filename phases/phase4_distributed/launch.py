@@ -49,6 +49,7 @@ from common.paths import REPO_ROOT
 
 BACKENDS = ("auto", "nccl", "gloo")
 INTERRUPT_GRACE_S = 1.0          # interrupted: how long the ranks get to go before SIGKILL
+TIMEOUT_GRACE_S = 5.0            # out of time: a little longer, so ranks can write what they were doing
 NO_GPU = "no GPU in this run: needs 2 CUDA GPUs for NCCL (the CPU version runs only when asked: --param backend=gloo)"
 
 
@@ -147,8 +148,8 @@ def link_roofs(ctx, backend: str, dtype: str | None = None) -> roofline.Roofs:
 
 # ------------------------------------------------------------------------------ torchrun
 def worker_command(task: str, n: int, job: dict, result: Path) -> list[str]:
-    # --log-dir: torchrun's own folder (otherwise a torchelastic_* in TMPDIR, never removed) goes
-    # inside the job's, and with it
+    # --log-dir: torchrun's own folder (otherwise a torchelastic_* left in TMPDIR) goes inside the
+    # job's folder and is removed with it
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc_per_node", str(n), "--max_restarts", "0", "--log-dir", str(result.parent / "torchelastic"),
             "-m", "phases.phase4_distributed.worker", task, json.dumps(job), str(result)]
@@ -201,49 +202,22 @@ class Job:
         pids |= _children(self.proc.pid)
         return {pid for pid in pids if _is_rank(pid)}
 
-    def kill(self, grace_s: float = 5.0) -> None:
-        """SIGTERM torchrun's process group (its agent then stops the ranks), SIGKILL it after a
-        grace period, then SIGKILL any rank still alive by the pid it wrote: each rank runs in a
-        session of its own, so the group signal alone does not reach it."""
-        ranks = self.rank_pids()                    # before torchrun goes: its children are found through it
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                self.proc.wait(timeout=grace_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        for pid in ranks | self.rank_pids():
-            _signal(pid, signal.SIGKILL)
-
     def stop(self, grace_s: float | None = None) -> None:
-        """Stop the job now (the lab was interrupted): SIGTERM to torchrun's group and to every rank
-        at once, up to `grace_s` (INTERRUPT_GRACE_S) for them to go, then SIGKILL whatever is left.
-        torchrun alone would give its ranks 30 s."""
+        """Stop the job now (the lab was interrupted, or the job ran out of time): SIGTERM to
+        torchrun's group and to every rank at once (each rank runs in a session of its own, so the
+        group signal alone does not reach it), up to `grace_s` (INTERRUPT_GRACE_S) for them to go,
+        then SIGKILL whatever is left. torchrun alone would give its ranks 30 s."""
         grace_s = INTERRUPT_GRACE_S if grace_s is None else grace_s
         ranks = self.rank_pids()
         deadline = time.monotonic() + grace_s
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in ranks:
-            _signal(pid, signal.SIGTERM)
+        self._signal_all(ranks, signal.SIGTERM)
         while time.monotonic() < deadline:
             ranks |= self.rank_pids()
             if self.proc.poll() is not None and not any(_is_rank(pid) for pid in ranks):
                 break
             time.sleep(0.05)
         ranks |= self.rank_pids()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in ranks:
-            _signal(pid, signal.SIGKILL)
+        self._signal_all(ranks, signal.SIGKILL)
         try:
             self.proc.wait(timeout=2.0)             # reap torchrun
         except subprocess.TimeoutExpired:
@@ -251,6 +225,15 @@ class Job:
         end = time.monotonic() + 1.0                # a SIGKILLed rank is gone within milliseconds
         while any(_is_rank(pid) for pid in ranks) and time.monotonic() < end:
             time.sleep(0.02)
+
+    def _signal_all(self, ranks: set[int], sig) -> None:
+        """`sig` to torchrun's process group and to each rank."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in ranks:
+            _signal(pid, sig)
 
     def finish(self) -> None:
         """The end of every job, however it ends: one still running (the lab was interrupted, or
@@ -324,7 +307,7 @@ def launch(task: str, n: int, backend: str, params: dict, timeout_s: float, labe
             rc = job.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             where = job.stages()
-            job.kill()
+            job.stop(grace_s=TIMEOUT_GRACE_S)
             raise LabError(f"{label}: no result after {timeout_s:.0f} s, so the {n} ranks were killed; "
                            f"last progress: {where}") from None
         if rc != 0:

@@ -439,7 +439,7 @@ def deadlock_demo(n: int, backend: str, params: dict) -> dict:
         except subprocess.TimeoutExpired:      # the expected outcome
             waited = time.monotonic() - t0
             returned = len(job.markers("returned"))
-            job.kill()
+            job.stop()                          # deadlocked ranks have nothing to finish
             return row("naive_blocking", p, "ok", None, metrics={
                 "outcome": f"deadlocked as predicted after {waited:.1f} s",
                 "deadlocked": True, "waited_s": waited, "ranks_returned": returned, "killed": True})
