@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks of crashing exercises")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    sub.add_parser("list", help="list exercises, what they need, and whether they can run here")
+    ls = sub.add_parser("list", help="list exercises, what they need, and whether they can run here; "
+                                     "with targets, each one's parameters and what they allow")
+    ls.add_argument("targets", nargs="*", help="phases or exercises whose parameters to show")
 
     r = sub.add_parser("run", help="run phases or exercises and write one record each")
     r.add_argument("targets", nargs="+", help="phase number (1), phase1, phase1.elementwise, or all")
@@ -102,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_list(args) -> int:
     import torch
 
-    from .registry import all_exercises
+    from .registry import all_exercises, select
     from .runner import make_context
+    if args.targets:
+        return _list_params(select(args.targets))
     ctx = make_context("cpu") if not torch.cuda.is_available() else None
     table = Table(title="Exercises")
     table.add_column("id", no_wrap=True)
@@ -118,6 +122,22 @@ def cmd_list(args) -> int:
         table.add_row(ex.id, ex.title, ", ".join(ex.variants) or "-", ", ".join(needs) or "-",
                       "[green]runs[/]" if reason is None else f"[yellow]skips[/]: {reason}")
     console.print(table)
+    return 0
+
+
+def _list_params(exercises) -> int:
+    """Each exercise's declared parameters: default (GPU, and CPU where it differs) and what is allowed."""
+    for ex in exercises:
+        table = Table(title=f"{ex.id}: {ex.title}")
+        for col in ("parameter", "default", "on a CPU", "allowed"):
+            table.add_column(col, no_wrap=col == "parameter")
+        for name, spec in ex.schema.items():
+            cpu = ex.cpu_params.get(name, spec.default)
+            table.add_row(name, json.dumps(spec.default), json.dumps(cpu) if cpu != spec.default else "",
+                          spec.allowed(), end_section=False)
+        if not ex.schema:
+            table.add_row("-", "", "", "no parameters")
+        console.print(table, markup=False)
     return 0
 
 

@@ -280,3 +280,12 @@ def test_record_command_is_the_command_main_was_given(lab, tmp_path):
     assert rc == 0
     [f] = json_files(tmp_path)
     assert "run phase0.gates" in read_json(f)["provenance"]["command"]
+
+
+def test_lab_list_shows_an_exercises_declared_parameters(lab):
+    rc, out, err = lab("list", "phase1.elementwise", "phase1.matmul_fp16")
+    assert rc == 0, err
+    assert "sizes" in out and "[33554432, 1073741824]" in out and "each an integer >= 1 (fp32 elements)" in out
+    assert "dtype" in out and "one of fp16, bf16, fp32" in out
+    rc, out, err = lab("list", "nope")
+    assert rc == 2 and "unknown phase or exercise" in err
