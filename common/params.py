@@ -17,7 +17,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path as _Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import LabError
 
@@ -43,6 +43,7 @@ class Param:
     fields: dict | None = None    # kind "dict": the declared keys, each a Param
     help: str | None = None
     must_exist: bool = True       # kind "path": the folder must already be there
+    rule: Callable[[Any], str | None] | None = None   # across one value's parts (each item's, in a list): why not
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -72,7 +73,9 @@ class Param:
             what = "any value"
         if self.unit:
             what += f" ({self.unit})"
-        if self.length:
+        if self.length and self.many:
+            what = f"a list of shapes, each a list of {self.length} values, each {what}"
+        elif self.length:
             what = f"a list of {self.length} values, each {what}"
         elif self.many:
             what = f"a list of values, each {what}"
@@ -87,14 +90,27 @@ class Param:
         ParamError with one line naming the parameter, the value and what is allowed."""
         if value in self.also or (value is None and self.nullable and not self.many):
             return value
-        if self.many or self.length:
+        if self.many:
             items = value if isinstance(value, (list, tuple)) else [value]
-            if self.length and len(items) != self.length:
-                raise self._error(name, value)
+            if self.length and items and not isinstance(items[0], (list, tuple)):
+                items = [items]                        # one shape given alone: a list of one shape
             if not items:
                 raise ParamError(f"--param {name}={_show(value)}: needs at least one value; allowed: {self.allowed()}")
-            return [self._one(name, v, value) for v in items]
-        return self._one(name, value, value)
+            out = [self._shape(name, v, value) if self.length else self._one(name, v, value) for v in items]
+        elif self.length:
+            out = self._shape(name, value, value)
+        else:
+            out = self._one(name, value, value)
+        for item in (out if self.many else [out]) if self.rule else ():   # each shape, each object
+            why = self.rule(item)
+            if why:
+                raise ParamError(f"--param {name}={_show(value)}: {why}")
+        return out
+
+    def _shape(self, name: str, shape, whole) -> list:
+        if not isinstance(shape, (list, tuple)) or len(shape) != self.length:
+            raise self._error(name, whole, None if shape is whole else shape)
+        return [self._one(name, v, whole) for v in shape]
 
     def _one(self, name: str, v, whole):
         bad = lambda: self._error(name, whole, v)          # noqa: E731
@@ -200,9 +216,9 @@ def _show(v) -> str:
 
 # ------------------------------------------------------------------------------ constructors
 def Int(default, *, min=None, max=None, unit=None, many=False, length=None, nullable=False, also=(),
-        choices=None, help=None) -> Param:
+        choices=None, rule=None, help=None) -> Param:
     return Param(default, "int", unit, min, max, tuple(choices) if choices else None, many, length, nullable,
-                 tuple(also), None, help)
+                 tuple(also), None, help, rule=rule)
 
 
 def Float(default, *, min=None, max=None, unit=None, many=False, nullable=False, also=(), help=None) -> Param:
@@ -226,6 +242,7 @@ def Folder(default=None, *, must_exist=True, help=None) -> Param:
     return Param(default, "path", nullable=True, help=help, must_exist=must_exist)
 
 
-def Record(default, fields: dict, *, many=False, help=None) -> Param:
-    """An object with declared keys (a model shape), or a list of them."""
-    return Param(default, "dict", many=many, fields=dict(fields), help=help)
+def Record(default, fields: dict, *, many=False, rule=None, help=None) -> Param:
+    """An object with declared keys (a model shape), or a list of them; `rule(value)` returns why a
+    combination of keys is not allowed (n_embd not a multiple of n_head), or None."""
+    return Param(default, "dict", many=many, fields=dict(fields), help=help, rule=rule)

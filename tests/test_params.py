@@ -84,6 +84,19 @@ def test_fixed_length_shapes():
         shape.check("irregular_shape", [3, 5])
 
 
+def test_lists_of_shapes_and_rules_across_values():
+    shapes = Int([[2, 3]], min=1, length=2, many=True, rule=lambda s: "too big" if s[0] * s[1] > 100 else None)
+    assert shapes.check("shapes", [[4, 5], [6, 7]]) == [[4, 5], [6, 7]]
+    assert shapes.check("shapes", [4, 5]) == [[4, 5]]                  # one shape alone: a list of one
+    with pytest.raises(ParamError, match="a list of shapes, each a list of 2 values"):
+        shapes.check("shapes", [[4, 5, 6]])
+    with pytest.raises(ParamError, match=r"shapes=\[\[4,5\],\[20,20\]\]: too big"):
+        shapes.check("shapes", [[4, 5], [20, 20]])
+    from phases.phase7_gpt.architecture import Shape
+    with pytest.raises(ParamError, match="n_embd 64 is not a multiple of n_head 3"):
+        Shape({"n_layer": 1, "n_head": 1, "n_embd": 8}).check("model", {"n_layer": 2, "n_head": 3, "n_embd": 64})
+
+
 def test_records_with_declared_keys():
     shape = Record({"n_layer": 2, "n_embd": 8}, {"n_layer": Int(None, min=1), "n_embd": Int(None, min=1)})
     assert shape.check("model", {"n_layer": 3, "n_embd": 16}) == {"n_layer": 3, "n_embd": 16}

@@ -64,7 +64,7 @@ import torch
 from common.checks import CHECK_CHUNK, compare, exact, poison
 from common.errors import LabError
 from common.exercise import Exercise, Needs, measure
-from common.params import Choice, Int, Param, ParamError
+from common.params import Choice, Int
 
 from . import build
 from ._args import INT32_MAX, need_contiguous
@@ -377,25 +377,9 @@ def _relate(here: list[dict]) -> None:
             r["metrics"]["speedup_vs_torch"] = torch_row["metrics"]["ms"] / r["metrics"]["ms"]
 
 
-class ShapeList(Param):
-    """A list of [rows, cols] shapes. `Int(..., length=2)` declares one shape, not a list of them, so
-    this is kind "any" with its own check: each shape a pair of integers from 1 to 2^31 - 1 whose
-    product stays below 2^31 (the kernels count with int)."""
-
-    def allowed(self) -> str:
-        return "a list of [rows, cols] pairs, each an integer >= 1, rows x cols < 2^31"
-
-    def check(self, name: str, value):
-        if not isinstance(value, (list, tuple)) or not value:
-            raise ParamError(f"--param {name}={value}: must be {self.allowed()}")
-        pair = Int(None, min=1, max=INT32_MAX, length=2, unit="rows, columns")
-        out = []
-        for i, shape in enumerate(value):
-            rows, cols = pair.check(f"{name}[{i}]", shape)
-            if rows * cols > INT32_MAX:
-                raise ParamError(f"--param {name}[{i}]={rows}x{cols}: must have fewer than 2^31 elements")
-            out.append([rows, cols])
-        return out
+def _fits_int32(shape: list[int]) -> str | None:
+    """The kernels count elements with int: a shape must hold fewer than 2^31."""
+    return f"{shape[0]} x {shape[1]} is 2^31 elements or more" if shape[0] * shape[1] > INT32_MAX else None
 
 
 def footprint_bytes(p: dict) -> int:
@@ -416,9 +400,8 @@ EXERCISE = Exercise(
             "total_elements": Int(2**28, min=1, max=INT32_MAX, unit="elements per tensor (rows = this // cols)"),
             "dtypes": Choice(["fp32", "bf16"], tuple(TORCH_DTYPES), many=True),
             "seed_shape": Int([4096, 32], min=1, length=2, unit="rows, columns (fp32)"),
-            # A list of lists: kind "any", checked by ShapeList (each a [rows, cols] pair).
-            "irregular_shapes": ShapeList([[1000, 1000], [77, 33], [3, 65537], [5, 100000]], "any",
-                                          unit="rows, columns (checked, not timed)")},
+            "irregular_shapes": Int([[1000, 1000], [77, 33], [3, 65537], [5, 100000]], min=1, max=INT32_MAX,
+                                    length=2, many=True, rule=_fits_int32, unit="rows, columns (checked, not timed)")},
     cpu_params={},
     quick_params={"cols": [128, 4096, 65536], "total_elements": 2**20,
                   "irregular_shapes": [[77, 33], [3, 65537]]},

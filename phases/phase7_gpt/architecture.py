@@ -35,6 +35,18 @@ SHAPE = {"n_layer": Int(None, min=1, max=96, unit="layers"),       # a model sha
          "n_head": Int(None, min=1, max=128, unit="heads"),
          "n_embd": Int(None, min=1, max=16384, unit="channels")}
 SHAPE_30M = {"n_layer": 6, "n_head": 6, "n_embd": 384}
+
+
+def heads_divide_width(shape: dict) -> str | None:
+    """Attention splits n_embd channels evenly across n_head heads."""
+    if shape["n_embd"] % shape["n_head"]:
+        return f"n_embd {shape['n_embd']} is not a multiple of n_head {shape['n_head']}"
+    return None
+
+
+def Shape(default, *, many=False, extra=None) -> Record:
+    """A model shape parameter (every key required; heads must divide the width)."""
+    return Record(default, {**(extra or {}), **SHAPE}, many=many, rule=heads_divide_width)
 SHAPE_7M = {"n_layer": 4, "n_head": 4, "n_embd": 128}
 
 # shared with the training exercises (overfit.COMMON). block_size <= 8,192: the 33,803-token
@@ -186,8 +198,8 @@ def footprint_bytes(p: dict) -> float:
 EXERCISE = Exercise(
     id="phase7.model", title="nanoGPT-style model: parameter breakdown, initial loss, flash attention",
     run=run,
-    params={"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE, "model_30m": Record(SHAPE_30M, SHAPE),
-            "model_7m": Record(SHAPE_7M, SHAPE), "model_run": Record(SHAPE_30M, SHAPE),
+    params={"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE, "model_30m": Shape(SHAPE_30M),
+            "model_7m": Shape(SHAPE_7M), "model_run": Shape(SHAPE_30M),
             "vocab_multiple": VOCAB_MULTIPLE,
             "init_batch": Int([4, 64], min=1, length=2, unit="[sequences, tokens]"),
             "sdpa_batch": Int(32, min=1, unit="sequences")},

@@ -25,10 +25,10 @@ A NaN or a frozen loss is this exercise's *result*, not a failure of the exercis
 import torch
 
 from common.exercise import Exercise
-from common.params import Bool, Float, Int, Record
+from common.params import Bool, Float, Int
 
 from . import seed
-from .architecture import SHAPE, training_bytes
+from .architecture import Shape, training_bytes
 from .model import GPT
 from .overfit import COMMON
 from .train import clean, model_config, residual_stream_rms, setup, train, train_config, training_row
@@ -103,7 +103,7 @@ def footprint_bytes(p: dict) -> float:
 EXERCISE = Exercise(
     id="phase7.failures", title="Engineered failures: residuals, LayerNorm, warmup, learning rate, clipping",
     run=run,
-    params={**COMMON, "model": Record({"n_layer": 12, "n_head": 4, "n_embd": 128}, SHAPE),
+    params={**COMMON, "model": Shape({"n_layer": 12, "n_head": 4, "n_embd": 128}),
             "max_iters": Int(400, min=1, unit="steps"), "warmup_full": Int(200, min=0, unit="steps"),
             "warmup_short": Int(50, min=0, unit="steps"),
             "lr_multiplier": Float(100, min=0, unit="x lr in the lr_x100 variants"),

@@ -24,10 +24,10 @@ matmul rate phase 1 measured on this GPU.
 from dataclasses import replace
 
 from common.exercise import Exercise, row
-from common.params import Bool, Float, Int, Record
+from common.params import Bool, Float, Int
 
 from . import seed
-from .architecture import BLOCK_SIZE, DATA_DIR, SEED, SHAPE, SHAPE_7M, SHAPE_30M, VOCAB_MULTIPLE, training_bytes
+from .architecture import BLOCK_SIZE, DATA_DIR, SEED, SHAPE_7M, SHAPE_30M, VOCAB_MULTIPLE, Shape, training_bytes
 from .model import param_formula
 from .train import clean, model_config, sample, setup, train, train_config, training_row
 
@@ -125,7 +125,7 @@ def footprint_bytes(p: dict) -> float:
 EXERCISE = Exercise(
     id="phase7.overfit", title="Overfitting: 30M and 7.25M GPTs on 304K tokens; throughput and MFU",
     run=run,
-    params={**COMMON, "model_large": Record(SHAPE_30M, SHAPE), "model_small": Record(SHAPE_7M, SHAPE),
+    params={**COMMON, "model_large": Shape(SHAPE_30M), "model_small": Shape(SHAPE_7M),
             "max_iters": Int(2000, min=1, unit="steps"), "warmup_iters": Int(100, min=0, unit="steps"),
             "eval_every": Int(50, min=1, unit="steps"), "compile": Bool(True),
             "throughput_steps": Int(150, min=1, unit="steps"),

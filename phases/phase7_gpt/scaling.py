@@ -18,10 +18,10 @@ Tokens per parameter, against Chinchilla's ~20 for compute-optimal training:
   the seed's "x underfed": 20 N_non_embedding / 304,222
 """
 from common.exercise import Exercise
-from common.params import Bool, Int, Record, Text
+from common.params import Bool, Int, Text
 
 from . import seed
-from .architecture import SHAPE, training_bytes
+from .architecture import SHAPE, Shape, training_bytes
 from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
 from .model import param_formula
 from .overfit import COMMON
@@ -91,7 +91,7 @@ def footprint_bytes(p: dict) -> float:
 EXERCISE = Exercise(
     id="phase7.scaling", title="Scaling law: five sizes to their best validation loss, power-law fit with bootstrap",
     run=run,
-    params={**COMMON, "sizes": Record(SIZES, {"name": Text(None), **SHAPE}, many=True),
+    params={**COMMON, "sizes": Shape(SIZES, many=True, extra={"name": Text(None)}),
             "max_iters": Int(3000, min=1, unit="steps"), "warmup_iters": Int(100, min=0, unit="steps"),
             "eval_every": Int(50, min=1, unit="steps"),
             "patience": Int(6, min=1, unit="evaluations without a new best"), "compile": Bool(False),
