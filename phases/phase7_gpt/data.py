@@ -52,7 +52,7 @@ VOCAB_SIZE = 50257                 # GPT-2: 50,000 merges + 256 byte tokens + <|
 EOT = 50256
 TRAIN_FRACTION = 0.9               # split the *token stream* 90/10, as the seed did
 # tiktoken's gpt2 (r50k) pre-tokenizer pattern; tiktoken < 0.8 cannot compile its possessive
-# quantifiers and gets GPT-2's original pattern instead (same 338,025 ids, shared/data/README.md)
+# quantifiers and gets GPT-2's original pattern instead (both give the same 338,025 ids)
 PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 PATTERN_ORIGINAL = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
