@@ -72,8 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    previous = None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv, debug)
+    finally:
+        if previous is not None:                   # an in-process caller (a test) gets its own back
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str], debug: bool) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:

@@ -289,3 +289,10 @@ def test_lab_list_shows_an_exercises_declared_parameters(lab):
     assert "dtype" in out and "one of fp16, bf16, fp32" in out
     rc, out, err = lab("list", "nope")
     assert rc == 2 and "unknown phase or exercise" in err
+
+
+def test_an_in_process_call_gives_the_sigterm_handler_back(lab):
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    lab("list", "phase1.elementwise")
+    assert signal.getsignal(signal.SIGTERM) is before
