@@ -114,8 +114,10 @@ class Param:
 
     def _one(self, name: str, v, whole):
         bad = lambda: self._error(name, whole, v)          # noqa: E731
-        if v is None and self.nullable or (v in self.also and not isinstance(v, bool)):
+        if v is None and self.nullable:
             return v                                       # inside a list too: [null, 16]
+        if v in self.also and v is whole and not isinstance(v, bool):
+            return v                                       # 'auto' stands for the whole list, not an item
         if self.kind == "any":
             return v
         if self.kind == "bool":

@@ -66,6 +66,8 @@ def test_choices_ranges_and_literals():
     assert world.check("world_sizes", "auto") == "auto" and world.check("world_sizes", [2, 4]) == [2, 4]
     with pytest.raises(ParamError, match=r"world_sizes=\[1\].*>= 2.*'auto'"):
         world.check("world_sizes", [1])
+    with pytest.raises(ParamError, match=r"world_sizes=\[auto\]"):      # 'auto' replaces the list
+        world.check("world_sizes", ["auto"])
     channels = Int([None, 16], min=1, max=64, many=True, nullable=True)
     assert channels.check("c", [None, 16]) == [None, 16] and channels.check("c", None) == [None]
     with pytest.raises(ParamError):
@@ -129,3 +131,21 @@ def test_an_undeclared_parameter_is_a_programming_error():
         Exercise(id="phase9.bad", title="t", run=None, params={"n": 4})
     with pytest.raises(TypeError, match="undeclared 'm'"):
         Exercise(id="phase9.bad", title="t", run=None, params={"n": Int(4, min=1)}, cpu_params={"m": 1})
+
+
+ODD_VALUES = (None, 0, 1, 2, 10**15, "x", [], [None], ["auto"], [0], [1], [10**15], {"a": 1}, True, 1.5, -1, [[1, 1]])
+
+
+@pytest.mark.parametrize("ex", all_exercises(), ids=lambda e: e.id)
+def test_odd_values_are_refused_or_run_never_crash_the_checks(ex):
+    """Whatever a user types, checking it and predicting its memory ends in a value or a one-line
+    LabError, never an internal error (world_sizes=[auto] once crashed the footprint)."""
+    for name in ex.schema:
+        for value in ODD_VALUES:
+            for on_cpu in (False, True):
+                try:
+                    params = ex.resolve_params(on_cpu, False, {name: value})
+                    if ex.footprint_bytes is not None:
+                        assert ex.footprint_bytes(params) >= 0
+                except LabError as exc:
+                    assert "\n" not in str(exc)
