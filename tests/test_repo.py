@@ -55,7 +55,7 @@ def test_ci_runs_both_readme_commands_in_both_orders_away_from_shared():
     order = re.findall(r'^step "\$work/([\w-]+)/lab" "\$(\w+)"', ci, re.M)
     assert order == [("main-then-tests", "main_cmd"), ("main-then-tests", "test_cmd"),
                      ("tests-then-main", "test_cmd"), ("tests-then-main", "main_cmd")]
-    assert "mktemp -d" in ci and 'shared" ]' in ci                  # copies where no ../shared exists
+    assert "mktemp -d" in ci and 'shared" ]' in ci                  # copies with no shared/ folder beside them
 
 
 def test_ci_script_is_executable():
@@ -129,7 +129,7 @@ def test_committed_records_were_never_deleted_or_rewritten():
 
 
 def test_nothing_reads_outside_the_repository():
-    """Code and tests find their data inside the clone: no ../shared, no parent of the repo."""
+    """Code and tests find their data inside the clone, never in a folder beside or above it."""
     pattern = re.compile(r"\.\./shared|/ \"shared\"|REPO_ROOT\.parent|__file__\).*parent\.parent\.parent")
     offenders = []
     for folder in ("common", "phases", "tests", "scripts"):
