@@ -177,6 +177,14 @@ def software_info() -> dict:
     }
 
 
+def lab_git(root: Path = REPO_ROOT) -> list[str] | None:
+    """The git command for the lab's own checkout, or None where `root` is not the top of a git
+    repository (no git, or a copy inside another project's repository)."""
+    git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
+    top = run_quiet([*git, "rev-parse", "--show-toplevel"])
+    return git if top is not None and Path(top).resolve() == Path(root).resolve() else None
+
+
 def git_info(root: Path = REPO_ROOT) -> dict:
     """Commit (full id) and dirty flag of the checkout that holds the lab's own package, computed
     by git, never assumed. Dirty means tracked files differ from the commit (`git describe
@@ -190,8 +198,7 @@ def git_info(root: Path = REPO_ROOT) -> dict:
     """
     from .errors import LabError
     git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
-    top = run_quiet([*git, "rev-parse", "--show-toplevel"])
-    ours = top is not None and Path(top).resolve() == Path(root).resolve()
+    ours = lab_git(root) is not None
     env_commit = os.environ.get("LAB_GIT_COMMIT")
     if env_commit:
         known = run_quiet([*git, "rev-parse", "--verify", "--quiet", f"{env_commit}^{{commit}}"]) if ours else None

@@ -387,10 +387,9 @@ def blocks_missing() -> list[str]:
 def records_rewritten(root: Path = REPO_ROOT) -> list[str]:
     """Committed records that are gone or changed: in the working tree against HEAD, and in the
     history (a commit that deleted or modified a record). Empty where git or history is absent."""
-    from .env import run_quiet
-    git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
-    top = run_quiet([*git, "rev-parse", "--show-toplevel"])
-    if top is None or Path(top).resolve() != Path(root).resolve():
+    from .env import lab_git, run_quiet
+    git = lab_git(root)
+    if git is None:
         return []
     spec = ["--", "results/phase*/*/*/*.json"]
     out = []
