@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 import torch
 
 from . import roofline
-from .checks import BYTES_PER_ELEMENT
+from .checks import BYTES_PER_ELEMENT, compare, exact, poison
 from .hardware import DTYPES, HardwareSpec
 from .params import Param
 from .timing import Timing, benchmark
@@ -195,6 +195,14 @@ def measure_matmul_tflops(ctx: Context, dtype: str, n: int = 1024) -> float:
     return 2 * n**3 / (t.median_ms * 1e9)
 
 
+@dataclass
+class Result:
+    """What every `run(ctx, params)` returns: the result rows and the record's summary (values
+    computed from the whole run: ceilings, verdicts, ratios a table or finding shows)."""
+    rows: list[dict]
+    summary: dict = field(default_factory=dict)
+
+
 def row(variant: str, params: dict, status: str = "ok", reason: str | None = None, *,
         check: dict | None = None, timing: Timing | None = None, metrics: dict | None = None,
         prediction: dict | None = None) -> dict:
@@ -250,3 +258,31 @@ def measure(ctx: Context, variant: str, params: dict, *, fn: Callable[[], object
 
 def elements_bytes(n: int, dtype: str) -> int:
     return n * BYTES_PER_ELEMENT[dtype]
+
+
+def reference_check(ctx: Context, out: torch.Tensor, run: Callable[[], object], reference, reference_name: str,
+                    precision: str | None = None, **compare_kw) -> Callable[[], dict]:
+    """The `check` for measure(): poison `out` (NaN), run the kernel once, synchronize, and compare
+    with `reference` (a tensor, or for a tolerance check a (start, stop) -> float64 chunk function,
+    as checks.compare takes). `precision` None means bit-exact (copies, integer ops)."""
+    def check() -> dict:
+        poison(out)
+        run()
+        ctx.synchronize()
+        if precision is None:
+            return exact(out, reference, reference_name)
+        return compare(out, reference, precision, reference_name, **compare_kw)
+    return check
+
+
+def against_baseline(rows: list[dict], baseline: dict | None, metric: str, as_key: str) -> list[dict]:
+    """The same-run comparison: each ok row gets metrics[as_key] = 100 x its `metric` over the
+    baseline row's (a rate: GB/s, TFLOP/s; for times pass the baseline's rate instead). The
+    baseline row itself is left alone; nothing is added when the baseline failed or is absent."""
+    base = (baseline or {}).get("metrics", {}).get(metric) if (baseline or {}).get("status") == "ok" else None
+    if not base:
+        return rows
+    for r in rows:
+        if r is not baseline and r["status"] == "ok" and r["metrics"].get(metric) is not None:
+            r["metrics"][as_key] = 100 * r["metrics"][metric] / base
+    return rows

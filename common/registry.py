@@ -1,4 +1,5 @@
-"""Finds every exercise: each phases/phaseN_*/__init__.py lists its own in EXERCISES."""
+"""Finds every exercise: each phases/phaseN_*/__init__.py names its exercise modules in
+EXERCISE_MODULES, and each such module defines one `EXERCISE`."""
 import importlib
 import pkgutil
 import re
@@ -14,8 +15,9 @@ def all_exercises() -> tuple[Exercise, ...]:
     found = []
     for info in sorted(pkgutil.iter_modules(phases.__path__), key=lambda m: m.name):
         if re.fullmatch(r"phase\d_\w+", info.name):
-            module = importlib.import_module(f"phases.{info.name}")
-            found.extend(getattr(module, "EXERCISES", ()))
+            package = importlib.import_module(f"phases.{info.name}")
+            for name in getattr(package, "EXERCISE_MODULES", ()):
+                found.append(importlib.import_module(f"phases.{info.name}.{name}").EXERCISE)
     return tuple(found)
 
 

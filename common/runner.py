@@ -11,7 +11,7 @@ import torch
 from . import env
 from .cost import cost_block
 from .errors import LabError, Skip
-from .exercise import Context, Exercise
+from .exercise import Context, Exercise, Result
 from .hardware import get_spec, load_hardware, match_gpu
 from .records import SCHEMA_VERSION
 
@@ -115,7 +115,9 @@ def run_one(ex: Exercise, ctx: Context, params: dict, static: dict, usd_rate, ra
     if reason is None:
         try:
             result = ex.run(ctx, params)
-            rows, summary = result if isinstance(result, tuple) else (result, {})
+            if not isinstance(result, Result):
+                raise TypeError(f"{ex.id}: run() must return a common.exercise.Result, not {type(result).__name__}")
+            rows, summary = result.rows, result.summary
             if not rows:
                 reason = "no variant selected" if ctx.variants else "produced no rows"
         except Skip as exc:                     # this machine cannot run it: a reason, not a failure

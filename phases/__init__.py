@@ -1,1 +1,1 @@
-"""One package per phase; each lists its exercises in EXERCISES."""
+"""One package per phase; each names its exercise modules in EXERCISE_MODULES."""

@@ -11,7 +11,7 @@ from conftest import by_exercise, cpu_only
 
 nsight = importlib.import_module("phases.phase1_roofline.nsight")
 cache_sweep = importlib.import_module("phases.phase1_roofline.cache_sweep")
-matmul = importlib.import_module("phases.phase1_roofline.matmul")
+matmul = importlib.import_module("phases.phase1_roofline.matmul_fp16")
 elementwise = importlib.import_module("phases.phase1_roofline.elementwise")
 gates = importlib.import_module("phases.phase0_environment.gates")
 
@@ -23,7 +23,7 @@ def ok_rows(rec):
 # ------------------------------------------------------------------------------ elementwise
 def test_elementwise_arithmetic(spec_ctx):
     n = 10_007
-    rows = elementwise.run(spec_ctx(), {"sizes": [n]})
+    rows = elementwise.run(spec_ctx(), {"sizes": [n]}).rows
     by = {r["variant"]: r for r in rows}
     assert set(by) == {"copy", "mul"} and all(r["status"] == "ok" for r in rows)
     mul, cp = by["mul"]["prediction"], by["copy"]["prediction"]
@@ -53,7 +53,7 @@ def test_elementwise_catches_a_broken_multiply(spec_ctx, monkeypatch):
         out[: out.numel() // 2] = real_mul(a, b)[: out.numel() // 2]
 
     monkeypatch.setattr(elementwise.torch, "mul", half_written)
-    rows = elementwise.run(spec_ctx(variants=("mul",)), {"sizes": [1000]})
+    rows = elementwise.run(spec_ctx(variants=("mul",)), {"sizes": [1000]}).rows
     [r] = rows
     assert r["status"] == "failed" and "NaN" in r["reason"] and r["timing"] is None
 
@@ -127,7 +127,7 @@ def test_gates_on_a_cpu_machine(quick_records):
 def test_gate_catches_a_cpu_only_torch_on_a_gpu_machine(spec_ctx, monkeypatch):
     monkeypatch.setattr(gates.env, "run_quiet", lambda cmd, timeout=20.0: "550.54.15, NVIDIA H200")
     monkeypatch.setattr(gates.torch.cuda, "is_available", lambda: False)
-    by = {r["variant"]: r for r in gates.run(spec_ctx(), {})}
+    by = {r["variant"]: r for r in gates.run(spec_ctx(), {}).rows}
     assert by["driver"]["status"] == "ok"
     assert by["torch_cuda"]["status"] == "failed" and "CPU-only torch" in by["torch_cuda"]["reason"]
 
@@ -215,7 +215,7 @@ def test_nsight_run_arithmetic(spec_ctx, monkeypatch):
     kernels = ncu.parse_csv(NCU_CSV)
     monkeypatch.setattr(nsight, "profile", lambda kind, n, timeout_s: [kernels[0] if kind == "elementwise" else kernels[1]])
     n_ew, n_mm = 33_554_432, 8192
-    rows = nsight.run(spec_ctx(), {"elementwise_n": n_ew, "matmul_n": n_mm, "timeout_s": 1})
+    rows = nsight.run(spec_ctx(), {"elementwise_n": n_ew, "matmul_n": n_mm, "timeout_s": 1}).rows
     by = {r["variant"]: r["metrics"] for r in rows}
     ew, mm = by["elementwise"], by["matmul_fp16"]
     assert ew["ideal_bytes"] == 3 * n_ew * 4 and mm["ideal_bytes"] == 3 * n_mm**2 * 2

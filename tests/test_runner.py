@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from common.errors import LabError
-from common.exercise import Context, Exercise, Needs, measure, row
+from common.exercise import Context, Exercise, Needs, Result, measure, row
 from common.records import problems, write_record
 from common.params import Int
 from common.registry import all_exercises, select
@@ -104,9 +104,9 @@ def test_one_failed_row_fails_the_record(spec_ctx, static_for):
     bad = {"passed": False, "reason": "3 NaN elements (unwritten or invalid output)"}
 
     def run(ctx, params):
-        return [row("good", {}, metrics={"x": 1.0}),
-                measure(ctx, "bad", {}, fn=lambda: None, check=lambda: bad, flops=0, bytes_moved=1,
-                        dtype=None)]
+        return Result([row("good", {}, metrics={"x": 1.0}),
+                       measure(ctx, "bad", {}, fn=lambda: None, check=lambda: bad, flops=0, bytes_moved=1,
+                               dtype=None)])
 
     ctx = spec_ctx()
     rec = _run(Exercise(id="phase9.mixed", title="t", run=run), ctx, static_for(ctx))
@@ -125,10 +125,18 @@ def test_variant_filter_runs_only_that_variant(spec_ctx, static_for):
 
 
 def test_no_variant_selected_is_a_skip(spec_ctx, static_for):
-    ex = Exercise(id="phase9.v", title="t", run=lambda c, p: [], variants=("a",))
+    ex = Exercise(id="phase9.v", title="t", run=lambda c, p: Result([]), variants=("a",))
     ctx = spec_ctx(variants=("b",))
     rec = _run(ex, ctx, static_for(ctx))
     assert rec["status"] == "skipped" and rec["reason"] == "no variant selected"
+
+
+def test_run_must_return_one_type(spec_ctx, static_for):
+    """A run() that returns a bare list (the old convention) fails its record, naming the contract."""
+    ex = Exercise(id="phase9.old", title="t", run=lambda c, p: [row("a", {}, metrics={"x": 1.0})])
+    ctx = spec_ctx()
+    rec = _run(ex, ctx, static_for(ctx))
+    assert rec["status"] == "failed" and "must return a common.exercise.Result" in rec["reason"]
 
 
 def test_gates_honour_the_variant_filter(spec_ctx, static_for):

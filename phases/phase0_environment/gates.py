@@ -9,7 +9,8 @@ torch wheel on a GPU machine: the driver answers, torch does not see the GPU.
 import torch
 
 from common import env
-from common.exercise import Exercise, row
+from common.exercise import Exercise, Result, row
+from common.standalone import run_alone
 
 
 def gate(name: str, status: str, observed, reason=None) -> dict:
@@ -41,8 +42,12 @@ def run(ctx, params):
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     rows.append(gate("torch_version", "ok", f"torch {torch.__version__} ({build})"))
-    return [r for r in rows if ctx.wants(r["variant"])]
+    return Result([r for r in rows if ctx.wants(r["variant"])])
 
 
 EXERCISE = Exercise(id="phase0.gates", title="Environment gates: driver, nvcc, torch sees the GPU, torch version",
                     run=run, variants=("driver", "nvcc", "torch_cuda", "torch_version"))
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {})

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 
 import torch
 
-from common.checks import compare, poison
-from common.exercise import Exercise, measure, row
+from common.exercise import Exercise, Result, measure, reference_check, row
 from common.params import Int
+from common.standalone import run_alone
 
 
 @contextmanager
@@ -47,12 +47,7 @@ def fp32_matmul_rows(ctx, n: int, variants, timing=None) -> list[dict]:
             def fn():
                 torch.matmul(a, b, out=c)
 
-            def check(precision=variant):
-                poison(c)
-                fn()
-                ctx.synchronize()
-                return compare(c, ref, precision, "float64 matmul of the same inputs")
-
+            check = reference_check(ctx, c, fn, ref, "float64 matmul of the same inputs", variant)
             rows.append(measure(ctx, variant, params, fn=fn, check=check, flops=2 * n**3,
                                 bytes_moved=3 * n * n * 4, dtype=variant, timing=timing))
     return rows
@@ -65,10 +60,14 @@ def footprint_bytes(n: int) -> int:
 
 def run(ctx, params):
     variants = [v for v in ("fp32", "tf32") if ctx.wants(v)]
-    return fp32_matmul_rows(ctx, params["n"], ctx.track(variants, "matmul 4096 fp32"))
+    return Result(fp32_matmul_rows(ctx, params["n"], ctx.track(variants, "matmul 4096 fp32")))
 
 
 EXERCISE = Exercise(id="phase0.matmul_baseline", title="4096 x 4096 FP32 matmul baseline vs spec peak",
                     run=run, params={"n": Int(4096, min=1, max=65536, unit="rows = columns")},
                     cpu_params={"n": 1024}, quick_params={"n": 96},
                     variants=("fp32", "tf32"), footprint_bytes=lambda p: footprint_bytes(p["n"]))
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"n": 333})

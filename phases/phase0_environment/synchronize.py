@@ -11,8 +11,9 @@ On a CPU the work is synchronous and the two agree.
 import time
 
 from common import roofline
-from common.exercise import Exercise, row, throughput_metrics
+from common.exercise import Exercise, Result, row, throughput_metrics
 from common.params import Int
+from common.standalone import run_alone
 from common.timing import summarize
 
 from .matmul_baseline import footprint_bytes, fp32_matmul_rows, matmul_precision
@@ -38,11 +39,11 @@ def host_timed(ctx, fn, reps: int, samples: int, sync: bool) -> list[float]:
 def run(ctx, params):
     n, reps, samples = params["n"], params["reps"], params["samples"]
     if not (ctx.wants("no_sync") or ctx.wants("sync")):
-        return []
+        return Result([])
     # Correctness first: the same fp32 matmul as the baseline, checked against float64.
     [checked] = fp32_matmul_rows(ctx, n, ["fp32"], timing={"target_ms": 20, "min_samples": 3})
     if checked["status"] != "ok":
-        return [checked]
+        return Result([checked])
     a = torch.randn(n, n, device=ctx.device)
     b = torch.randn(n, n, device=ctx.device)
     c = torch.empty(n, n, device=ctx.device)
@@ -68,7 +69,7 @@ def run(ctx, params):
     if len(by) == 2:
         summary = {"illusory_speedup": by["sync"] / by["no_sync"],
                    "no_sync_faster_than_roofline": rows[0]["prediction"]["measured_over_predicted"] < 1}
-    return rows, summary
+    return Result(rows, summary)
 
 
 EXERCISE = Exercise(id="phase0.synchronize", title="Timing without and with torch.cuda.synchronize()",
@@ -78,3 +79,7 @@ EXERCISE = Exercise(id="phase0.synchronize", title="Timing without and with torc
                     cpu_params={"n": 512, "reps": 5, "samples": 5}, quick_params={"n": 64, "reps": 2, "samples": 2},
                     variants=("no_sync", "sync"),
                     footprint_bytes=lambda p: footprint_bytes(p["n"]) + 3 * p["n"] ** 2 * 4)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"n": 333})

@@ -12,9 +12,9 @@ import statistics
 import torch
 
 from common import roofline
-from common.checks import compare, exact, poison
-from common.exercise import Exercise, Needs, row, throughput_metrics
+from common.exercise import Exercise, Needs, Result, reference_check, row, throughput_metrics
 from common.params import Float, Int
+from common.standalone import run_alone
 
 
 def kernels(ctx, p):
@@ -38,18 +38,10 @@ def kernels(ctx, p):
     def mm():
         torch.matmul(x, y, out=z)
 
-    def check_copy():
-        poison(dst); copy(); ctx.synchronize()
-        return exact(dst, src, "the source tensor")
-
-    def check_mul():
-        poison(c); mul(); ctx.synchronize()
-        return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32", "float64 product",
-                       expected_shape=a.shape)
-
-    def check_mm():
-        poison(z); mm(); ctx.synchronize()
-        return compare(z, x.double() @ y.double(), "bf16", "float64 matmul of the same inputs")
+    check_copy = reference_check(ctx, dst, copy, src, "the source tensor")
+    check_mul = reference_check(ctx, c, mul, lambda s, e: a[s:e].double() * b[s:e].double(), "float64 product",
+                                "fp32", expected_shape=a.shape)
+    check_mm = reference_check(ctx, z, mm, x.double() @ y.double(), "float64 matmul of the same inputs", "bf16")
 
     return [("copy", copy, check_copy, 0, 2 * n_copy * 4, None),
             ("mul", mul, check_mul, n_mul, 3 * n_mul * 4, "fp32"),
@@ -91,7 +83,7 @@ def run(ctx, params):
         timing = min(timings, key=lambda t: abs(t.median_ms - ours_ms))
         rows.append(row(name, p, "ok", None, check=agreement, timing=timing, metrics=metrics,
                         prediction=roofline.predict(flops, nbytes, roofs, dtype, ours_ms)))
-    return rows
+    return Result(rows)
 
 
 def footprint_bytes(p: dict) -> int:
@@ -111,3 +103,7 @@ EXERCISE = Exercise(id="phase0.timer_check", title="Timing harness vs triton.tes
                     # harnesses legitimately differ by ~10% on a 6 us kernel (seen on the H200).
                     quick_params={"copy_elements": 2**26, "mul_elements": 2**24, "matmul_n": 2048, "rounds": 1},
                     variants=("copy", "mul", "matmul_bf16"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {})

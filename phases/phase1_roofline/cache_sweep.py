@@ -12,20 +12,16 @@ per-kernel start-up cost still dominates, which is why the left end of the curve
 """
 import torch
 
-from common.checks import exact, poison
-from common.exercise import Exercise, measure
+from common.exercise import Exercise, Result, measure, reference_check
 from common.params import Int
+from common.standalone import run_alone
 
 
 def graph_reps(working_set: int, target_bytes: int = 2**30) -> int | None:
     """Copies per graph replay, so that a replay moves about 1 GiB (at most 512 copies).
 
-    None (plain event timing) once one copy is that large: launch overhead no longer matters
-    there. And graphs must not hold large copies: on the H200 (2026-11-21) a graph-captured
-    copy between 512 MiB buffers ran at 2.75 TB/s, whether the graph held one or two of them,
-    against 4.18 TB/s launched directly, while a kernel doing the same traffic (x * 1.0) ran at
-    4.20 TB/s inside a graph. Large memcpy nodes evidently go to a copy engine, not the SMs.
-    """
+    None (plain event timing) once one copy is that large: launch overhead no longer matters there,
+    and a graph-captured large memcpy runs on a copy engine, well below an SM copy's bandwidth."""
     reps = target_bytes // working_set
     return min(512, reps) if reps >= 2 else None
 
@@ -37,14 +33,11 @@ def run(ctx, params):
         src = torch.rand(n, device=ctx.device) + 0.5
         dst = torch.empty_like(src)
 
-        def copy():
+        def copy(src=src, dst=dst):
             dst.copy_(src)
 
-        def check():
-            poison(dst); copy(); ctx.synchronize()
-            return exact(dst, src, "the source tensor")
-
         reps = graph_reps(ws) if ctx.is_cuda else None
+        check = reference_check(ctx, dst, copy, src, "the source tensor")
         rows.append(measure(ctx, "copy", {"working_set_bytes": ws, "dtype": "fp32"}, fn=copy, check=check,
                             flops=0, bytes_moved=ws, dtype=None,
                             timing={"flush_l2": False, "graph_reps": reps}))
@@ -61,7 +54,7 @@ def run(ctx, params):
                    "hbm_plateau_gbps": sorted(beyond)[len(beyond) // 2] if beyond else None}
         if summary["hbm_plateau_gbps"]:
             summary["peak_over_plateau"] = summary["peak_gbps"] / summary["hbm_plateau_gbps"]
-    return rows, summary
+    return Result(rows, summary)
 
 
 MiB = 2**20
@@ -71,3 +64,7 @@ EXERCISE = Exercise(id="phase1.cache_sweep", title="Copy bandwidth vs working se
                     cpu_params={"working_sets": [int(2**k * MiB) for k in range(-2, 10)]},     # 256 KiB .. 512 MiB
                     quick_params={"working_sets": [64 * 1024, 256 * 1024]},
                     footprint_bytes=lambda p: max(p["working_sets"]))
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"working_sets": [96 * 1024, 3 * 2**20 + 8]})

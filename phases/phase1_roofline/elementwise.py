@@ -12,10 +12,10 @@ far beyond any L2 so every byte comes from HBM.
 """
 import torch
 
-from common.checks import compare, exact, poison
 from common.checks import CHECK_CHUNK
-from common.exercise import Exercise, measure
+from common.exercise import Exercise, Result, against_baseline, measure, reference_check
 from common.params import Int
+from common.standalone import run_alone
 
 
 def footprint_bytes(p: dict) -> int:
@@ -34,39 +34,35 @@ def run(ctx, params):
         c = torch.empty_like(a)
         size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4}
 
-        def copy():
+        def copy(a=a, c=c):
             c.copy_(a)
 
-        def check_copy():
-            poison(c); copy(); ctx.synchronize()
-            return exact(c, a, "the source tensor")
-
-        def mul():
+        def mul(a=a, b=b, c=c):
             torch.mul(a, b, out=c)
-
-        def check_mul():
-            poison(c); mul(); ctx.synchronize()
-            return compare(c, lambda s, e: a[s:e].double() * b[s:e].double(), "fp32",
-                           "float64 product of the same inputs", expected_shape=a.shape)
 
         copy_row = None
         if ctx.wants("copy"):
-            copy_row = measure(ctx, "copy", size, fn=copy, check=check_copy, flops=0,
-                               bytes_moved=2 * n * 4, dtype=None)     # read a, write c
+            copy_row = measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, c, copy, a, "the source tensor"),
+                               flops=0, bytes_moved=2 * n * 4, dtype=None)     # read a, write c
             rows.append(copy_row)
         if ctx.wants("mul"):
-            mul_row = measure(ctx, "mul", size, fn=mul, check=check_mul, flops=n,
-                              bytes_moved=3 * n * 4, dtype="fp32")    # read a and b, write c
-            if copy_row and copy_row["status"] == mul_row["status"] == "ok":
+            product = lambda s, e, a=a, b=b: a[s:e].double() * b[s:e].double()  # noqa: E731
+            mul_row = measure(ctx, "mul", size, fn=mul, flops=n, bytes_moved=3 * n * 4, dtype="fp32",
+                              check=reference_check(ctx, c, mul, product, "float64 product of the same inputs",
+                                                    "fp32", expected_shape=a.shape))    # read a and b, write c
+            against_baseline([mul_row], copy_row, "gbps", "pct_of_copy_bandwidth")
+            if "pct_of_copy_bandwidth" in mul_row["metrics"]:
                 mul_row["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
-                mul_row["metrics"]["pct_of_copy_bandwidth"] = (
-                    100 * mul_row["metrics"]["gbps"] / copy_row["metrics"]["gbps"])
             rows.append(mul_row)
-        del a, b, c
-    return rows
+        del a, b, c, copy, mul
+    return Result(rows)
 
 
 EXERCISE = Exercise(id="phase1.elementwise", title="Memory-bound anchor: fp32 element-wise multiply vs copy",
                     run=run, params={"sizes": Int([33554432, 1073741824], min=1, unit="fp32 elements", many=True)},
                     cpu_params={"sizes": [4194304, 67108864]}, quick_params={"sizes": [100003]},
                     variants=("copy", "mul"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [100_003, 1_000_037]})

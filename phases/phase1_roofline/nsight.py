@@ -12,8 +12,9 @@ re-read A and B from HBM whenever L2 cannot hold them.
 Clocks are left as found (`--clock-control none`); the lab never changes a GPU's settings.
 """
 from common import ncu
-from common.exercise import Exercise, Needs, row
+from common.exercise import Exercise, Needs, Result, row
 from common.params import Float, Int
+from common.standalone import run_alone
 
 METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -48,7 +49,7 @@ def run(ctx, params):
             "ncu_kernel_ms": (main.get("gpu__time_duration.sum") or 0) / 1e6,   # ns -> ms
         }
         rows.append(row(kind, {"kernel": kind, "n": n}, metrics=metrics))
-    return rows
+    return Result(rows)
 
 
 EXERCISE = Exercise(id="phase1.nsight", title="Nsight Compute: DRAM and SM throughput of the two anchors",
@@ -59,3 +60,7 @@ EXERCISE = Exercise(id="phase1.nsight", title="Nsight Compute: DRAM and SM throu
                     quick_params={"elementwise_n": 1 << 20, "matmul_n": 256},
                     variants=("elementwise", "matmul_fp16"),
                     footprint_bytes=lambda p: max(3 * 4 * p["elementwise_n"], 3 * 2 * p["matmul_n"] ** 2))
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"elementwise_n": 1_000_003, "matmul_n": 333})

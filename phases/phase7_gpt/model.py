@@ -1,201 +1,210 @@
-"""A GPT in the style of nanoGPT, written for this lab: small enough to read in one sitting.
+"""Exercise 7.2: the model, counted and checked before it trains.
 
-    tokens -> token embedding + position embedding
-           -> n_layer x [ x + attn(LN(x)) ; x + mlp(LN(x)) ]     (pre-LayerNorm blocks)
-           -> final LN -> lm head (tied to the token embedding by default) -> logits
+    lab run phase7.model
 
-Linear layers carry no bias; LayerNorms carry weight and bias. With that choice the seed's
-published counts come out exactly: its "30.02M" 6-layer, 384-wide model and the non-embedding
-counts of its nano / micro / mini / small scaling models (98,944 / 333,120 / 788,736 / 2,659,200).
-Its total only adds up with a *tied* head (untied, the head would add another 19.3M), so tying is
-the default here; `tie_weights=False` gives the untied variant.
-
-Two switches exist to break the model on purpose (exercise 7.5); each really removes its part:
-`residual=False` drops the `x +` of both sublayers, `layernorm=False` replaces every LayerNorm
-(and the final one) by the identity, so no LayerNorm parameter exists at all.
-
-Parameters per block (d = n_embd), counted in `param_formula`:
-    attention  qkv d x 3d + output d x d                 = 4 d^2
-    MLP        d x 4d + 4d x d                            = 8 d^2
-    2 LayerNorms (weight + bias)                          = 4 d
+Rows:
+  params_30m, params_7m   where the parameters sit (token embedding, position embedding, blocks,
+                          head), counted from the module and from the closed form in model.py;
+                          they must agree exactly. The seed's 30M shape is 6 layers x 6 heads x
+                          384 wide over a 256-token window; at that width the token embedding
+                          (50,257 x 384) is about two thirds of the model.
+  params_30m_untied       the same shape with its own output head: what weight tying saves.
+  init_loss               an untrained model predicts ~uniformly, so its loss is ~ln(50,257) =
+                          10.825; the logits of a (4, 64) batch are (4, 64, 50,257).
+  sdpa_flash, sdpa_math   one forward + backward of the model with attention forced onto the
+                          FlashAttention kernel, then onto the plain math path (which writes the
+                          T x T scores to memory); each checked against a float64 attention first.
 """
 import math
-from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import roofline
+from common.checks import compare
+from common.exercise import Exercise, row, throughput_metrics
+from common.params import Folder, Int, Record
+
+from . import seed
+from .model import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
+from .train import autocast, clean, setup
+
+# ------------------------------------------------------------------------------ declarations
+SHAPE = {"n_layer": Int(None, min=1, max=96, unit="layers"),       # a model shape: every key required
+         "n_head": Int(None, min=1, max=128, unit="heads"),
+         "n_embd": Int(None, min=1, max=16384, unit="channels")}
+SHAPE_30M = {"n_layer": 6, "n_head": 6, "n_embd": 384}
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 50257
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    tie_weights: bool = True
-    residual: bool = True
-    layernorm: bool = True
-    vocab_multiple: int = 1      # pad the embedding/logit rows to a multiple of this (64: faster matmuls)
-
-    @property
-    def padded_vocab(self) -> int:
-        m = max(1, self.vocab_multiple)
-        return -(-self.vocab_size // m) * m
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+def heads_divide_width(shape: dict) -> str | None:
+    """Attention splits n_embd channels evenly across n_head heads."""
+    if shape["n_embd"] % shape["n_head"]:
+        return f"n_embd {shape['n_embd']} is not a multiple of n_head {shape['n_head']}"
+    return None
 
 
-def _norm(cfg: GPTConfig) -> nn.Module:
-    return nn.LayerNorm(cfg.n_embd) if cfg.layernorm else nn.Identity()
+def Shape(default, *, many=False, extra=None) -> Record:
+    """A model shape parameter (every key required; heads must divide the width)."""
+    return Record(default, {**(extra or {}), **SHAPE}, many=many, rule=heads_divide_width)
+SHAPE_7M = {"n_layer": 4, "n_head": 4, "n_embd": 128}
+
+# shared with the training exercises (overfit.COMMON). block_size <= 8,192: the 33,803-token
+# validation split must hold failures.py's probe of 4 windows and at least one evaluation window
+DATA_DIR = Folder(None)
+SEED = Int(1337, min=0, max=2**64 - 1)
+BLOCK_SIZE = Int(256, min=1, max=8192, unit="tokens")
+VOCAB_MULTIPLE = Int(64, min=1, unit="vocabulary rows (pad to a multiple of this)")
+
+DATA_BYTES = 16 * seed.DATA["tokens"]     # both splits as int64 on the device, plus evaluation windows
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        assert cfg.n_embd % cfg.n_head == 0, "n_embd must divide into n_head heads"
-        self.n_head = cfg.n_head
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # One fused kernel: on a CUDA GPU in bf16 this dispatches to FlashAttention, which never
-        # writes the T x T score matrix to memory (phase 3's subject).
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+def training_bytes(shape: dict, block_size: int, batch_size: int, vocab_multiple: int = 1,
+                   optimizer: bool = True) -> float:
+    """Rough peak device bytes of one training step (fp32 state, bf16 activations, fp32 logits)."""
+    cfg = GPTConfig(block_size=block_size, vocab_multiple=vocab_multiple, **shape)
+    n = param_formula(cfg)["total"]                     # allocated: the padded vocabulary rows included
+    tokens = batch_size * block_size
+    state = n * (16 if optimizer else 8)                # weights, grads (+ AdamW's two moments), fp32
+    activations = tokens * cfg.n_embd * cfg.n_layer * 34            # bf16, saved for the backward
+    logits = tokens * cfg.padded_vocab * 4 * 2                      # fp32 logits and their gradient
+    return state + activations + logits + DATA_BYTES
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.residual = cfg.residual
-        self.ln_1, self.attn = _norm(cfg), CausalSelfAttention(cfg)
-        self.ln_2, self.mlp = _norm(cfg), MLP(cfg)
-
-    def forward(self, x):
-        if self.residual:
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-        # No skip path: every layer's output is only what the sublayer makes of its input.
-        return self.mlp(self.ln_2(self.attn(self.ln_1(x))))
+def _count_row(variant: str, cfg: GPTConfig, compare_seed: bool) -> dict:
+    with torch.device("meta"):                       # shapes only: no memory, no initialization
+        model = GPT(cfg)
+    counted, formula = param_breakdown(model), param_formula(cfg)
+    agree = counted == formula
+    check = {"reference": "closed-form count (model.param_formula)", "metric": "exact", "precision": None,
+             "tolerance": 0, "rel_l2_error": None,
+             "max_abs_error": max(abs(counted[k] - formula[k]) for k in formula), "passed": agree,
+             "reason": None if agree else f"module {counted} != formula {formula}"}
+    metrics = {"counted": counted, "formula": formula, "total": counted["total"],
+               "non_embedding": counted["non_embedding"],
+               "wte_pct_of_total": 100 * counted["wte"] / counted["total"],
+               "per_block": formula["blocks"] // max(1, cfg.n_layer),
+               "tied": cfg.tie_weights}
+    if compare_seed:
+        metrics["seed"] = seed.MODEL_30M
+        metrics["seed_citation"] = seed.CITATION
+    return row(variant, {"model": cfg.as_dict()}, "ok" if agree else "failed", check["reason"],
+               check=check, metrics=metrics)
 
 
-class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = _norm(cfg)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
-        if cfg.tie_weights:
-            self.lm_head.weight = self.wte.weight        # one matrix reads tokens in and writes them out
-        self.apply(self._init)
-        for name, p in self.named_parameters():          # GPT-2: scale the residual projections
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    def forward(self, idx, targets=None):
-        B, T = idx.shape
-        assert T <= self.cfg.block_size, f"sequence of {T} tokens > block_size {self.cfg.block_size}"
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return logits, loss
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None):
-        """Sample one token at a time: one full forward pass per new token (no KV cache here;
-        phase 5 is where the cache earns its keep)."""
-        for _ in range(max_new_tokens):
-            ctx = idx[:, -self.cfg.block_size:]
-            logits, _ = self(ctx)
-            logits = logits[:, -1, : self.cfg.vocab_size].float() / max(temperature, 1e-6)
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-            idx = torch.cat([idx, nxt], dim=1)
-        return idx
+def _attention_check(ctx, backend, shape, dtype) -> dict:
+    """The backend's causal attention against float64 math on the same random q, k, v."""
+    g = torch.Generator(device=ctx.device).manual_seed(7)
+    q, k, v = (torch.randn(*shape, device=ctx.device, generator=g) for _ in range(3))
+    T = shape[2]
+    mask = torch.ones(T, T, dtype=torch.bool, device=ctx.device).tril()
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(shape[-1])
+    ref = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v.double()
+    t = torch.bfloat16 if dtype == "bf16" else torch.float32
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q.to(t), k.to(t), v.to(t), is_causal=True)
+    return compare(out, ref, dtype, f"float64 causal softmax attention, shape {tuple(shape)}")
 
 
-# ------------------------------------------------------------------------------ counting
-def param_breakdown(model: GPT) -> dict:
-    """Parameters counted from the module itself (a tied head is one matrix, counted once)."""
-    seen, out = set(), {"wte": 0, "wpe": 0, "blocks": 0, "ln_f": 0, "lm_head": 0}
-    for name, p in model.named_parameters():            # named_parameters() skips shared tensors
-        if id(p) in seen:
+def run(ctx, params):
+    data_dir, splits, _ = setup(ctx, params)
+    rows = []
+    bs, V, seed_bs = params["block_size"], 50257, 256      # the counts use the seed's 256-token window
+    for variant, cfg, cmp in (("params_30m", GPTConfig(block_size=seed_bs, **params["model_30m"]), True),
+                              ("params_7m", GPTConfig(block_size=seed_bs, **params["model_7m"]), False),
+                              ("params_30m_untied", GPTConfig(block_size=seed_bs, tie_weights=False, **params["model_30m"]), False)):
+        if ctx.wants(variant):
+            rows.append(_count_row(variant, cfg, cmp))
+
+    # The model that runs here: the 30M shape on a GPU, a small one on a CPU.
+    cfg = GPTConfig(block_size=bs, vocab_multiple=params["vocab_multiple"], **params["model_run"])
+    torch.manual_seed(params["seed"])
+    model = GPT(cfg).to(ctx.device)
+    val = torch.from_numpy(splits[1].astype("int64")).to(ctx.device)
+    if ctx.wants("init_loss"):
+        B, T = params["init_batch"]
+        T = min(T, bs)
+        starts = torch.arange(B, device=ctx.device) * (T + 1)
+        w = val[starts[:, None] + torch.arange(T + 1, device=ctx.device)]
+        with torch.no_grad(), autocast(ctx.device):
+            logits, loss = model(w[:, :-1], w[:, 1:])
+        loss = float(loss)
+        shape = list(logits[..., :V].shape)
+        want = math.log(V)
+        ok = shape == [B, T, V] and math.isfinite(loss) and abs(loss - want) <= 0.3
+        check = {"reference": f"ln({V}) = {want:.4f} and logits shape [{B}, {T}, {V}]", "metric": "abs_error",
+                 "precision": "bf16" if ctx.is_cuda else "fp32", "tolerance": 0.3, "rel_l2_error": None,
+                 "max_abs_error": abs(loss - want) if math.isfinite(loss) else None, "passed": ok,
+                 "reason": None if ok else f"loss {loss:.4f}, logits {shape}"}
+        rows.append(row("init_loss", {"model": cfg.as_dict(), "batch": [B, T]}, "ok" if ok else "failed",
+                        check["reason"], check=check,
+                        metrics={"initial_loss": loss, "ln_vocab": want, "gap": loss - want, "logits_shape": shape,
+                                 "padded_logits": list(logits.shape),
+                                 "params_total": param_formula(GPTConfig(block_size=bs, **params["model_run"]))["total"],
+                                 "seed_initial_loss": seed.MODEL_30M["initial_loss"], "seed_citation": seed.CITATION}))
+
+    dtype = "bf16" if ctx.is_cuda else "fp32"
+    B = params["sdpa_batch"]
+    x = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(bs, device=ctx.device)]
+    y = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(1, bs + 1, device=ctx.device)]
+    fpt = flops_per_token(cfg)
+    n_params = param_breakdown(model)["total"]
+    for variant, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_math", SDPBackend.MATH)):
+        if not ctx.wants(variant):
             continue
-        seen.add(id(p))
-        out[name.split(".")[0]] += p.numel()
-    out["total"] = sum(out.values())
-    out["non_embedding"] = out["blocks"] + out["ln_f"]
-    out["layernorm"] = sum(m.weight.numel() + m.bias.numel() for m in model.modules() if isinstance(m, nn.LayerNorm))
-    return out
+        p = {"model": cfg.as_dict(), "batch": [B, bs], "backend": backend.name, "dtype": dtype}
+        try:
+            verdict = _attention_check(ctx, backend, (B, cfg.n_head, bs, cfg.n_embd // cfg.n_head), dtype)
+        except RuntimeError as exc:                  # the backend cannot run here (GPU arch, dtype)
+            rows.append(row(variant, p, "skipped", f"{backend.name} unavailable: {str(exc).splitlines()[0][:200]}"))
+            continue
+        if not verdict["passed"]:
+            rows.append(row(variant, p, "failed", verdict["reason"], check=verdict))
+            continue
+
+        def step(backend=backend):
+            model.zero_grad(set_to_none=True)
+            with sdpa_kernel([backend]), autocast(ctx.device):
+                _, loss = model(x, y)
+            loss.backward()
+
+        t = ctx.time(step, flush_l2=False)
+        # forward + backward FLOPs of B x T tokens; bytes: fp32 weights read twice, grads written
+        # once (12 B/param) plus the int64 batch; activations excluded, as in every phase 7 row
+        flops, nbytes = fpt["total"] * B * bs, 12 * n_params + 16 * B * bs
+        roofs = ctx.roofs(dtype)
+        m = throughput_metrics(t.median_ms, flops, nbytes, roofs, dtype, t.min_ms)
+        m["tokens_per_s"] = B * bs / (t.median_ms / 1e3)
+        m["attention_scores_bytes_if_materialized"] = B * cfg.n_head * bs * bs * (2 if dtype == "bf16" else 4)
+        rows.append(row(variant, p, "ok", None, check=verdict, timing=t, metrics=m,
+                        prediction=roofline.predict(flops, nbytes, roofs, dtype, t.median_ms)))
+    model.zero_grad(set_to_none=True)
+    flash = [r for r in rows if r["variant"] == "sdpa_flash" and r["status"] == "ok"]
+    math_ = [r for r in rows if r["variant"] == "sdpa_math" and r["status"] == "ok"]
+    summary = {"flash_speedup_over_math": (math_[0]["metrics"]["ms"] / flash[0]["metrics"]["ms"]) if flash and math_ else None,
+               "seed": seed.MODEL_30M, "seed_citation": seed.CITATION}
+    return clean(rows), clean(summary)
 
 
-def param_formula(cfg: GPTConfig) -> dict:
-    """The same counts in closed form."""
-    d, V = cfg.n_embd, cfg.padded_vocab
-    ln = 2 * d if cfg.layernorm else 0                  # one LayerNorm: weight + bias
-    per_block = 12 * d * d + 2 * ln                     # 4d^2 attention + 8d^2 MLP + two LayerNorms
-    out = {"wte": V * d, "wpe": cfg.block_size * d, "blocks": cfg.n_layer * per_block, "ln_f": ln,
-           "lm_head": 0 if cfg.tie_weights else V * d}
-    out["total"] = sum(out.values())
-    out["non_embedding"] = out["blocks"] + out["ln_f"]
-    out["layernorm"] = (2 * cfg.n_layer + 1) * ln
-    return out
+def footprint_bytes(p: dict) -> float:
+    """model_run's forward + backward on sdpa_batch windows, math attention's scores and the fp64 check."""
+    shape, T, B = p["model_run"], p["block_size"], p["sdpa_batch"]
+    scores = B * shape["n_head"] * T * T
+    math_path = shape["n_layer"] * scores * 2 * 3       # bf16 scores, probabilities, their gradient, per layer
+    reference = scores * 8 * 3                          # _attention_check: fp64 scores, masked, softmax
+    return training_bytes(shape, T, B, p["vocab_multiple"], optimizer=False) + math_path + reference
 
 
-def flops_per_token(cfg: GPTConfig) -> dict:
-    """Training FLOPs per token, forward + backward (the PaLM paper's appendix B convention):
-
-        6 N        every non-embedding weight: a multiply-add (2 FLOPs) forward, two backward
-      + 12 L d T   attention scores and weighted values: 2 matmuls x 2T d FLOPs per token per layer
-                   forward, x3 with backward; counted for the full T x T window, as PaLM does,
-                   though causal flash attention skips the masked half
-      + 6 d V      the lm head, d x V (the real vocabulary, not the padded rows)
-
-    The embedding lookups are gathers, not matmuls: no FLOPs."""
-    d, L, T, V = cfg.n_embd, cfg.n_layer, cfg.block_size, cfg.vocab_size
-    n = param_formula(cfg)["non_embedding"]
-    out = {"non_embedding": 6 * n, "attention": 12 * L * d * T, "lm_head": 6 * d * V}
-    out["total"] = sum(out.values())
-    return out
-
-
-def bytes_per_step(cfg: GPTConfig, tokens: int) -> int:
-    """The fewest bytes one training step must move through device memory, activations excluded:
-    fp32 master weights read in the forward and again in the backward (8 B/param), gradients
-    written (4), AdamW reading weight, grad, m, v (16) and writing weight, m, v (12): 40 B/param;
-    plus the batch's int64 inputs and targets (16 B/token). Activations (the logits alone are
-    tokens x V x 2 bytes) are left out: they are what a fused kernel could keep on chip, and the
-    measured step time over this prediction shows how much they cost."""
-    return 40 * param_formula(cfg)["total"] + 16 * tokens
+EXERCISE = Exercise(
+    id="phase7.model", title="nanoGPT-style model: parameter breakdown, initial loss, flash attention",
+    run=run,
+    params={"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE, "model_30m": Shape(SHAPE_30M),
+            "model_7m": Shape(SHAPE_7M), "model_run": Shape(SHAPE_30M),
+            "vocab_multiple": VOCAB_MULTIPLE,
+            "init_batch": Int([4, 64], min=1, length=2, unit="[sequences, tokens]"),
+            "sdpa_batch": Int(32, min=1, unit="sequences")},
+    cpu_params={"model_run": {"n_layer": 2, "n_head": 2, "n_embd": 64}, "block_size": 64, "sdpa_batch": 2},
+    quick_params={"model_run": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "block_size": 32,
+                  "init_batch": [2, 16], "sdpa_batch": 2},
+    variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"),
+    footprint_bytes=footprint_bytes)

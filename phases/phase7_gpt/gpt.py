@@ -1,0 +1,201 @@
+"""A GPT in the style of nanoGPT, written for this lab: small enough to read in one sitting.
+
+    tokens -> token embedding + position embedding
+           -> n_layer x [ x + attn(LN(x)) ; x + mlp(LN(x)) ]     (pre-LayerNorm blocks)
+           -> final LN -> lm head (tied to the token embedding by default) -> logits
+
+Linear layers carry no bias; LayerNorms carry weight and bias. With that choice the seed's
+published counts come out exactly: its "30.02M" 6-layer, 384-wide model and the non-embedding
+counts of its nano / micro / mini / small scaling models (98,944 / 333,120 / 788,736 / 2,659,200).
+Its total only adds up with a *tied* head (untied, the head would add another 19.3M), so tying is
+the default here; `tie_weights=False` gives the untied variant.
+
+Two switches exist to break the model on purpose (exercise 7.5); each really removes its part:
+`residual=False` drops the `x +` of both sublayers, `layernorm=False` replaces every LayerNorm
+(and the final one) by the identity, so no LayerNorm parameter exists at all.
+
+Parameters per block (d = n_embd), counted in `param_formula`:
+    attention  qkv d x 3d + output d x d                 = 4 d^2
+    MLP        d x 4d + 4d x d                            = 8 d^2
+    2 LayerNorms (weight + bias)                          = 4 d
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50257
+    block_size: int = 256
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    tie_weights: bool = True
+    residual: bool = True
+    layernorm: bool = True
+    vocab_multiple: int = 1      # pad the embedding/logit rows to a multiple of this (64: faster matmuls)
+
+    @property
+    def padded_vocab(self) -> int:
+        m = max(1, self.vocab_multiple)
+        return -(-self.vocab_size // m) * m
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.n_embd) if cfg.layernorm else nn.Identity()
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0, "n_embd must divide into n_head heads"
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # One fused kernel: on a CUDA GPU in bf16 this dispatches to FlashAttention, which never
+        # writes the T x T score matrix to memory (phase 3's subject).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.residual = cfg.residual
+        self.ln_1, self.attn = _norm(cfg), CausalSelfAttention(cfg)
+        self.ln_2, self.mlp = _norm(cfg), MLP(cfg)
+
+    def forward(self, x):
+        if self.residual:
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+        # No skip path: every layer's output is only what the sublayer makes of its input.
+        return self.mlp(self.ln_2(self.attn(self.ln_1(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = _norm(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight        # one matrix reads tokens in and writes them out
+        self.apply(self._init)
+        for name, p in self.named_parameters():          # GPT-2: scale the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        assert T <= self.cfg.block_size, f"sequence of {T} tokens > block_size {self.cfg.block_size}"
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None):
+        """Sample one token at a time: one full forward pass per new token (no KV cache here;
+        phase 5 is where the cache earns its keep)."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.cfg.block_size:]
+            logits, _ = self(ctx)
+            logits = logits[:, -1, : self.cfg.vocab_size].float() / max(temperature, 1e-6)
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+
+# ------------------------------------------------------------------------------ counting
+def param_breakdown(model: GPT) -> dict:
+    """Parameters counted from the module itself (a tied head is one matrix, counted once)."""
+    seen, out = set(), {"wte": 0, "wpe": 0, "blocks": 0, "ln_f": 0, "lm_head": 0}
+    for name, p in model.named_parameters():            # named_parameters() skips shared tensors
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        out[name.split(".")[0]] += p.numel()
+    out["total"] = sum(out.values())
+    out["non_embedding"] = out["blocks"] + out["ln_f"]
+    out["layernorm"] = sum(m.weight.numel() + m.bias.numel() for m in model.modules() if isinstance(m, nn.LayerNorm))
+    return out
+
+
+def param_formula(cfg: GPTConfig) -> dict:
+    """The same counts in closed form."""
+    d, V = cfg.n_embd, cfg.padded_vocab
+    ln = 2 * d if cfg.layernorm else 0                  # one LayerNorm: weight + bias
+    per_block = 12 * d * d + 2 * ln                     # 4d^2 attention + 8d^2 MLP + two LayerNorms
+    out = {"wte": V * d, "wpe": cfg.block_size * d, "blocks": cfg.n_layer * per_block, "ln_f": ln,
+           "lm_head": 0 if cfg.tie_weights else V * d}
+    out["total"] = sum(out.values())
+    out["non_embedding"] = out["blocks"] + out["ln_f"]
+    out["layernorm"] = (2 * cfg.n_layer + 1) * ln
+    return out
+
+
+def flops_per_token(cfg: GPTConfig) -> dict:
+    """Training FLOPs per token, forward + backward (the PaLM paper's appendix B convention):
+
+        6 N        every non-embedding weight: a multiply-add (2 FLOPs) forward, two backward
+      + 12 L d T   attention scores and weighted values: 2 matmuls x 2T d FLOPs per token per layer
+                   forward, x3 with backward; counted for the full T x T window, as PaLM does,
+                   though causal flash attention skips the masked half
+      + 6 d V      the lm head, d x V (the real vocabulary, not the padded rows)
+
+    The embedding lookups are gathers, not matmuls: no FLOPs."""
+    d, L, T, V = cfg.n_embd, cfg.n_layer, cfg.block_size, cfg.vocab_size
+    n = param_formula(cfg)["non_embedding"]
+    out = {"non_embedding": 6 * n, "attention": 12 * L * d * T, "lm_head": 6 * d * V}
+    out["total"] = sum(out.values())
+    return out
+
+
+def bytes_per_step(cfg: GPTConfig, tokens: int) -> int:
+    """The fewest bytes one training step must move through device memory, activations excluded:
+    fp32 master weights read in the forward and again in the backward (8 B/param), gradients
+    written (4), AdamW reading weight, grad, m, v (16) and writing weight, m, v (12): 40 B/param;
+    plus the batch's int64 inputs and targets (16 B/token). Activations (the logits alone are
+    tokens x V x 2 bytes) are left out: they are what a fused kernel could keep on chip, and the
+    measured step time over this prediction shows how much they cost."""
+    return 40 * param_formula(cfg)["total"] + 16 * tokens
