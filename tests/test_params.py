@@ -94,7 +94,7 @@ def test_lists_of_shapes_and_rules_across_values():
         shapes.check("shapes", [[4, 5, 6]])
     with pytest.raises(ParamError, match=r"shapes=\[\[4,5\],\[20,20\]\]: too big"):
         shapes.check("shapes", [[4, 5], [20, 20]])
-    from phases.phase7_gpt.architecture import Shape
+    from phases.phase7_gpt.model import Shape
     with pytest.raises(ParamError, match="n_embd 64 is not a multiple of n_head 3"):
         Shape({"n_layer": 1, "n_head": 1, "n_embd": 8}).check("model", {"n_layer": 2, "n_head": 3, "n_embd": 64})
 

@@ -1,4 +1,4 @@
-"""common/report.py (+ findings, plots): README blocks regenerated from records, and --check."""
+"""common/report.py, render.py, frame.py: README blocks regenerated from records, and --check."""
 import copy
 import json
 import os
@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from common import findings, report
+from common import formats, render, report
+from common.frame import Frame
 from common.errors import LabError
 from common.records import load_records, write_record
 from conftest import assert_one_line_error, by_exercise
@@ -201,9 +202,9 @@ def test_check_fails_when_a_generated_block_is_removed(tmp_path, monkeypatch):
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_text(path.read_text())
         copies.append(dst)
-    top = copies[0]
-    top.write_text(re.sub(r"<!-- lab:begin phase1\.cache_sweep -->.*?<!-- lab:end phase1\.cache_sweep -->\n",
-                          "", top.read_text(), flags=re.S))
+    for readme in copies:
+        readme.write_text(re.sub(r"<!-- lab:begin phase1\.cache_sweep -->.*?<!-- lab:end phase1\.cache_sweep -->\n",
+                                 "", readme.read_text(), flags=re.S))
     monkeypatch.setattr(report, "readmes", lambda: copies)
     assert report.blocks_missing() == ["phase1.cache_sweep"]
     messages = []
@@ -247,8 +248,7 @@ def test_lab_report_cli(fake_repo, quick_results_copy, lab):
 
 # ------------------------------------------------------------------------------ records by hand
 def _view(records, tmp_path):
-    loaded = records
-    return report.View(report.frame(loaded), loaded, tmp_path / "README.md", tmp_path)
+    return render.View(Frame.of(records), tmp_path / "README.md", tmp_path)
 
 
 def test_external_figures_are_labelled(quick_records, tmp_path):
@@ -257,7 +257,8 @@ def test_external_figures_are_labelled(quick_records, tmp_path):
     rec["source"] = {"kind": "external", "citation": "seed write-up, Phase 1"}
     rec["hardware"]["key"] = "rtx_4090"
     write_record(rec, tmp_path)
-    table = report.t_elementwise(_view(load_records(tmp_path), tmp_path))
+    from phases.phase1_roofline.report import ELEMENTWISE
+    table = render.table(_view(load_records(tmp_path), tmp_path), ELEMENTWISE)
     hw_cell = table.splitlines()[2].split(" | ")[0]
     assert "seed write-up" in hw_cell                      # never shown as if we measured it
 
@@ -271,19 +272,20 @@ def test_phase0_findings_with_only_a_tf32_row(quick_records, tmp_path):
     tf32["variant"], tf32["params"]["tf32_allowed"] = "tf32", True
     rec["rows"] = [tf32]
     write_record(rec, tmp_path)
-    text = findings.phase0(_view(load_records(tmp_path), tmp_path))
+    from phases.phase0_environment.report import findings
+    text = findings(_view(load_records(tmp_path), tmp_path))
     assert "TF32" in text
 
 
 def test_formatting_helpers():
-    assert report.num(None) == "-" and report.num(float("nan")) == "-"
-    assert report.num(0) == "0" and report.num(4369.2) == "4,369" and report.num(0.08333) == "0.0833"
-    assert report.pct(91.04) == "91.0%" and report.pct(None) == "-"
-    assert report.size_bytes(1024) == "1 KiB" and report.size_bytes(12 * 2**30) == "12 GiB"
-    assert report.size_bytes(1536) == "1.5 KiB" and report.size_bytes(None) == "-"   # external records lack bytes
-    assert report.elements(2**30) == "1 Gi" and report.elements(33554432) == "32 Mi"
-    assert report.elements(100003) == "100,003"
-    assert report.markdown([["a", 1]], ["x", "y"]) == "| x | y |\n|---|---|\n| a | 1 |"
+    assert formats.num(None) == "-" and formats.num(float("nan")) == "-"
+    assert formats.num(0) == "0" and formats.num(4369.2) == "4,369" and formats.num(0.08333) == "0.0833"
+    assert formats.pct(91.04) == "91.0%" and formats.pct(None) == "-"
+    assert formats.size_bytes(1024) == "1 KiB" and formats.size_bytes(12 * 2**30) == "12 GiB"
+    assert formats.size_bytes(1536) == "1.5 KiB" and formats.size_bytes(None) == "-"   # external records lack bytes
+    assert formats.elements(2**30) == "1 Gi" and formats.elements(33554432) == "32 Mi"
+    assert formats.elements(100003) == "100,003"
+    assert formats.markdown([["a", 1]], ["x", "y"]) == "| x | y |\n|---|---|\n| a | 1 |"
 
 
 # ------------------------------------------------------------------------------ regressions (bugs found and fixed)

@@ -1,0 +1,213 @@
+"""The one renderer: a spec (common/spec.py) and the frame in, markdown out.
+
+Every table starts with the hardware and ends with the run link; every timed table carries the
+roofline's prediction columns; every goal reads `met`, `**not met**` or `not measured`. A phase
+never formats these itself, so a reader learns one layout and it holds in every README.
+"""
+import csv
+import io
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .formats import markdown, missing, num, pct
+from .frame import Frame, ok, value
+from .spec import OPS, SIGN, Goal, Goals, Plot, Table, Text
+
+NO_RECORDS = "_No records yet: run `lab run {ex}` on a GPU, then `lab report`._"
+VERDICTS = ("met", "**not met**", "not measured")
+PREDICTION_HEADER = ["predicted ms", "bound", "measured/predicted"]
+GOAL_HEADER = ["hardware", "goal", "target", "measured", "verdict", "target from"]
+
+
+class View:
+    """What a block sees: the frame, and links relative to the README it is written into."""
+
+    def __init__(self, frame: Frame, readme: Path, results: Path):
+        self.frame, self.readme, self.results = frame, Path(readme), Path(results)
+
+    def latest(self, exercise: str, **kw) -> pd.DataFrame:
+        return self.frame.latest(exercise, **kw)
+
+    def record(self, path: str) -> dict:
+        return self.frame.record(path)
+
+    def link(self, path: str) -> str:
+        return os.path.relpath(self.results / path, self.readme.parent).replace(os.sep, "/")
+
+    def run_label(self, r) -> str:
+        day = (value(r, "started") or "")[:10]
+        commit = (value(r, "commit") or "")[:7]
+        return f"[{day} {commit}]({self.link(r['path'])})"
+
+    def hw(self, r) -> str:
+        label = value(r, "hardware_name") or r["hardware"]
+        if r["source"] == "measured":
+            return label
+        origin = (value(r, "citation") or "elsewhere").split(" (")[0]      # the full citation is in the record
+        return f"{label} (quoted from the {origin})"
+
+
+def prediction_cells(r) -> list[str]:
+    return [num(value(r, "prediction.predicted_ms")), value(r, "prediction.bound", "-"),
+            num(value(r, "prediction.measured_over_predicted"), 3)]
+
+
+def _cell(column, r) -> str:
+    v = column.key(r) if callable(column.key) else value(r, column.key)
+    return column.fmt(v)
+
+
+def table_rows(view: View, spec: Table) -> pd.DataFrame:
+    rows = spec.rows(view) if spec.rows else view.latest(spec.exercise, since_version=spec.since_version)
+    if len(rows) and spec.where is not None:
+        rows = spec.where(rows)
+    return ok(rows) if spec.hide_failed else rows
+
+
+def csv_path(view: View, spec: Table) -> Path:
+    return view.results / "tables" / f"{spec.id}.csv"
+
+
+def table_csv(view: View, spec: Table) -> str | None:
+    """Every row of a `brief` table as CSV (the README shows the brief part), or None."""
+    rows = table_rows(view, spec)
+    if spec.brief is None or not len(rows):
+        return None
+    header, lines = _lines(view, spec, rows, link=False)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([header, *lines])
+    return out.getvalue()
+
+
+def table(view: View, spec: Table) -> str:
+    rows = table_rows(view, spec)
+    if not len(rows):
+        return NO_RECORDS.format(ex=spec.exercise)
+    if spec.brief is not None:
+        shown = spec.brief(rows)
+        target = os.path.relpath(csv_path(view, spec), view.readme.parent).replace(os.sep, "/")
+        out = markdown(*reversed(_lines(view, spec, shown)))
+        out += f"\n\n{len(shown)} of {len(rows)} rows shown; every row: [{csv_path(view, spec).name}]({target})."
+    else:
+        out = markdown(*reversed(_lines(view, spec, rows)))
+    if spec.note:
+        note = spec.note(view, rows)
+        if note:
+            out += "\n\n" + note
+    return out
+
+
+def _lines(view: View, spec: Table, rows: pd.DataFrame, link: bool = True) -> tuple[list[str], list[list[str]]]:
+    header = ["hardware", *(c.header for c in spec.columns), *(PREDICTION_HEADER if spec.prediction else []),
+              "run" if link else "record"]
+    lines = []
+    for _, r in rows.iterrows():
+        if r["status"] == "ok":
+            cells = [_cell(c, r) for c in spec.columns]
+            pred = prediction_cells(r) if spec.prediction else []
+        else:
+            cells = [_cell(c, r) if c.identity else "-" for c in spec.columns]
+            first = next((i for i, c in enumerate(spec.columns) if not c.identity), None)
+            if first is not None:
+                cells[first] = f"{r['status']}: {value(r, 'reason', '-')}"
+            pred = ["-"] * len(PREDICTION_HEADER) if spec.prediction else []
+        lines.append([view.hw(r), *cells, *pred, view.run_label(r) if link else f"results/{r['path']}"])
+    return header, lines
+
+
+# ------------------------------------------------------------------------------ goals
+def target_text(goal: Goal) -> str:
+    out = f"{SIGN[goal.op]} {goal.fmt(goal.target)}"
+    return out + (f" (stretch {goal.fmt(goal.stretch)})" if goal.stretch is not None else "")
+
+
+def verdict(measured, goal: Goal) -> str:
+    if missing(measured):
+        return VERDICTS[2]
+    return VERDICTS[0] if OPS[goal.op](float(measured), goal.target) else VERDICTS[1]
+
+
+def pick(rows: pd.DataFrame, goal: Goal):
+    """The row the goal is judged on (None where the metric is missing), or False where no row is
+    one the goal is about (another size, another GPU count): then the goal does not apply."""
+    rows = ok(rows)
+    if len(rows) and goal.where is not None:
+        rows = goal.where(rows)
+    if not len(rows):
+        return False
+    if goal.metric not in rows or rows[goal.metric].isna().all():
+        return None
+    metric = rows[goal.metric].astype(float)
+    return rows.loc[metric.idxmax() if goal.pick == "max" else metric.idxmin()]
+
+
+def goal_line(goal: Goal, label: str, rows: pd.DataFrame) -> list[str] | None:
+    """One goals-table line for the rows of one GPU (or setup), or None if the goal does not apply."""
+    r = pick(rows, goal)
+    if r is False:
+        return None
+    measured = None if r is None else r[goal.metric]
+    shown = "-" if r is None else goal.fmt(measured) + (f" ({goal.detail(r)})" if goal.detail else "")
+    return [label, goal.text, target_text(goal), shown, verdict(measured, goal), goal.anchor]
+
+
+def goal_candidates(view: View, spec: Goals, goal: Goal) -> pd.DataFrame:
+    if spec.rows is not None:
+        return spec.rows(view, goal)
+    return view.latest(goal.exercise, since_version=goal.since_version, measured_only=True)
+
+
+def goals(view: View, spec: Goals) -> str:
+    """One table for the phase: per GPU (or per setup a phase's `rows` labels, e.g. '2 x H200'),
+    every goal that applies to it, in declaration order."""
+    candidates = [(g, goal_candidates(view, spec, g)) for g in spec.goals]
+    labels = sorted({label for _, rows in candidates if len(rows) for label in set(rows["hardware_name"])})
+    lines = [line for label in labels for g, rows in candidates if len(rows)
+             for line in [goal_line(g, label, rows[rows["hardware_name"] == label])] if line is not None]
+    if not lines:
+        return NO_RECORDS.format(ex=spec.goals[0].exercise if spec.goals else "it")
+    return markdown(lines, GOAL_HEADER)
+
+
+# ------------------------------------------------------------------------------ plots
+def plot_hardware(view: View, spec: Plot) -> list[str]:
+    if spec.hardware:
+        return spec.hardware(view)
+    keys = set()
+    for ex in spec.exercises:
+        latest = view.latest(ex, measured_only=True)
+        keys |= set(latest["hardware"]) if len(latest) else set()
+    return sorted(keys)
+
+
+def plot_path(view: View, spec: Plot, hw: str) -> Path:
+    return view.results / "plots" / f"{spec.stem}_{hw}.png"
+
+
+def plot(view: View, spec: Plot) -> str:
+    lines = []
+    for hw in plot_hardware(view, spec):
+        names = view.frame.df
+        name = names[names["hardware"] == hw]["hardware_name"].iloc[-1]
+        caption = spec.caption.format(name=name)
+        lines.append(f"![{caption}]({os.path.relpath(plot_path(view, spec, hw), view.readme.parent).replace(os.sep, '/')})")
+    return "\n\n".join(lines) or NO_RECORDS.format(ex=spec.exercises[0])
+
+
+def text(view: View, spec: Text) -> str:
+    return spec.write(view) or spec.empty
+
+
+def block(view: View, spec) -> str:
+    kind = {Table: table, Goals: goals, Plot: plot, Text: text}[type(spec)]
+    return kind(view, spec).rstrip()
+
+
+def verdict_of(measured, target: float, op: str = ">=") -> str:
+    """The verdict wording for a figure checked in prose (a Text block), the same as in goal tables."""
+    return verdict(measured, Goal("", "", "", target, "", op=op))
+
+
+__all__ = ["View", "NO_RECORDS", "VERDICTS", "block", "table", "goals", "plot", "text", "pct", "verdict_of"]

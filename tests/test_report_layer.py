@@ -1,0 +1,130 @@
+"""The declarative report layer: every phase's specs render in one format, without torch, fast."""
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from common import render, report
+from common.frame import Frame
+from common.paths import REPO_ROOT
+from common.records import load_records
+from common.registry import all_exercises
+from common.spec import Goal, Goals, Table, col, ident
+from conftest import clean_env
+
+GOAL_ROW = re.compile(r"^\| [^|]+ \| [^|]+ \| [≥≤<>] [^|]+ \| [^|]+ \| (met|\*\*not met\*\*|not measured) \| [^|]+ \|$")
+
+
+@pytest.fixture(scope="module")
+def committed_view():
+    records = load_records(REPO_ROOT / "results", strict=True)
+    return render.View(Frame.of(records), REPO_ROOT / "README.md", REPO_ROOT / "results")
+
+
+def all_goals() -> list[tuple[int, Goals]]:
+    return [(p.number, b) for p in report.phases() for b in p.blocks if isinstance(b, Goals)]
+
+
+def test_every_phase_declares_its_report():
+    numbers = [p.number for p in report.phases()]
+    assert numbers == sorted(set(numbers)) and {0, 1, 2, 3, 4, 7} <= set(numbers)
+    for p in report.phases():
+        assert (REPO_ROOT / "phases" / p.folder / "README.md").is_file(), p.folder
+
+
+def test_every_goal_renders_the_same_way_in_every_phase(committed_view):
+    """One header, one target format, one of three verdicts, an anchor on every row: in every phase."""
+    assert all_goals(), "no phase declares goals"
+    for number, goals in all_goals():
+        text = render.goals(committed_view, goals)
+        lines = text.splitlines()
+        assert lines[0] == "| " + " | ".join(render.GOAL_HEADER) + " |", (number, lines[0])
+        for line in lines[2:]:
+            assert GOAL_ROW.match(line), (number, line)
+        for g in goals.goals:
+            assert g.anchor.strip() and "issue" not in g.anchor.lower(), (number, g.text, g.anchor)
+
+
+def test_goal_verdicts_cover_met_not_met_and_not_measured():
+    df = pd.DataFrame([
+        {"order": 0, "exercise": "x.y", "phase": 9, "bench_version": 1, "hardware": "gpu", "hardware_name": "GPU",
+         "source": "measured", "record_status": "ok", "status": "ok", "variant": "a", "path": "p.json",
+         "metrics.pct": 95.0, "metrics.other": float("nan")},
+        {"order": 0, "exercise": "x.y", "phase": 9, "bench_version": 1, "hardware": "gpu", "hardware_name": "GPU",
+         "source": "measured", "record_status": "ok", "status": "ok", "variant": "b", "path": "p.json",
+         "metrics.pct": 80.0, "metrics.other": float("nan")},
+    ])
+    view = render.View(Frame(df, []), REPO_ROOT / "README.md", REPO_ROOT / "results")
+    best = Goal("best", "x.y", "metrics.pct", 90, "a test", pick="max")
+    worst = Goal("worst", "x.y", "metrics.pct", 90, "a test", pick="min")
+    absent = Goal("absent", "x.y", "metrics.other", 90, "a test")
+    text = render.goals(view, Goals("t", (best, worst, absent)))
+    verdicts = [line.split(" | ")[4] for line in text.splitlines()[2:]]
+    assert verdicts == ["met", "**not met**", "not measured"]
+    assert "95.0%" in text and "80.0%" in text
+
+
+def test_a_failed_row_shows_its_identity_and_reason_not_numbers():
+    df = pd.DataFrame([{"order": 0, "exercise": "x.y", "phase": 9, "bench_version": 1, "hardware": "gpu",
+                        "hardware_name": "GPU", "source": "measured", "record_status": "failed", "status": "failed",
+                        "reason": "rel_l2 0.5 > 0.005", "variant": "k", "path": "p.json", "metrics.ms": 1.0,
+                        "started": "2026-11-24T00:00:00Z", "commit": "a" * 40}])
+    view = render.View(Frame(df, []), REPO_ROOT / "README.md", REPO_ROOT / "results")
+    text = render.table(view, Table("t", "x.y", (ident("kernel", "variant"), col("ms", "metrics.ms"))))
+    row = text.splitlines()[2]
+    assert "| k | failed: rel_l2 0.5 > 0.005 | - | - | - |" in row and "1" not in row.split("|")[3]
+
+
+def test_version_selection_drops_older_methods():
+    rows = [{"order": i, "exercise": "x.y", "phase": 9, "bench_version": v, "hardware": "gpu", "hardware_name": "GPU",
+             "source": "measured", "record_status": "ok", "status": "ok", "variant": "a", "path": f"{i}.json"}
+            for i, v in enumerate([1, 2, 1])]
+    frame = Frame(pd.DataFrame(rows), [])
+    assert list(frame.latest("x.y")["order"]) == [2]                      # newest record of any version
+    assert list(frame.latest("x.y", since_version=2)["order"]) == [1]     # newest of the new method
+
+
+def test_every_declared_block_is_in_exactly_one_readme():
+    seen = Counter()
+    for readme in report.readmes():
+        seen.update(report.BEGIN.findall(readme.read_text()))
+    declared = set(report.blocks())
+    assert declared == set(seen), (declared ^ set(seen))
+    assert all(n == 1 for n in seen.values()), [b for b, n in seen.items() if n > 1]
+
+
+def test_readmes_are_short_enough_to_finish():
+    for readme in report.readmes():
+        assert len(readme.read_text().splitlines()) <= 300, readme
+
+
+def test_lab_report_imports_no_torch_and_no_exercise_and_is_fast(tmp_path):
+    """`lab report` on the committed records: no torch, no exercise module, under 3 s on a CPU."""
+    code = ("import sys, time\nt = time.perf_counter()\nfrom common.cli import main\n"
+            "rc = main(['report', '--check'])\nelapsed = time.perf_counter() - t\n"
+            "import phases, pkgutil, importlib\n"
+            "names = {f'phases.{p.name}.{m}' for p in pkgutil.iter_modules(phases.__path__)\n"
+            "         for m in getattr(importlib.import_module(f'phases.{p.name}'), 'EXERCISE_MODULES', ())}\n"
+            "print(rc, 'torch' in sys.modules, 'matplotlib' in sys.modules, sorted(names & set(sys.modules)),"
+            " f'{elapsed:.2f}')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rc, torch_loaded, mpl_loaded, rest = proc.stdout.strip().splitlines()[-1].split(" ", 3)
+    exercise_modules, elapsed = rest.rsplit(" ", 1)
+    assert torch_loaded == "False" and mpl_loaded == "False", proc.stdout
+    assert exercise_modules == "[]", exercise_modules
+    assert float(elapsed) < 3.0, elapsed
+
+
+def test_every_exercise_module_runs_alone():
+    """Each exercise's module ends in a run_alone() call (python -m phases.<phase>.<module>)."""
+    import inspect
+    for ex in all_exercises():
+        module = inspect.getmodule(ex.run)
+        source = inspect.getsource(module)
+        assert 'if __name__ == "__main__":' in source and "run_alone(" in source, module.__name__
+        assert module.__name__.rsplit(".", 1)[1] == ex.name, (module.__name__, ex.id)    # named after its id
