@@ -49,7 +49,7 @@ def test_matmul_variants(variant, shape):
                                      "mma_bf16_pipelined"])
 def test_matmul_unaligned_views_take_the_scalar_path(variant):
     # Offsets by one element: contiguous, but not 16-byte aligned, so the vector loads must be off.
-    dt = mm.RUNGS[variant].dtype
+    dt = mm.dtypes(variant)[0]
     m, n, k = 64, 64, 64
     a = torch.randn(m * k + 1, device=DEV).to(dt)[1:].view(m, k)
     b = torch.randn(k * n + 1, device=DEV).to(dt)[1:].view(k, n)
@@ -156,6 +156,7 @@ def test_fp32_rungs_are_not_tf32():
 
 def test_lab_run_2_quick(tmp_path):
     from conftest import run_lab
+
     from common.records import load_records
     proc = run_lab("run", "2", "--quick", "--results", tmp_path / "r")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -166,5 +167,8 @@ def test_lab_run_2_quick(tmp_path):
         assert all(row["status"] == "ok" for row in r["rows"]), r["rows"]
     [m] = [r for r in records if r["exercise"]["id"] == "phase2.matmul"]
     assert all("pct_of_library" in row["metrics"] for row in m["rows"] if row["variant"] in mm.VARIANTS)
+    assert m["summary"]["irregular_checks"] and "why_mma_sync_caps" not in m["summary"]
+    steps = {row["variant"]: row["metrics"].get("base_rung") for row in m["rows"]}
+    assert steps["tiled"] == "naive" and steps["wgmma_tma_ws_cluster"] in (None, "wgmma_tma_ws")
     for res in m["summary"]["build"]["resources"].values():
         assert res["spill_stores_bytes"] == 0

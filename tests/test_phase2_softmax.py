@@ -10,12 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import cpu_only
 
 from common.errors import LabError
 from phases.phase2_cuda import build
 from phases.phase2_cuda import softmax as sm
-
-from conftest import cpu_only
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH")
 
@@ -266,7 +265,6 @@ def test_relate_copy_and_torch():
     assert "speedup_vs_torch" not in torch_row["metrics"]
     assert cuda["metrics"]["pct_of_copy_bandwidth"] == pytest.approx(80.0)
     assert cuda["metrics"]["speedup_vs_torch"] == pytest.approx(1.6)
-    assert cuda["metrics"]["copy_gbps_same_run"] == 4000.0 and cuda["metrics"]["torch_ms_same_run"] == 2.0
     assert "speedup_vs_torch" not in online["metrics"]
 
 
@@ -375,8 +373,9 @@ def test_cluster_row_is_refused_cleanly_before_sm90():
 
 @on_gpu
 def test_lab_run_softmax_quick(tmp_path):
-    from common.records import load_records
     from conftest import run_lab
+
+    from common.records import load_records
     proc = run_lab("run", "phase2.softmax", "--quick", "--results", tmp_path / "r", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [rec] = load_records(tmp_path / "r")

@@ -49,10 +49,11 @@ def test_run_reports_the_tiling_reduction(spec_ctx, monkeypatch):
         return [{**k, **{m: k[m] * scale for m in traffic.METRICS[:3]}}]
 
     monkeypatch.setattr(traffic, "profile", fake_profile)
-    rows, summary = traffic.run(spec_ctx(), {"vector_add_sizes": [1024], "matmul_n": 256, "timeout_s": 1})
-    assert [r["variant"] for r in rows] == ["vector_add", "naive", "tiled"]
-    assert summary["tiling_global_load_reduction"] == pytest.approx(8.0)
-    assert all(r["timing"] is None for r in rows)
+    result = traffic.run(spec_ctx(), {"vector_add_sizes": [1024], "matmul_n": 256, "timeout_s": 1})
+    assert [r["variant"] for r in result.rows] == ["vector_add", "naive", "tiled"]
+    assert result.summary["tiling_global_load_reduction"] == pytest.approx(8.0)
+    assert result.summary["predicted_global_load_reduction"] == pytest.approx(8.0)
+    assert all(r["timing"] is None for r in result.rows)
 
 
 def test_profile_failure_is_one_line(monkeypatch):

@@ -8,7 +8,7 @@ build on any machine with nvcc, GPU or not. A library is cached under `<repo>/.l
 Arch: `sm_XY` from the device's compute capability (`-arch=sm_XY`), or one given for compile-only
 checks. A source that uses arch-specific instructions (`wgmma`, `setmaxnreg`) says so with the line
 `// lab-build: arch-specific`; it is then built for `sm_XYa` through
-`-gencode=arch=compute_XYa,code=sm_XYa` (the form nvcc 13.0 assembles; see HOPPER.md).
+`-gencode=arch=compute_XYa,code=sm_XYa` (the form nvcc 13.0 assembles).
 
 Launchers take raw pointers, sizes and a `cudaStream_t`, and return the `cudaError_t` of
 `cudaGetLastError()` after the launch; `check()` turns a non-zero code into a LabError.

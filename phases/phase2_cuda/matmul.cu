@@ -72,20 +72,13 @@ extern "C" int launch_matmul_tiled_skip_k_tail(const float* A, const float* B, f
 // ---------------------------------------------------------------------------------------------
 // Rung 2b, regblock_1d (siboehm's kernel 4): 1D register blocking, the one idea between `tiled`
 // and `coalesced_regblock`. A 64x64 block tile over BK = 8, 512 threads; each thread computes a
-// column of TM = 8 outputs of C (rows row0..row0+7, one column) in registers instead of one.
-// Per k step a thread loads one B value into a register and reuses it for 8 FMAs; the 8 A values
-// As[row0 + i][k] are the same for all 32 threads of a warp (one row0 per warp: a broadcast). As
-// written that is 9 shared loads per 8 FMAs against the tiled kernel's 2 per FMA; and since a
-// thread's As[row0 + i][0..7] are contiguous, the compiler (both loops unrolled) fetches each as
-// 2 LDS.128 per tile: 8 LDS + 16 LDS.128 feed 64 FMAs, 0.375 load instructions per FMA (the
-// tiled kernel: 2). What still limits it is the shared-memory pipe, which serves one 128-byte
-// wavefront per clock per SM while the SM issues 4 warp-FFMAs: per warp per tile the 8 LDS are 8
-// wavefronts and the 16 warp-uniform LDS.128 at least 2 each, 40 wavefronts for 64 FFMAs (16
-// clocks of FMA issue per SM), so at most ~40% of the FMA peak; FFMAs are also only 47% of the
-// main loop's instructions (sm_90 SASS). Global/L2 traffic: a 64x64 tile reads
-// (64 + 64) x 8 x 4 B = 4 KB per 32K FMAs, 1/8 B per FMA (tiled 16x16: 1/2 B per FMA). Still
-// scalar global loads (coalesced: a warp reads 32 consecutive B floats, and 4 rows x 32 bytes of
-// A), A not transposed. Shared memory 2 x 2 KB; 50 registers, two 512-thread blocks per SM.
+// column of TM = 8 outputs of C in registers instead of one. Per k step a thread loads one B value
+// into a register and reuses it for 8 FMAs; the 8 A values As[row0 + i][k] are the same for all 32
+// threads of a warp (a broadcast), and being contiguous per thread they are fetched as LDS.128s:
+// 8 LDS + 16 LDS.128 feed 64 FMAs, 0.375 load instructions per FMA against the tiled kernel's 2.
+// What still limits it is the shared-memory pipe (one 128-byte wavefront per clock per SM against
+// 4 warp-FFMAs issued): per warp per tile about 40 wavefronts for 64 FFMAs. Global/L2 traffic: a
+// 64x64 tile reads (64 + 64) x 8 x 4 B = 4 KB per 32K FMAs, 1/8 B per FMA (tiled: 1/2 B).
 // Any M, N, K: out-of-range tile elements load as zero, out-of-range outputs are not stored.
 // The grid is 1-D (block b -> tile row b / nb, tile column b % nb), so no grid dimension limits M,
 // and bounds are tested as `offset < M - m0` (never `m0 + offset < M`, which could overflow int).
@@ -281,8 +274,7 @@ extern "C" int launch_matmul_regblock(const float* A, const float* B, float* C, 
 // barriers and the address and loop arithmetic. The shared/L1 pipe per warp per tile: 64
 // wavefronts for the fragments, 8 for the stores, 8 to 20 for the global loads' data (A touches
 // 16 lines of 32 B, B 4 of 128 B), against 128 SM-clocks of FFMA issue: about two thirds busy.
-// Registers: 64 accumulators + 16 fragment values + 8 staged + pointers and bounds: 125 on sm_90,
-// no spills.
+// Registers: 64 accumulators + 16 fragment values + 8 staged + pointers and bounds (<= 128).
 #define WT_BM 128
 #define WT_BN 128
 #define WT_BK 8
@@ -458,7 +450,6 @@ extern "C" int launch_matmul_warptiled_1stage(const float* A, const float* B, fl
 // the fragment loads stay the conflict-free, pair-broadcast LDS.128s that the shared-memory budget
 // above is built on. What changes is how a tile gets from global to shared memory, how the loop
 // overlaps copies, barrier and fragment loads with the FFMAs, and how much each thread computes.
-// Chosen over two other cp.async variants by measurement: see the phase-2 README.
 //
 // * cp.async instead of LDG -> registers -> STS, into a 3-stage ring (3 x 8 x (132 + 128) x 4 B =
 //   24,960 B). The copy engine writes shared memory directly, so (1) no staging registers
@@ -501,12 +492,8 @@ extern "C" int launch_matmul_warptiled_1stage(const float* A, const float* B, fl
 //   first LDS.128 only after its barrier, and waits for it). A group is committed every tile,
 //   empty past the end, so the wait count stays right.
 //
-// Main loop of the interior blocks, sm_90 SASS (nvcc 13.0), per thread per tile: 1,024 FFMA + 48
-// LDS.128 + 50 other (LDGSTS, 3 no-op `@!PT LDS` that ptxas puts before each batch of LDGSTS, wait,
-// barrier, commit, ring and address arithmetic, loop) = 1,122: FFMA 91.3% of issued instructions.
 // Registers: 128 accumulators + 2 x (8 + 16) fragment values (step k's and step k + 1's) + offsets
-// and ring state: 215 on sm_90, 205 on sm_80, no spills, no stack (scalar kernel included), under
-// the 255 that 2 blocks of 128 threads allow (2 x 128 x 255 <= 65,536).
+// and ring state, under the 255 that 2 blocks of 128 threads allow (2 x 128 x 255 <= 65,536).
 #define WTC_BM 128
 #define WTC_BN 128
 #define WTC_AS (WTC_BM + 4)                    // As row stride in floats, as in warptiled_1stage

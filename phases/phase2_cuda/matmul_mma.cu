@@ -164,26 +164,14 @@ extern "C" int launch_matmul_mma_bf16(const __nv_bfloat16* A, const __nv_bfloat1
 //   swizzled layout (matmul_mma_bf16_pipelined_scalar: correct, not fast). The epilogue is
 //   bounds-checked and stores bf16x2 pairs when C and N allow 4-byte stores.
 //
-// Why this instruction caps out on Hopper (the point of the rung next to cuBLAS):
-// - H100/H200 SXM: 989 dense BF16 TFLOP/s = 132 SMs x 4096 FLOP (2048 bf16 FMA) per clock x
-//   1.83 GHz: 512 FMA per clock per SM sub-partition. One m16n8k16 is 2048 FMA, so each of the
-//   4 schedulers of an SM would have to issue one HMMA.16816 every 4 clocks, with its operands
-//   read from the register file, while also issuing the ldmatrix, cp.async, address and
-//   barrier instructions. Hopper's full rate is reached through wgmma (warpgroup MMA,
-//   asynchronous, operands read from shared memory by descriptor, m64nNk16 up to N = 256).
-//   Public measurements: Hazy Research (ThunderKittens, "GPUs Go Brrr", 2024-05-12) report
-//   that without wgmma the H100 tops out around 63% of its tensor-core peak; FlashAttention-3
-//   (Shah et al., arXiv:2407.08608) reports FlashAttention-2, built on mma.sync, at 35% H100
-//   utilization against 75% with wgmma, TMA and asynchrony; Luo et al., "Benchmarking and
-//   Dissecting the Nvidia Hopper GPU Architecture" (arXiv:2402.13499) conclude that the
-//   fourth-generation tensor cores reach their throughput only through wgmma.
-// - Shared memory: about 33 TB/s for 132 SMs (ThunderKittens post), 128 bytes per clock per
-//   SM. Here each k16 step of a block moves 8 warps x 4 KB = 32 KB by ldmatrix plus 12 KB
-//   written by cp.async, 44 KB for 128 x 256 x 16 = 524,288 FMA: 352 clocks of shared
-//   memory against 256 clocks of tensor math at the Hopper peak, so even a perfect mma.sync
-//   pipeline here is held to 256 / 352 = 73% of peak by shared-memory bandwidth alone. With
-//   wgmma, B (and optionally A) goes from shared memory to the tensor cores by descriptor, once
-//   per warpgroup instruction: no per-warp ldmatrix copies, no issue slots spent on them.
+// Why this instruction caps out on Hopper (the point of the rung next to cuBLAS): the dense bf16
+// peak is 4096 FLOP per clock per SM, so each of an SM's 4 schedulers would have to issue one
+// m16n8k16 (2048 FMA) every 4 clocks, operands through the register file, besides the ldmatrix,
+// cp.async, address and barrier instructions that feed it. And shared memory (128 bytes per clock
+// per SM): each k16 step of a block moves 32 KB by ldmatrix plus 12 KB by cp.async for 524,288
+// FMA, 352 clocks of shared memory against 256 of tensor math at peak, so even a perfect pipeline
+// is held to 256 / 352 of peak. wgmma (matmul_wgmma.cu) reads B (and A) from shared memory by
+// descriptor, once per warpgroup instruction, asynchronously: both limits go.
 // ---------------------------------------------------------------------------------------------
 namespace mmp {
 constexpr int BM = 128, BN = 256, BK = 64, THREADS = 256;

@@ -132,8 +132,7 @@ __device__ __forceinline__ float ex2(float v) {
 // its own registers, and only then the conversions, with the `vec` test outside both loops: that
 // lets the compiler issue the loads back to back, one round trip to memory per thread. (With the
 // test inside one loop the compiler kept a branch per pack and reused one register quad, so each
-// load waited for the one before: warp_row reached 94% of copy at 1,024 fp32 columns, where the
-// same kernel with straight-line loads reached 98%.)
+// load waited for the one before.)
 template <typename Ty, int PACK, int ITERS>
 __device__ __forceinline__ void load_slice(const typename Ty::storage* p, int t, int nthreads, int limit, bool vec,
                                            float (&v)[PACK * ITERS]) {
@@ -630,10 +629,9 @@ __device__ __forceinline__ void smem_row(const void* xv, void* yv, int rows, int
 // reduction, an exchange or a write-back. (The one-shot shared-memory kernels above refill an SM
 // only when a whole CTA, or a whole cluster, has finished.)
 //   * Rows are handed out by a grid-wide ticket counter when a row fits one CTA (bf16 up to
-//     73,728 columns, fp32 up to 36,864): an SM that runs faster takes more rows. A static
-//     share per SM ran 5-8 points slower in bf16 (86-89% of copy against 94%, exploratory):
-//     the kernel ends with its slowest SM. The producer takes the ticket and announces the row in the slot of its
-//     first chunk; a ticket past the end announces "no more rows".
+//     73,728 columns, fp32 up to 36,864): an SM that runs faster takes more rows (with a static
+//     share per SM the kernel ends with its slowest SM). The producer takes the ticket and
+//     announces the row in the slot of its first chunk; a ticket past the end announces "no more rows".
 //   * Longer rows (fp32 65,536) are split over a cluster of ceil(chunks / 9) CTAs, each with an
 //     equal share of whole chunks, which walk the rows in a static round robin (every peer must
 //     take the same rows). The (max, sum) pairs go to every peer's shared memory with a remote
@@ -647,9 +645,6 @@ __device__ __forceinline__ void smem_row(const void* xv, void* yv, int rows, int
 //     global with 16-byte stores: the second exp2 per element costs SFU time the SM has
 //     (2 per element is about half the H200's 16 per clock per SM at copy speed in bf16).
 // Needs `vec` (bulk copies: 16-byte aligned rows): the launcher falls back to cluster_row_smem.
-// Exploratory geometries (16 KB chunks and 16 consumer warps kept): 8 consumer warps 80% bf16;
-// 8 KB chunks 78-80%; 32 KB chunks x 6 no better; 15 warps x 15 KB chunks with 9 (fp32) / 5
-// (bf16) chunks kept in registers 84% (17 warps leave 96 registers, so KEEP stays 1 here).
 #define STREAM_CONSUMER_WARPS 16
 #define STREAM_THREADS ((STREAM_CONSUMER_WARPS + 1) * 32)   // 17 warps: 96 registers each (5 on one sub-partition)
 #define STREAM_CHUNK_BYTES 16384            // one 16-byte pack per consumer thread, twice
@@ -1275,26 +1270,8 @@ static int stream_ready_for(int cols, int dtype) {
 // block_row_smem 16384; cluster_row, cluster_row_smem(64), stream_row 131072 (sm_90); online any.
 // A choice this GPU cannot run (a cluster or stream kernel before sm_90, or a length beyond the
 // kernel's limit) falls back to warp_row (<= 1024 columns), block_row (<= 32768) or online.
-// Measured on the H200 (2^28 elements; % of a copy of the same tensor, x torch.softmax), record
-// @c31d8f3, after load_slice's loads went straight-line and the warp kernels to 2-warp blocks:
-//   fp32: 32-128 warp_packed 100-101% (1.03x at 128); 512 / 1024 warp_row 99.5% / 97.6% (1.013x /
-//         1.007x); 4096 block_row 97.3%; 16384 block_row 97.6% (block_row_smem 96.3%, stream_row
-//         96.0%, cluster_row 94.4%, online 92.9%); 65536 stream_row 91.4% 1.91x (cluster_row 89.1%).
-//   bf16: 32-256 warp_packed; 512/1024 warp_row 100.6% / 100.2% (1.54x / 1.56x); 4096 block_row;
-//         16384 block_row_smem 96.5% (block_row 94.8%); 65536 stream_row 92.3% 1.79x (the same
-//         kernel timed again as `stream_row` in that run: 94.2%).
-// Before the straight-line loads (record @9b6cf3e) block_row was at 73.9% at fp32 16384, which is
-// why block_row_smem took that length; warp_row was at 0.99x / 0.98x torch at 512 / 1024.
-// Earlier candidates on the same sizes, removed: warp_pipe (fp32 512/1024 89.9% / 73.6%),
-//   warp_row_ring (a tile of whole rows per unit, 90.7% / 91.1%), cluster_row_ring (persistent
-//   clusters of 32 KB CTAs, 3-stage rings; 65536 fp32 74.1%, bf16 83.0%: superseded by stream_row).
-//   stream_row at 65536, exploratory runs with the lab's timing harness (scripts not committed):
-//         ~90% fp32 / ~87% bf16 with a static row per CTA in turn; ~92% fp32 (a cluster of 2,
-//         still static) / ~94% bf16 (one CTA per row, rows by ticket) once rows were handed out
-//         by a counter; 15-warp, 15 KB-chunk geometries were slower (84%). At 16384 it stays
-//         below block_row(_smem) in bf16 (77%): rows of 32769..131072 go to stream_row (measured
-//         at 65536 only); 16385..32768 go to cluster_row_smem(64), measured before the
-//         straight-line loads only.
+// The choices come from measured runs (results/phase2/softmax/). Rows of 16,385..32,768 and of
+// 32,769..131,072 other than 65,536 are dispatched without a measurement of their own.
 struct Route { int max_cols; int kernel; };
 #define ROUTE_END {INT_MAX, K_ONLINE}
 static const Route DISPATCH[2][8] = {

@@ -1,70 +1,36 @@
-"""Exercise 2.3: row softmax in CUDA C, from the seed's warp-per-row kernel to row lengths of 65,536,
-fp32 and bf16, against torch.softmax and a copy of the same tensor in the same run.
+"""Exercise 2.3: row softmax in CUDA C, from the seed's warp-per-row kernel to rows of 65,536
+columns, fp32 and bf16, against torch.softmax and a copy of the same tensor in the same run.
 
     lab run phase2.softmax [--variant cuda] [--param cols=[1024,65536]]
+    python -m phases.phase2_cuda.softmax         # alone: irregular shapes, a small timing table
 
 y[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max)) over the last dimension of a contiguous
-rows x cols tensor; fp32 or bf16 in and out, the arithmetic in fp32 (`softmax.cu`).
-
-Bytes and FLOPs. The fewest bytes: read x once, write y once, 2 x rows x cols x itemsize (8 bytes
-per element in fp32, 4 in bf16), for about 5 FLOPs per element (scale by log2 e and take the max,
-subtract, exp2, add, multiply by 1/sum; counted as 5): 0.6 FLOP/byte in fp32, so the roofline
-says time = bytes / bandwidth, and the practical ceiling is a copy of the same tensor (`copy`
-row, the same bytes). Each of our rows reports `pct_of_copy_bandwidth` against it and
-`speedup_vs_torch` (torch.softmax ms / our ms) against the `torch` row of the same size and dtype.
-
-Variants (one kernel family each; `cuda` is the dispatcher and picks by row length):
-
-- `warp_row` (the seed's, cols <= 1024): one warp per row, each lane cols/32 values in registers,
-  max and sum by xor-shuffle butterflies. At 32 columns a lane holds one fp32: 4 bytes in flight.
-- `warp_packed` (cols <= 1024): a power-of-two group of lanes per row, several rows per warp, so
-  each lane holds at least 32 bytes (8 fp32, 16 bf16); the dispatcher's choice for short rows
-  (it equals `warp_row` from 256 fp32 / 512 bf16 columns on).
-- `block_row` (cols <= 32,768): a block per row in registers, shuffles then shared memory.
-- `cluster_row` (cols <= 131,072, sm_90): 2 to 16 CTAs per row (a thread-block cluster), each
-  holding a slice in registers, combining (max, sum) through distributed shared memory: one HBM
-  read and one write per element even when a row is too long for one SM.
-- `online` (any length): a block per row, a running (max, sum) in one pass, a second pass that
-  re-reads the row (from L2 when it is still there) to write it: more bytes than the fewest.
-- `block_row_smem` (cols <= 16,384): a CTA per row staged in SHARED memory (bulk-copy engine with
-  mbarriers on sm_90, cp.async on sm_80): 32 KB slices (6 CTAs per SM) or 64 KB (3 per SM), so
-  other rows' loads are in flight while one CTA reduces and writes.
-- `cluster_row_smem` / `cluster_row_smem64` (cols <= 131,072, sm_90): the same with a cluster of
-  ceil(cols / slice) CTAs per row, 32 KB / 64 KB slices, (max, sum) pairs through DSMEM.
-- `stream_row` (cols <= 131,072, sm_90): a persistent grid of one CTA per SM; a producer warp keeps
-  a ring of 13 x 16 KB shared chunks full with bulk copies, row after row, while 16 consumer warps
-  reduce each chunk as it lands and, once the row's (max, sum) is known, write it and hand the
-  chunks back; at least 80 KB of the next row are always in flight. Rows that fit one CTA (bf16
-  up to 73,728 columns, fp32 up to 36,864) are handed out by a ticket counter, so a faster SM
-  takes more rows; longer ones are split over a cluster of CTAs that swap (max, sum) pairs through
-  remote shared-memory stores and mbarriers. Misaligned or odd-length rows run cluster_row_smem
-  instead. The dispatcher's choice for rows of 32,769 to 131,072 (measured at 65,536). It
-  replaced cluster_row_ring (persistent clusters of 32 KB CTAs: 74.6% fp32 / 82.9% bf16 at
-  65,536), and its sibling warp_row_ring (rows <= 1024) measured below warp_row: both removed.
-
-Dispatch (`cuda`): the table DISPATCH in softmax.cu, per dtype a list of {longest row, kernel};
-a kernel this GPU cannot run falls back to warp_row (<= 1,024), block_row (<= 32,768) or online. Each record says which
-kernel `cuda` ran; the summary's `dispatch` lists the choice per (dtype, cols).
-
-Sizes: every row length in `cols` at rows = total_elements // cols (2^28 elements: 1 GiB fp32 and
-512 MiB bf16 per tensor, far beyond the H200's L2), both dtypes; plus the seed's 4,096 x 32 fp32
-(512 KiB, inside L2, launch-dominated), whose check also requires every row to sum to 1.
-
-Correctness gates timing: before anything is timed, every variant is checked at irregular shapes
-(1000 x 1000, 77 x 33, 3 x 65,537, 5 x 100,000: odd lengths, tails, partial packs and CTAs), in
-both dtypes, on 16-byte-aligned tensors and on views offset by one element (the scalar path);
-then each timed row is checked again at its own size. The reference is torch.softmax in float64 of
-the same (bf16-rounded) inputs; the tolerance is the dtype's (relative L2 5e-5 fp32, 2e-2 bf16).
-Outputs are poisoned with NaN first, so an element a kernel never wrote fails the check.
+rows x cols tensor, fp32 arithmetic (`softmax.cu`). Fewest bytes: x read once, y written once, for
+about 5 FLOPs per element, so time = bytes / bandwidth and a copy of the same tensor (`copy`) is
+the ceiling: each row reports `pct_of_copy_bandwidth` against it and `speedup_vs_torch` against
+the `torch` row. One kernel family per variant (the README's table says what each does and why);
+`cuda` dispatches by row length and dtype (DISPATCH in softmax.cu) and each row records the kernel
+it ran. Sizes: every row length at 2^28 elements per tensor (far beyond L2), plus the seed's
+4,096 x 32 fp32 (inside L2), whose check also requires every row to sum to 1. Correctness gates
+timing: every variant is first checked at irregular shapes, both dtypes, aligned and offset by one
+element, against float64 torch.softmax at the dtype's tolerance, then at each timed size.
 """
 import ctypes
 
 import torch
 
-from common.checks import CHECK_CHUNK, compare, exact, poison
+from common.checks import CHECK_CHUNK, compare, poison
 from common.errors import LabError
-from common.exercise import Exercise, Needs, measure
+from common.exercise import (
+    Exercise,
+    Needs,
+    Result,
+    against_baseline,
+    measure,
+    reference_check,
+)
 from common.params import Choice, Int
+from common.standalone import run_alone
 
 from . import build
 from ._args import INT32_MAX, need_contiguous
@@ -258,15 +224,16 @@ def irregular_checks(ctx, params, wanted: list[str]) -> dict:
     for rows, cols in params["irregular_shapes"]:
         for dtype in params["dtypes"]:
             for offset in (0, 1):
-                x = inputs(rows, cols, TORCH_DTYPES[dtype], ctx.device, seed=rows * 7919 + cols, offset=offset)
-                out = output_like(x, offset)
-                ref = reference(x)
-                for v in wanted:
-                    if applies(v, cols, ctx.device):
-                        key = f"{rows}x{cols} {dtype}" + (" misaligned" if offset else "")
-                        found[v][key] = _guarded(lambda v=v: check_variant(v, x, out, ref))
-                del x, out, ref
+                key = f"{rows}x{cols} {dtype}" + (" misaligned" if offset else "")
+                for v, verdict in _checks_at(ctx, rows, cols, dtype, offset, wanted).items():
+                    found[v][key] = verdict
     return found
+
+
+def _checks_at(ctx, rows: int, cols: int, dtype: str, offset: int, wanted: list[str]) -> dict:
+    x = inputs(rows, cols, TORCH_DTYPES[dtype], ctx.device, seed=rows * 7919 + cols, offset=offset)
+    out, ref = output_like(x, offset), reference(x)
+    return {v: _guarded(lambda v=v: check_variant(v, x, out, ref)) for v in wanted if applies(v, cols, ctx.device)}
 
 
 def first_failure(checks: dict) -> dict | None:
@@ -285,69 +252,69 @@ def shapes(params) -> list[tuple[int, int, str, str]]:
     return out
 
 
+def one_shape(ctx, rows: int, cols: int, dtype: str, group: str, wanted: list[str], irregular: dict) -> list[dict]:
+    """copy, torch.softmax, then each wanted variant timed at this row length, related to both."""
+    tdtype = TORCH_DTYPES[dtype]
+    x = inputs(rows, cols, tdtype, ctx.device, seed=rows * 7919 + cols)
+    out = torch.empty_like(x)
+    ref = reference(x) if wanted or ctx.wants("torch") else None
+    n, seed = rows * cols, group == "seed"
+    fewest = 2 * n * x.element_size()                  # read x once, write y once
+    size = {"rows": rows, "cols": cols, "dtype": dtype, "group": group, "working_set_bytes": fewest}
+    what = "float64 torch.softmax of the same inputs"
+
+    def gated(check):
+        """A launch error is a failed check; the seed's case must also have every row sum to 1."""
+        def checked() -> dict:
+            verdict = _guarded(check)
+            return with_row_sums(verdict, out, dtype) if seed else verdict
+        return checked
+
+    # The seed's case is a few microseconds of GPU work: timed call by call, the Python wrapper's own
+    # time would leave the GPU idle between the events. Every row of it (ours and the baselines) is
+    # timed as a CUDA-graph replay of GRAPH_REPS calls, device time only.
+    timing = {"graph_reps": GRAPH_REPS} if seed else None
+    here = []
+    if wanted or ctx.wants("copy"):                    # the ceiling for every row of ours
+        def copy():
+            out.copy_(x)
+
+        here.append(measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, out, copy, x, "the source tensor"),
+                            flops=0, bytes_moved=fewest, dtype=None, timing=timing))
+    if wanted or ctx.wants("torch"):                   # the library to beat
+        def torch_softmax():
+            out.copy_(torch.softmax(x, dim=1))
+
+        here.append(measure(ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1),
+                            check=gated(reference_check(ctx, out, torch_softmax, ref, what, dtype)),
+                            flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing))
+    for v in wanted:
+        if not timed_at(v, cols, tdtype, ctx.device):
+            continue
+
+        def fn(v=v):
+            softmax(x, v, out)
+
+        failed = first_failure(irregular[v])
+        check = (lambda failed=failed: failed) if failed else gated(reference_check(ctx, out, fn, ref, what, dtype))
+        r = measure(ctx, v, size, fn=fn, check=check, flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype,
+                    timing=timing)
+        if v == "cuda":
+            r["metrics"]["kernel"] = chosen_kernel(cols, tdtype, ctx.device)
+        here.append(r)
+    return _relate(here)
+
+
 def run(ctx, params):
     wanted = [v for v in VARIANTS if ctx.wants(v)]
     irregular = irregular_checks(ctx, params, wanted)
     rows_out, dispatch, seed_sums = [], {}, {}
     for rows, cols, dtype, group in ctx.track(shapes(params), "softmax shapes"):
-        tdtype = TORCH_DTYPES[dtype]
-        itemsize = torch.empty(0, dtype=tdtype).element_size()
-        x = inputs(rows, cols, tdtype, ctx.device, seed=rows * 7919 + cols)
-        out = torch.empty_like(x)
-        refs = {}
-
-        def ref():
-            if "ref" not in refs:
-                refs["ref"] = reference(x)
-            return refs["ref"]
-
-        n = rows * cols
-        size = {"rows": rows, "cols": cols, "dtype": dtype, "group": group, "working_set_bytes": 2 * n * itemsize}
-        fewest = 2 * n * itemsize                      # read x once, write y once
-        seed = group == "seed"
-
-        def gate(verdict):
-            return with_row_sums(verdict, out, dtype) if seed else verdict
-
-        def check_copy():
-            poison(out); out.copy_(x); ctx.synchronize()
-            return exact(out, x, "the source tensor")
-
-        def check_torch():
-            poison(out); out.copy_(torch.softmax(x, dim=1)); ctx.synchronize()
-            return gate(compare(out, ref(), dtype, "float64 torch.softmax of the same inputs"))
-
-        def check_ours(v):
-            failed = first_failure(irregular[v])
-            if failed:
-                return failed
-            return gate(_guarded(lambda: check_variant(v, x, out, ref())))
-
-        # The seed's case is a few microseconds of GPU work: timed call by call, the Python wrapper's
-        # own time would leave the GPU idle between the events. Every row of it (ours and the
-        # baselines alike) is timed as a CUDA-graph replay of GRAPH_REPS calls, device time only.
-        timing = {"graph_reps": GRAPH_REPS} if seed else None
-        here = []
-        if wanted or ctx.wants("copy"):                # the ceiling for every row of ours
-            here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy,
-                                flops=0, bytes_moved=fewest, dtype=None, timing=timing))
-        if wanted or ctx.wants("torch"):               # the library to beat
-            here.append(measure(ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1), check=check_torch,
-                                flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing))
-        for v in wanted:
-            if not timed_at(v, cols, tdtype, ctx.device):
-                continue
-            r = measure(ctx, v, size, fn=lambda v=v: softmax(x, v, out), check=lambda v=v: check_ours(v),
-                        flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing)
-            if v == "cuda":
-                r["metrics"]["kernel"] = chosen_kernel(cols, tdtype, ctx.device)
-            here.append(r)
-        if seed:
+        here = one_shape(ctx, rows, cols, dtype, group, wanted, irregular)
+        if group == "seed":
             seed_sums = {r["variant"]: r["check"] for r in here if r["variant"] != "copy" and r.get("check")}
-        dispatch[f"{dtype} {cols}"] = chosen_kernel(cols, tdtype, ctx.device)
-        _relate(here)
+        dispatch[f"{dtype} {cols}"] = chosen_kernel(cols, TORCH_DTYPES[dtype], ctx.device)
         rows_out += here
-        del x, out, refs
     _, b = build.load(SOURCE, SIGNATURES)
     summary = {"irregular_shapes": params["irregular_shapes"], "irregular_checks": irregular,
                "seed_row_sum_checks": seed_sums, "dispatch": dispatch,
@@ -358,23 +325,17 @@ def run(ctx, params):
                "build": {"arch": b.arch, "flags": list(b.flags),
                          "resources": {k: r for k, r in b.resources.items() if k.startswith("softmax_")}},
                "l2_bytes": getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)}
-    return rows_out, summary
+    return Result(rows_out, summary)
 
 
-def _relate(here: list[dict]) -> None:
-    """Every row against the copy (bandwidth ceiling) and ours against torch.softmax, same size, same run."""
-    copy_row = next((r for r in here if r["variant"] == "copy" and r["status"] == "ok"), None)
+def _relate(here: list[dict]) -> list[dict]:
+    """Every row against the copy (the bandwidth ceiling), ours against torch.softmax: same size, same run."""
+    against_baseline(here, next((r for r in here if r["variant"] == "copy"), None), "gbps", "pct_of_copy_bandwidth")
     torch_row = next((r for r in here if r["variant"] == "torch" and r["status"] == "ok"), None)
     for r in here:
-        if r["status"] != "ok":
-            continue
-        r["metrics"]["bytes_formula"] = "2·rows·cols·itemsize (read x once, write y once)"
-        if r["variant"] != "copy" and copy_row:
-            r["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
-            r["metrics"]["pct_of_copy_bandwidth"] = 100 * r["metrics"]["gbps"] / copy_row["metrics"]["gbps"]
-        if r["variant"] not in BASELINES and torch_row:
-            r["metrics"]["torch_ms_same_run"] = torch_row["metrics"]["ms"]
+        if r["status"] == "ok" and r["variant"] not in BASELINES and torch_row:
             r["metrics"]["speedup_vs_torch"] = torch_row["metrics"]["ms"] / r["metrics"]["ms"]
+    return here
 
 
 def _fits_int32(shape: list[int]) -> str | None:
@@ -406,3 +367,7 @@ EXERCISE = Exercise(
     quick_params={"cols": [128, 4096, 65536], "total_elements": 2**20,
                   "irregular_shapes": [[77, 33], [3, 65537]]},
     variants=(*BASELINES, *VARIANTS), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"cols": [1000, 4097, 65536], "total_elements": 2**20, "irregular_shapes": [[77, 33], [3, 65537]]})

@@ -1,32 +1,22 @@
-"""Exercise 2.3: the bytes the kernels really move, read from Nsight Compute's counters and set
+"""Exercise 2.4: the bytes the kernels really move, read from Nsight Compute's counters and set
 against the counts the code predicts.
 
     lab run phase2.traffic          (needs `ncu` and a GPU whose counters it can read)
+    python -m phases.phase2_cuda.traffic
 
-Three counters per kernel (ncu replays the kernel once per group of counters; clocks are left as
-found):
-- global-load sectors at L1 (`l1tex__t_sectors_pipe_lsu_mem_global_op_ld`): what the SMs ask the
-  memory system for, in 32-byte sectors; x 32 = global-load bytes.
-- L2 read sectors requested by L1 (`lts__t_sectors_srcunit_tex_op_read`): what reached L2.
-- DRAM bytes read and written: what crossed the HBM interface.
-
-Predicted global-load bytes, from the code (fp32, 4 bytes):
-- vector add, seed kernel, n elements: a warp reads 32 consecutive floats of a and of b, 4 sectors
-  each, so 2 x n x 4 bytes. At n = 1M: 8,388,608, the seed's figure.
-- naive matmul, N x N, 16 x 16 blocks: a warp is 2 rows x 16 columns of C. Per k it needs 2 floats
-  of A (one per row, each a sector of its own) and 16 consecutive floats of B (64 bytes, 2
-  sectors, shared by both rows): 4 sectors, 128 bytes. N^2/32 warps x N steps x 128 B = 4 N^3.
-  (Counted per thread it would be 8 N^3: the warp's broadcast of A already halves it.)
-- tiled matmul, T = 16: per tile step a warp loads 2 rows x 16 floats of A and 2 x 16 of B into
-  shared memory, 8 sectors, 256 bytes; N^2/32 warps x N/16 steps x 256 B = N^3 / 2.
-  So tiling cuts global-load bytes by 8x (16x counted per thread).
-DRAM bytes have no such exact count (they depend on what L2 keeps); they are reported against the
-compulsory minimum, each input read once and the output written once (3 N^2 x 4, or 3 n x 4).
+Three counters per kernel, clocks left as found: global-load sectors at L1 (what the SMs ask for;
+x 32 = global-load bytes), L2 read sectors requested by L1 (what reached L2), and DRAM bytes read
+and written (what crossed the HBM interface). Global-load bytes have an exact prediction from the
+code (`predicted_global_load_bytes`: the seed's vector add, the naive and the 16x16 tiled matmul,
+whose ratio is the 8x that tiling buys); DRAM bytes depend on what L2 keeps, so they are set against
+the compulsory minimum, each input read once and the output written once.
 """
 from common import ncu
-from common.exercise import Exercise, Needs, row
+from common.exercise import Exercise, Needs, Result, row
 from common.params import Float, Int
+from common.standalone import run_alone
 
+from .analysis import tiling_reduction
 from .matmul import MAX_N
 
 METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
@@ -36,7 +26,13 @@ SECTOR_BYTES = 32
 
 
 def predicted_global_load_bytes(kind: str, n: int) -> int:
-    """The counts of the module docstring (matmul: N a multiple of 16, so every tile is full)."""
+    """fp32, 32-byte sectors, N a multiple of 16 (every tile full).
+    - vector add, n elements: a warp reads 32 consecutive floats of a and of b, 4 sectors each: 8 n.
+    - naive matmul, 16 x 16 blocks: a warp is 2 rows x 16 columns of C; per k it needs 2 floats of A
+      (a sector each) and 16 consecutive floats of B (2 sectors, shared by both rows): 4 sectors,
+      128 B; N^2 / 32 warps x N steps x 128 B = 4 N^3 (8 N^3 counted per thread).
+    - tiled, T = 16: per tile step a warp loads 2 rows x 16 floats of A and of B, 8 sectors, 256 B;
+      N^2 / 32 warps x N / 16 steps x 256 B = N^3 / 2: 8x fewer than naive."""
     if kind == "vector_add":
         return 2 * n * 4
     if kind == "naive":
@@ -85,13 +81,8 @@ def run(ctx, params):
         if ctx.wants(kind):
             rows.append(row(kind, {"kernel": kind, "n": n}, metrics=metrics_of(kind, n, profile(kind, n, params["timeout_s"]))))
     by = {(r["variant"], r["params"]["n"]): r["metrics"] for r in rows}
-    summary = {}
-    if ("naive", params["matmul_n"]) in by and ("tiled", params["matmul_n"]) in by:
-        nv, tl = by[("naive", params["matmul_n"])], by[("tiled", params["matmul_n"])]
-        summary = {"tiling_global_load_reduction": nv["global_load_bytes"] / tl["global_load_bytes"],
-                   "tiling_dram_reduction": nv["dram_bytes"] / tl["dram_bytes"],
-                   "tiling_l2_read_reduction": nv["l2_read_bytes"] / tl["l2_read_bytes"]}
-    return rows, summary
+    naive, tiled = by.get(("naive", params["matmul_n"])), by.get(("tiled", params["matmul_n"]))
+    return Result(rows, tiling_reduction(naive, tiled) if naive and tiled else {})
 
 
 EXERCISE = Exercise(
@@ -103,3 +94,7 @@ EXERCISE = Exercise(
             "timeout_s": Float(300, min=1, max=86400, unit="seconds per profiled kernel")},
     cpu_params={}, quick_params={"vector_add_sizes": [2**20], "matmul_n": 256, "timeout_s": 120},
     variants=("vector_add", "naive", "tiled"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"vector_add_sizes": [2**20], "matmul_n": 512})

@@ -1,30 +1,32 @@
 """Exercise 2.1: vector add in CUDA C, the seed's first kernel, against a plain copy in the same run.
 
     lab run phase2.vector_add [--param sizes=[1048576,268435456]]
+    python -m phases.phase2_cuda.vector_add      # alone: an irregular n, a small timing table
 
-`vector_add.cu`: one thread per element, `c[i] = a[i] + b[i]`, with the seed's launch for 1M elements
-(4096 blocks x 256 threads) and a tail guard `i < n` so any n works (checked at n = 1,000,003, where
-the last block is partly empty, before anything is timed). An fp32 add has one right answer, so the
-check is bit-for-bit equality with torch, over the whole output, both ends included.
-
-Per element: read a, read b, write c (12 bytes) for 1 FLOP, intensity 1/12 FLOP/byte: the roofline
-says time = 12 n / bandwidth. At 1M elements (12 MiB moved) the working set fits in the H200's L2
-and launch overhead is a large part of the time; at 2^28 elements (3 GiB moved) every byte comes
-from HBM. The `copy` row (torch copy, 8 bytes per element) at the same size is the practical
-ceiling; the CUDA rows report their bandwidth as a percentage of it.
-
-Two kernels: `cuda` is the seed's (one float per thread); `cuda_vec4` loads and stores one float4
-(16 bytes) per thread, a quarter of the memory instructions for the same bytes and more bytes in
-flight per thread, which is what a memory-bound kernel needs far beyond L2. It needs 16-byte
-aligned tensors (refused with a ValueError otherwise) and handles the n % 4 tail with scalars.
+`vector_add.cu`: c[i] = a[i] + b[i], one thread per element with the seed's launch for 1M elements
+(4096 blocks x 256 threads) and a tail guard `i < n`, checked at an n whose last block is partly
+empty before anything is timed. An fp32 add has one right answer, so the check is bit-for-bit.
+12 bytes per FLOP: the roofline says time = 12 n / bandwidth. The `copy` row (torch copy of the same
+n) is the practical ceiling; each kernel's `pct_of_copy_bandwidth` is its GB/s over the copy's.
+`cuda_vec4` moves the same bytes as one float4 per thread: a quarter of the memory instructions and
+more bytes in flight per thread, what a memory-bound kernel needs far beyond L2. It needs 16-byte
+aligned tensors (refused otherwise) and handles the n % 4 tail with scalars.
 """
 import ctypes
 
 import torch
 
 from common.checks import exact, poison
-from common.exercise import Exercise, Needs, measure
+from common.exercise import (
+    Exercise,
+    Needs,
+    Result,
+    against_baseline,
+    measure,
+    reference_check,
+)
 from common.params import Int
+from common.standalone import run_alone
 
 from . import build
 from ._args import need_contiguous, need_dtype
@@ -84,6 +86,42 @@ def footprint_bytes(p: dict) -> int:
     return 4 * 4 * max(*p["sizes"], p["irregular_n"])
 
 
+def one_size(ctx, n: int, irregular: dict, params: dict) -> list[dict]:
+    """The copy, then each kernel, at n elements; every kernel's GB/s against the copy's."""
+    a, b = inputs(n, ctx.device)
+    out, expected = torch.empty_like(a), a + b
+    size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4, "threads": THREADS}
+    # In L2 a call is a few microseconds of GPU work, less than the Python wrapper's own time: timed
+    # call by call the GPU would idle between the events. Such sizes (every row, the copy too) are
+    # timed as a CUDA-graph replay of GRAPH_REPS calls: device time only.
+    timing = {"graph_reps": GRAPH_REPS} if n <= params["graph_below_n"] else None
+    here = []
+    if ctx.wants("copy"):
+        def copy():
+            out.copy_(a)
+
+        here.append(measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, out, copy, a, "the source tensor"),
+                            flops=0, bytes_moved=2 * n * 4, dtype=None, timing=timing))
+    for v in LAUNCHERS:
+        if not ctx.wants(v):
+            continue
+
+        def fn(v=v):
+            add(a, b, out, variant=v)
+
+        check = reference_check(ctx, out, fn, expected, "torch a + b of the same inputs")
+        if not irregular[v]["passed"]:                 # failed at the irregular n: that failure, not a timing
+            check = _failed(irregular[v], f"n = {params['irregular_n']}")
+        here.append(measure(ctx, v, size, fn=fn, check=check, flops=n, bytes_moved=3 * n * 4, dtype="fp32",
+                            timing=timing))
+    copy_row = next((r for r in here if r["variant"] == "copy"), None)
+    return against_baseline(here, copy_row, "gbps", "pct_of_copy_bandwidth")
+
+
+def _failed(verdict: dict, where: str):
+    return lambda: {**verdict, "reason": f"at {where}: {verdict['reason']}"}
+
+
 def run(ctx, params):
     # The irregular size first: the tail guard is checked before any size is timed.
     a, b = inputs(params["irregular_n"], ctx.device)
@@ -91,46 +129,13 @@ def run(ctx, params):
     del a, b
     rows = []
     for n in ctx.track(params["sizes"], "vector add sizes"):
-        a, b = inputs(n, ctx.device)
-        out = torch.empty_like(a)
-        size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4, "threads": THREADS}
-        # In L2 a call is a few microseconds of GPU work, less than the Python wrapper's own time:
-        # timed call by call the GPU would idle between the events. Such sizes (every row, the
-        # copy too) are timed as a CUDA-graph replay of GRAPH_REPS calls: device time only.
-        timing = {"graph_reps": GRAPH_REPS} if n <= params["graph_below_n"] else None
-        here = []
-
-        def check_copy():
-            poison(out); out.copy_(a); ctx.synchronize()
-            return exact(out, a, "the source tensor")
-
-        if ctx.wants("copy"):
-            here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(a), check=check_copy,
-                                flops=0, bytes_moved=2 * n * 4, dtype=None, timing=timing))
-        for v in LAUNCHERS:
-            if not ctx.wants(v):
-                continue
-
-            def check(v=v):
-                if not irregular[v]["passed"]:
-                    return {**irregular[v], "reason": f"at n = {params['irregular_n']}: {irregular[v]['reason']}"}
-                return check_add(a, b, out, v)
-
-            here.append(measure(ctx, v, size, fn=lambda v=v: add(a, b, out, variant=v), check=check,
-                                flops=n, bytes_moved=3 * n * 4, dtype="fp32", timing=timing))
-        copy_row = next((r for r in here if r["variant"] == "copy" and r["status"] == "ok"), None)
-        for r in here:
-            if r["variant"] != "copy" and r["status"] == "ok" and copy_row:
-                r["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
-                r["metrics"]["pct_of_copy_bandwidth"] = 100 * r["metrics"]["gbps"] / copy_row["metrics"]["gbps"]
-        rows += here
-        del a, b, out
+        rows += one_size(ctx, n, irregular, params)
     _, b_ = build.load(SOURCE, SIGNATURES)
     summary = {"irregular_n": params["irregular_n"], "irregular_checks": irregular,
                "build": {"arch": b_.arch, "flags": list(b_.flags), "resources": b_.resources}}
     if ctx.is_cuda:
         summary["l2_bytes"] = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)
-    return rows, summary
+    return Result(rows, summary)
 
 
 EXERCISE = Exercise(
@@ -141,3 +146,7 @@ EXERCISE = Exercise(
             "graph_below_n": Int(2**22, min=0, unit="elements; sizes up to this are timed as CUDA-graph replays")},
     cpu_params={}, quick_params={"sizes": [2**20], "irregular_n": 100_003},
     variants=("copy", *LAUNCHERS), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [1_000_003], "irregular_n": 100_003})

@@ -1,42 +1,18 @@
-"""CPU emulation of the fp32 matmul rungs of phases/phase2_cuda/matmul.cu, for checking them
-without a GPU: the real source, compiled by g++ with sanitizers, not a transliteration.
+"""A lesson in checking GPU kernels without a GPU: matmul.cu's fp32 rungs, the real source, compiled
+by g++ and run on the CPU, one OS thread per CUDA thread, under sanitizers.
 
-    python scripts/emulate_sgemm.py                       # regblock_1d, warptiled_1stage, warptiled
-    python scripts/emulate_sgemm.py --rungs warptiled --quick
-    python scripts/emulate_sgemm.py --banks-only
+    python -m phases.phase2_cuda.matmul_on_cpu [--rungs warptiled] [--quick] [--banks-only]
 
-A few minutes (one OS thread per CUDA thread, under sanitizers); --quick a minute or two per rung.
-
-How: matmul.cu's text is rewritten just enough to be C++ (CUDA headers dropped, `k<<<grid, block,
-smem, stream>>>(args)` turned into a call of an emulated launch, the `asm volatile` reads of
-%tid.x / %ctaid.x into threadIdx.x / blockIdx.x, the cp.async copies, commit_group and wait_group
-into calls of the shim) and compiled against a small shim: each block runs as one std::thread per
-CUDA thread, blocks one after another, `__syncthreads()` is a std::barrier, `__shared__` variables
-are statics, float4 is 16-byte aligned. So the launchers (float4 or scalar choice, grid size) and
-the kernels run as written. cp.async (warptiled): `__cvta_generic_to_shared` gives a shared
-variable's offset from an anchor; each copy is queued in its thread's open group (a misaligned
-source or destination aborts; src-size bytes are read, the rest of the copy written as zeros),
-commit_group closes the group, and wait_group N performs all but the newest N groups, in order: a
-copy lands at the latest moment the PTX rules allow, so a tile read before its wait (or before the
-barrier after it) is read stale. Three builds:
-- AddressSanitizer + UndefinedBehaviorSanitizer: every operand is allocated at its exact size (an
-  out-of-bounds read or write aborts), a misaligned float4 access aborts, C starts as NaN (an
-  unwritten element fails), and the result is compared with a float64 product (relative Frobenius
-  error, the fp32 tolerance 5e-5);
-- ThreadSanitizer, on small shapes: a shared-memory access not ordered by a barrier (a missing or
-  misplaced __syncthreads, a ring stage overwritten while another thread still reads it) is
-  reported as a data race, whatever the timing of the run;
-- ThreadSanitizer again with each cp.async performed at issue (EMU_EAGER), the earliest moment
-  the hardware may write its destination: a stage refilled before every thread's last read of it
-  (the barrier) is a race here even where the deferred copies above would hide it.
-Then the shared-memory patterns of the warptiled_1stage kernel are computed from the same code
-(wt_place for the lane layout, the address expressions of the fragment loads and transposing
-stores): distinct float4s per LDS.128, bank conflicts, whether lanes L and L^1 or L and L^2 share
-addresses (2 wavefronts instead of 4); and warptiled's (wtc_place, TN = 16, and the banks its
-4-byte transposing cp.async copies write).
-
-What it cannot check: anything about the GPU itself (timing, the compiler's code for sm_80/sm_90,
-warp-synchronous behaviour, which these kernels do not rely on).
+matmul.cu is rewritten just enough to be C++ (launches become calls of an emulated launch, the
+thread-index reads, cp.async, commit_group and wait_group become calls of a small shim): each block
+runs as one std::thread per CUDA thread, `__syncthreads()` is a std::barrier, `__shared__` arrays
+are statics. Each cp.async lands at the latest moment the PTX rules allow, so a tile read before
+its wait is read stale. Three builds: AddressSanitizer + UBSan (every operand at its exact size, C
+starting as NaN, the result against a float64 product), ThreadSanitizer (a shared-memory access
+not ordered by a barrier is a race whatever the timing), and TSan with each copy performed at issue
+(a stage refilled before every thread's last read of it). Then the warptiled kernels' shared-memory
+patterns (bank conflicts, paired lanes) are computed from the same address expressions.
+It cannot check anything about the GPU itself: timing, the code nvcc emits, warp-synchronous behaviour.
 """
 import argparse
 import re
@@ -46,12 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "phases" / "phase2_cuda" / "matmul.cu"
-LAUNCHERS = {"naive": "launch_matmul_naive", "tiled": "launch_matmul_tiled",
-             "regblock_1d": "launch_matmul_regblock_1d", "coalesced_regblock": "launch_matmul_regblock",
-             "warptiled_1stage": "launch_matmul_warptiled_1stage", "warptiled": "launch_matmul_warptiled",
-             "broken_skip_k_tail": "launch_matmul_tiled_skip_k_tail"}
+from .rungs import RUNGS
+
+SOURCE = Path(__file__).resolve().parent / "matmul.cu"
+LAUNCHERS = {k: r.launcher for k, r in RUNGS.items() if r.source == "matmul.cu"}
 DEFAULT = ("regblock_1d", "warptiled_1stage", "warptiled")
 # (M, N, K, offset): offset 1 = A, B, C one float off 16 bytes; 2 = only C. The GPU tests' shapes,
 # then float4-path shapes with M, N, K tails, then unaligned views. The last three are small enough
@@ -321,7 +295,7 @@ def prepare(text: str) -> str:
     text = text.replace('asm volatile("cp.async.wait_group %0;\\n" ::"n"(N) : "memory");', "emu_wait(N);")
     left = [ln for ln in text.splitlines() if "<<<" in ln or re.search(r"\basm\s+volatile\s*\(", ln)]
     if left:
-        raise SystemExit(f"emulate_sgemm: cannot rewrite these lines of matmul.cu: {left}")
+        raise SystemExit(f"matmul_on_cpu: cannot rewrite these lines of matmul.cu: {left}")
     return text
 
 
@@ -333,7 +307,7 @@ def build(folder: Path, sanitizers: str, name: str, defines: tuple = ()) -> Path
         cmd.insert(-3, "-fno-sanitize-recover=undefined")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"emulate_sgemm: g++ failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"matmul_on_cpu: g++ failed:\n{proc.stderr[-3000:]}")
     return exe
 
 
