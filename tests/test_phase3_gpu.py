@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")]
 
 if torch.cuda.is_available():
+    from common.exercise import Context, reference_check
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import matmul as mm
@@ -25,6 +26,11 @@ if torch.cuda.is_available():
 DEV = "cuda"
 
 
+def check(out, fill, ref, reference, precision=None) -> dict:
+    """The exercises' own gate: poison `out`, run `fill`, synchronize, compare (bit-exact without a precision)."""
+    return reference_check(Context(torch.device(DEV), None, "gpu"), out, fill, ref, reference, precision)()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
@@ -33,19 +39,20 @@ def _seed():
 @pytest.mark.parametrize("n", [98432, 2**24 + 3])
 def test_vector_add_every_config(n):
     x, y = torch.randn(n, device=DEV), torch.randn(n, device=DEV)
+    out, ref = torch.empty_like(x), x + y
     for cfg in va.CONFIGS:
-        v = va.check_add(lambda a, b, o, c=cfg: va.add(a, b, o, c), x, y, torch.empty_like(x))
+        v = check(out, lambda c=cfg: va.add(x, y, out, c), ref, va.REFERENCE)
         assert v["passed"], (label(cfg), v)
 
 
 @pytest.mark.parametrize("m, n", [(1024, 2048), (1000, 1537), (1024, 16384), (256, 32768), (256, 65536), (77, 70001)])
 def test_softmax_every_candidate(m, n):
     x = torch.randn(m, n, device=DEV) * 4
-    ref = sm.reference(x)
+    ref, out = sm.reference(x), torch.empty_like(x)
     refused = []
     for cfg in sm.candidates(n):
         try:
-            v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+            v = check(out, lambda c=cfg: sm.softmax(x, out, c), ref, sm.REFERENCE, "fp32")
         except ValueError as exc:           # a cooperative config this Triton build makes too big to co-reside
             assert "an SM holds only" in str(exc), exc
             refused.append(label(cfg))
@@ -62,19 +69,19 @@ def test_matmul_every_config(dtype):
     c = torch.empty(2048, 2048, device=DEV, dtype=t)
     for impl, cfgs in ((mm.matmul, mm.CONFIGS), (mm.matmul_tma, mm.TMA_CONFIGS + mm.WS_CONFIGS)):
         for cfg in cfgs:
-            v = mm.check_matmul(lambda x, y, o, c=cfg: impl(x, y, o, c), a, b, c, ref, dtype)
+            v = check(c, lambda k=cfg, impl=impl: impl(a, b, c, k), ref, mm.REFERENCE, dtype)
             assert v["passed"], (impl.__name__, label(cfg), v)
 
 
 def test_matmul_irregular_shapes_on_gpu():
     a, b = torch.randn(1000, 777, device=DEV).half(), torch.randn(777, 1537, device=DEV).half()
-    v = mm.check_matmul(lambda x, y, o: mm.matmul(x, y, o, mm.CONFIGS[0]), a, b,
-                        torch.empty(1000, 1537, device=DEV, dtype=torch.half), a.double() @ b.double(), "fp16")
+    c = torch.empty(1000, 1537, device=DEV, dtype=torch.half)
+    v = check(c, lambda: mm.matmul(a, b, c, mm.CONFIGS[0]), a.double() @ b.double(), mm.REFERENCE, "fp16")
     assert v["passed"], v
     a, b = torch.randn(1000, 776, device=DEV).half(), torch.randn(776, 1544, device=DEV).half()
+    c = torch.empty(1000, 1544, device=DEV, dtype=torch.half)
     for cfg in mm.TMA_CONFIGS + mm.WS_CONFIGS:
-        v = mm.check_matmul(lambda x, y, o, c=cfg: mm.matmul_tma(x, y, o, c), a, b,
-                            torch.empty(1000, 1544, device=DEV, dtype=torch.half), a.double() @ b.double(), "fp16")
+        v = check(c, lambda k=cfg: mm.matmul_tma(a, b, c, k), a.double() @ b.double(), mm.REFERENCE, "fp16")
         assert v["passed"], (label(cfg), v)
 
 

@@ -21,7 +21,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, clean_env
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -51,6 +50,7 @@ if INTERPRETED:
     import triton
     import triton.language as tl
 
+    from common.exercise import Context, reference_check
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import matmul as mm
@@ -71,6 +71,11 @@ if INTERPRETED:
                     f"{type(exc).__name__}")
 
     UNUSABLE = _usable()
+    CTX = Context(torch.device("cpu"), None, "cpu")
+
+    def check(out, fill, ref, reference, precision=None) -> dict:
+        """The exercises' own gate: poison `out`, run `fill`, compare with `ref` (bit-exact without a precision)."""
+        return reference_check(CTX, out, fill, ref, reference, precision)()
 
     @pytest.fixture(autouse=True)
     def _seed():
@@ -87,19 +92,19 @@ if INTERPRETED:
     @in_child
     def test_vector_add_seed_case_is_exact():
         n = 98432                                       # 96 blocks of 1024 and a block of 128
-        x, y = torch.randn(n), torch.randn(n)
-        v = va.check_add(lambda a, b, o: va.add(a, b, o, va.INTERPRETER_CONFIG), x, y, torch.empty(n))
+        x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+        v = check(out, lambda: va.add(x, y, out, va.INTERPRETER_CONFIG), x + y, va.REFERENCE)
         assert v["passed"] and v["metric"] == "exact", v
 
     @in_child
     def test_vector_add_checker_rejects_a_grid_that_misses_the_tail():
         n = 98432
-        x, y = torch.randn(n), torch.randn(n)
+        x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
 
-        def broken(a, b, o):                           # n // BLOCK programs: the last 128 never written
-            add_missing_tail[(n // 1024,)](a, b, o, n, BLOCK=1024)
+        def broken():                                  # n // BLOCK programs: the last 128 never written
+            add_missing_tail[(n // 1024,)](x, y, out, n, BLOCK=1024)
 
-        v = va.check_add(broken, x, y, torch.empty(n))
+        v = check(out, broken, x + y, va.REFERENCE)
         assert not v["passed"]
 
     # -------------------------------------------------------------------------- softmax
@@ -115,7 +120,8 @@ if INTERPRETED:
     def test_softmax_rows_kernel_on_1000_by_1537():
         x = torch.randn(1000, 1537) * 4
         cfg = {"kind": "rows", "ROWS": 16, "BLOCK_N": 2048, "num_warps": 4}
-        v = sm.check_softmax(lambda a, o: sm.softmax(a, o, cfg), x, torch.empty_like(x), sm.reference(x))
+        out = torch.empty_like(x)
+        v = check(out, lambda: sm.softmax(x, out, cfg), sm.reference(x), sm.REFERENCE, "fp32")
         assert v["passed"], v
 
     @pytest.mark.parametrize("shape", [(37, 1537), (5, 33), (3, 512)])
@@ -123,17 +129,18 @@ if INTERPRETED:
     def test_softmax_both_kernels_on_irregular_rows(shape):
         x = torch.randn(*shape) * 4
         ref = sm.reference(x)
+        out = torch.empty_like(x)
         for cfg in sm.interpreter_configs(shape[1]):    # every kernel, the rows kernel also persistent
-            v = sm.check_softmax(lambda a, o, c=cfg: sm.softmax(a, o, c), x, torch.empty_like(x), ref)
+            v = check(out, lambda c=cfg: sm.softmax(x, out, c), ref, sm.REFERENCE, "fp32")
             assert v["passed"], (cfg, v)
 
     @in_child
     def test_softmax_checker_rejects_a_kernel_without_max_subtraction():
         x = torch.randn(64, 300) * 30 + 100             # large logits: exp overflows to inf, inf/inf = NaN
         out = torch.empty_like(x)
-        good = sm.check_softmax(lambda a, o: sm.softmax(a, o, sm.interpreter_configs(300)[0]), x, out, sm.reference(x))
-        bad = sm.check_softmax(lambda a, o: softmax_without_max[(64,)](a, o, 300, a.stride(0), BLOCK_N=512),
-                               x, out, sm.reference(x))
+        ref = sm.reference(x)
+        good = check(out, lambda: sm.softmax(x, out, sm.interpreter_configs(300)[0]), ref, sm.REFERENCE, "fp32")
+        bad = check(out, lambda: softmax_without_max[(64,)](x, out, 300, x.stride(0), BLOCK_N=512), ref, sm.REFERENCE, "fp32")
         assert good["passed"] and not bad["passed"], (good, bad)
 
     # -------------------------------------------------------------------------- matmul
@@ -155,22 +162,23 @@ if INTERPRETED:
     @in_child
     def test_matmul_on_irregular_shapes(dtype, precision, shape):
         m, n, k = shape                                  # K = 129: a K tail of one element
-        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-        v = mm.check_matmul(mm.matmul, a, b, torch.empty(m, n, dtype=dtype), a.double() @ b.double(), precision)
+        a, b, c = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype), torch.empty(m, n, dtype=dtype)
+        v = check(c, lambda: mm.matmul(a, b, c), a.double() @ b.double(), mm.REFERENCE, precision)
         assert v["passed"], v
 
     @in_child
     def test_matmul_on_strided_inputs():
         a = torch.randn(90, 200).to(torch.float16)[:, 3:150]     # row stride 200, not 147
         b = torch.randn(147, 66).to(torch.float16).t().contiguous().t()  # column-major B
-        v = mm.check_matmul(mm.matmul, a, b, torch.empty(90, 66, dtype=torch.float16), a.double() @ b.double(), "fp16")
+        c = torch.empty(90, 66, dtype=torch.float16)
+        v = check(c, lambda: mm.matmul(a, b, c), a.double() @ b.double(), mm.REFERENCE, "fp16")
         assert v["passed"], v
 
     @in_child
     def test_tma_persistent_matmul_on_aligned_irregular_shape():
         m, n, k = 200, 264, 136                          # rows 16-byte aligned, tiles do not divide
-        a, b = torch.randn(m, k).half(), torch.randn(k, n).half()
-        v = mm.check_matmul(mm.matmul_tma, a, b, torch.empty(m, n, dtype=torch.half), a.double() @ b.double(), "fp16")
+        a, b, c = torch.randn(m, k).half(), torch.randn(k, n).half(), torch.empty(m, n, dtype=torch.half)
+        v = check(c, lambda: mm.matmul_tma(a, b, c), a.double() @ b.double(), mm.REFERENCE, "fp16")
         assert v["passed"], v
         with pytest.raises(ValueError):                  # K = 129: rows of 258 bytes, not TMA-able
             mm.matmul_tma(torch.randn(8, 129).half(), torch.randn(129, 8).half())
@@ -185,10 +193,10 @@ if INTERPRETED:
         a, b = a_buf[:, :k], b_buf[:k]
         ref = a.double() @ b.double()
         out = torch.empty(m, n, dtype=torch.half)
-        good = mm.check_matmul(mm.matmul, a, b, out, ref, "fp16")
-        bad = mm.check_matmul(lambda x, y, o: matmul_without_k_mask[(2, 2)](
-            x, y, o, m, n, k, x.stride(0), x.stride(1), y.stride(0), y.stride(1), o.stride(0), o.stride(1),
-            BM=32, BN=32, BK=32), a, b, out, ref, "fp16")
+        good = check(out, lambda: mm.matmul(a, b, out), ref, mm.REFERENCE, "fp16")
+        bad = check(out, lambda: matmul_without_k_mask[(2, 2)](
+            a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+            BM=32, BN=32, BK=32), ref, mm.REFERENCE, "fp16")
         assert good["passed"] and not bad["passed"], (good, bad)
 
     # -------------------------------------------------------------------------- attention forward
@@ -261,14 +269,29 @@ if INTERPRETED:
 
     # -------------------------------------------------------------------------- whole exercises
     @in_child
-    def test_vector_add_and_softmax_exercises_run_end_to_end(spec_ctx):
-        rows, summary = va.run(spec_ctx(), {"sizes": [98432], "copy_bytes": None})
-        by = {r["variant"]: r for r in rows}
-        assert all(r["status"] == "ok" for r in rows), [(r["variant"], r["reason"]) for r in rows]
+    def test_every_exercise_runs_end_to_end(spec_ctx):
+        """Each run() as the runner calls it, on small irregular shapes: a Result whose rows all pass,
+        with the same-run ratios and the derived numbers the report reads stored in the record."""
+        res = va.run(spec_ctx(), {"sizes": [98432], "copy_bytes": None})
+        by = {r["variant"]: r for r in res.rows}
+        assert all(r["status"] == "ok" for r in res.rows), [(r["variant"], r["reason"]) for r in res.rows]
         assert by["triton"]["prediction"]["bytes"] == 3 * 98432 * 4
         assert by["triton"]["metrics"]["library"] == "torch" and "pct_of_copy_bandwidth" in by["triton"]["metrics"]
-        rows, summary = sm.run(spec_ctx(), {"seed_shape": [20, 1537], "cols": [300], "total_elements": 3000})
-        assert all(r["status"] == "ok" for r in rows), [(r["variant"], r["reason"]) for r in rows]
-        unfused = next(r for r in rows if r["variant"] == "unfused" and r["params"]["cols"] == 1537)
+        assert by["triton"]["metrics"]["far_beyond_l2"] is False and "l2_bytes" in res.summary
+        res = sm.run(spec_ctx(), {"seed_shape": [20, 1537], "cols": [300], "total_elements": 3000})
+        assert all(r["status"] == "ok" for r in res.rows), [(r["variant"], r["reason"]) for r in res.rows]
+        unfused = next(r for r in res.rows if r["variant"] == "unfused" and r["params"]["cols"] == 1537)
         assert unfused["prediction"]["bytes"] == (8 * 20 * 1537 + 4 * 20) * 4
-        assert summary["tuning"]
+        assert unfused["metrics"]["bytes_over_fused"] == pytest.approx(unfused["prediction"]["bytes"] / (2 * 20 * 1537 * 4))
+        assert res.summary["tuning"] and all("pct_of_copy_effective" in r["metrics"] for r in res.rows if r["variant"] != "copy")
+        res = mm.run(spec_ctx(), {"sizes": [200], "dtypes": ["fp16"], "warp_specialize": True})
+        assert [r["status"] for r in res.rows] == ["ok"] * 3 and "pct_of_library" in res.rows[-1]["metrics"]
+        res = fa.run(spec_ctx(), {"seed_sizes": [96], "seed_batch": 1, "seed_heads": 2, "seed_head_dim": 32, "sizes": [96],
+                                  "dtypes": ["fp16"], "head_dims": [32], "causal": [True], "tokens": 96, "model_dim": 64,
+                                  "warp_specialize": False})
+        ours = [r for r in res.rows if r["variant"] in ("naive", "triton")]
+        assert ours and all(r["status"] == "ok" for r in ours), [(r["variant"], r["reason"]) for r in ours]
+        assert "speedup_vs_naive" in ours[1]["metrics"]
+        res = fab.run(spec_ctx(), {"sizes": [96], "dtypes": ["fp16"], "head_dims": [32], "causal": [True], "tokens": 96,
+                                   "model_dim": 64})
+        assert [r["status"] for r in res.rows if r["variant"] == "triton"] == ["ok"]

@@ -187,32 +187,18 @@ def skipped(variant: str, params: dict, reason: str) -> dict:
     return row(variant, params, "skipped", reason)
 
 
-def compare_to_library(rows: list[dict], ours: str, libraries: tuple[str, ...]) -> None:
-    """For each of our rows, the fastest library row with the same params: its name, its ms and
-    our speed as a percent of its speed (100 * library_ms / our_ms; above 100% we are faster)."""
-    def same(a, b):
-        return a["params"] == b["params"]
-
+def compare_to_library(rows: list[dict], ours: str, libraries: tuple[str, ...], metric: str) -> None:
+    """For each of our rows, the fastest library row with the same params: its name and ms, and
+    our `metric` (a rate) as a percent of its rate (`pct_of_library`; above 100% we are faster)."""
+    from common.exercise import against_baseline
     for r in rows:
         if r["variant"] != ours or r["status"] != "ok":
             continue
-        libs = [x for x in rows if x["variant"] in libraries and x["status"] == "ok" and same(x, r)]
-        if not libs:
-            continue
-        best = min(libs, key=lambda x: x["metrics"]["ms"])
-        r["metrics"]["library"] = best["variant"]
-        r["metrics"]["library_ms"] = best["metrics"]["ms"]
-        r["metrics"]["pct_of_library"] = 100 * best["metrics"]["ms"] / r["metrics"]["ms"]
-
-
-def compare_to_copy(rows: list[dict], copy_gbps: float | None) -> None:
-    """Bandwidth as a percent of a copy measured in the same run (the practical ceiling)."""
-    if not copy_gbps:
-        return
-    for r in rows:
-        if r["status"] == "ok" and r["metrics"].get("gbps") is not None:
-            r["metrics"]["copy_gbps_same_run"] = copy_gbps
-            r["metrics"]["pct_of_copy_bandwidth"] = 100 * r["metrics"]["gbps"] / copy_gbps
+        libs = [x for x in rows if x["variant"] in libraries and x["status"] == "ok" and x["params"] == r["params"]]
+        if libs:
+            best = min(libs, key=lambda x: x["metrics"]["ms"])
+            r["metrics"].update(library=best["variant"], library_ms=best["metrics"]["ms"])
+            against_baseline([r], best, metric, "pct_of_library")
 
 
 # ------------------------------------------------------------------------------ compile without a GPU

@@ -2,41 +2,17 @@
 
     lab run phase3.flash_attention [--param sizes=[16384] --param dtypes=[bf16] --param head_dims=[128]]
 
-Attention O = softmax(Q K^T / sqrt(D)) V for B batches, H heads, N tokens, head dim D. Written
-naively it materializes the N x N score matrix S and the probabilities P of every head: B·H·N²
-elements written and read back (twice), so at N = 4096 and beyond the N² traffic, not the FLOPs,
-sets the time, and memory runs out long before the GPU's compute does.
-
-Flash attention never writes S or P. A program owns BLOCK_M query rows (its Q tile stays on chip)
-and walks the keys in BLOCK_N blocks: S_blk = Q K_blk^T, then the *online softmax*: keep, per row,
-the running max m and running sum l of exp(s - m); when a new block raises the max, rescale what
-was accumulated so far by alpha = exp(m_old - m_new):
-
-    m_new = max(m, rowmax(S_blk));  P_blk = exp(S_blk - m_new);  alpha = exp(m - m_new)
-    l = l·alpha + rowsum(P_blk);    acc = acc·alpha + P_blk V_blk;  ...;  O = acc / l
-
-HBM traffic falls to Q, K, V read and O written, 4·B·H·N·D elements (K and V are re-read by each
-query block, from L2), while the FLOPs stay 4·B·H·N²·D (two matmuls of 2·N²·D per head), halved
-when causal. Intensity grows with N: attention becomes compute-bound, and the question becomes
-the matmul question of exercise 3.3, with a softmax squeezed between the two dots.
-
-Choices that matter on Hopper (write them down; the tuner decides between candidates):
-
-* exp2, not exp: the hardware unit computes 2^x; fold log2(e) into the score scale once
-  (qk_scale = log2(e)/sqrt(D)) and every exponential is a single ex2 instruction.
-* Causal in two stages: key blocks left of the diagonal need no mask at all; only the blocks on
-  the diagonal pay for `where`. Programs on the longest rows are launched first, so the short ones
-  fill the tail of the grid.
-* Loads through TMA descriptors (built on the device, one per head) or plain pointers; loops
-  pipelined num_stages deep; Hopper warp specialization (a producer warp group issuing TMA loads,
-  consumer warp groups doing the math) where Triton's compiler supports it.
-* Masks for sequence lengths that are not a multiple of the block exist only when EVEN is false.
-
-The backward pass (Dao's FlashAttention-2 scheme) recomputes P from Q, K and the saved row
-log-sum-exp instead of storing it: a preprocess computes delta = rowsum(dO * O); a dK/dV kernel
-owns a block of keys and loops over queries (dV += P^T dO, dS = P * (dO V^T - delta),
-dK += dS^T Q); a dQ kernel owns a block of queries and loops over keys (dQ += dS K). FLOPs per the
-usual convention: 2.5x the forward (five N² matmuls instead of two).
+O = softmax(Q K^T / sqrt(D)) V. Naive attention writes the B·H·N² scores and probabilities and
+reads them back, so the N² traffic sets its time. Flash attention never writes them: a program
+keeps BLOCK_M query rows on chip and walks the keys in BLOCK_N blocks with the online softmax (a
+running row max m and sum l; when the max grows, what came before is rescaled by exp(m_old - m_new)).
+HBM then sees Q, K, V read and O written (4·B·H·N·D elements) for 4·B·H·N²·D FLOPs, halved when
+causal: compute-bound, the matmul question of exercise 3.3 with a softmax between two dots.
+Choices: exp2 with log2(e) folded into the score scale; causal in two stages (unmasked blocks left
+of the diagonal, masked ones on it, longest rows launched first); TMA or pointer loads; masks only
+when N is not a multiple of the blocks. The backward (FlashAttention-2's scheme) recomputes P from
+the saved row log-sum-exp: delta = rowsum(dO * O), a dK/dV kernel looping over queries and a dQ
+kernel looping over keys; by convention 2.5x the forward's FLOPs.
 """
 import math
 import warnings
@@ -44,11 +20,25 @@ import warnings
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
-from common.exercise import Exercise, Needs, measure
+from common.exercise import Exercise, Needs, Result, measure
 from common.params import Bool, Choice, Int
+from common.standalone import run_alone
 
-from ._support import (LOG2E_VALUE, attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options,
-                       require, skipped, tl, triton, tune, tuning_summary)
+from ._support import (
+    LOG2E_VALUE,
+    attempt,
+    compare_to_library,
+    ensure_allocator,
+    interpreting,
+    label,
+    launch_options,
+    require,
+    skipped,
+    tl,
+    triton,
+    tune,
+    tuning_summary,
+)
 
 
 # ------------------------------------------------------------------------------ forward kernel
@@ -355,8 +345,8 @@ INTERPRETER_BWD = _bwd(32, 64, 4, 1, 64, 32, 4, 1)
 
 # ------------------------------------------------------------------------------ wrappers
 HEAD_DIMS = (16, 32, 64, 128, 256)     # what the kernels accept (tl.arange needs a power of two, tl.dot >= 16)
-# What the exercise can run: at D = 256 every forward candidate (and the fallback) needs 256 to 449 KiB
-# of shared memory compiled for sm_90 (Hopper allows 227), so no config would pass.
+# What the exercise can run: at D = 256 every forward config needs more shared memory than Hopper's
+# 227 KiB per block (compile_check.py shows it), so none would pass.
 EXERCISE_HEAD_DIMS = (16, 32, 64, 128)
 
 
@@ -511,8 +501,7 @@ def reference_lse(q, k, causal, sm_scale, heads) -> torch.Tensor:
 
 def check_lse(lse, lse_ref, heads) -> dict:
     """The forward's second output is checked too: the backward recomputes P from it, so an O that
-    is right with an LSE that is wrong (seen on the H200 with warp-specialized configs) poisons every
-    gradient while the forward's own check passes."""
+    is right with an LSE that is wrong poisons every gradient while the forward's own check passes."""
     got = torch.stack([lse[b, h] for b, h in heads])
     return compare(got, lse_ref, "tf32", f"float64 logsumexp / ln 2 of the scaled scores, heads {heads}")
 
@@ -673,15 +662,15 @@ def run(ctx, params):
         for r in here:
             r["metrics"]["flops_formula"] = "4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
             r["metrics"].setdefault("bytes_formula", "4·B·H·N·D·bytes (Q, K, V read, O written)")
-        compare_to_library(here, "triton", tuple(SDPA_BACKENDS))
+        compare_to_library(here, "triton", tuple(SDPA_BACKENDS), "tflops")
         naive = next((r for r in here if r["variant"] == "naive" and r["status"] == "ok"), None)
         ours = next((r for r in here if r["variant"] == "triton" and r["status"] == "ok"), None)
         if naive and ours:
             ours["metrics"]["speedup_vs_naive"] = naive["metrics"]["ms"] / ours["metrics"]["ms"]
         rows += here
-    return rows, {"tuning": tuning, "flops_convention": "4·B·H·N²·D per forward (two N² matmuls), halved when causal",
+    return Result(rows, {"tuning": tuning, "flops_convention": "4·B·H·N²·D per forward (two N² matmuls), halved when causal",
                   "naive_matmul_precision": "highest (strict fp32, no TF32)",
-                  "triton_fp32_dots": "tf32 (tl.dot's default input precision)"}
+                  "triton_fp32_dots": "tf32 (tl.dot's default input precision)"})
 
 
 EXERCISE = Exercise(
@@ -698,12 +687,16 @@ EXERCISE = Exercise(
             "causal": Bool([False, True], many=True),
             "tokens": Int(16384, min=1, unit="tokens per problem (B = tokens // N, at least 1)"),
             "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
-            # Off by default: on the H200 (triton 3.6, 2026-11-21) the warp-specialized configs wrote
-            # out of bounds at head dim 64 (NaNs, and a corrupted float64 reference next to them) and
-            # stored a wrong LSE at head dim 128. Opt in with --param warp_specialize=true.
+            # Off by default: with Triton 3.6 the warp-specialized configs failed their checks (out-of-bounds
+            # writes at head dim 64, a wrong LSE at 128). Opt in with --param warp_specialize=true.
             "warp_specialize": Bool(False)},
     cpu_params={"seed_sizes": [256], "sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [False],
                 "tokens": 512, "model_dim": 128},
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
                   "tokens": 2048, "model_dim": 256},
     variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"seed_sizes": [200], "sizes": [200], "dtypes": ["fp16"], "head_dims": [32], "causal": [True],
+                         "tokens": 400, "model_dim": 64})

@@ -1,33 +1,36 @@
 """Exercise 3.5: flash attention backward, checked against autograd through naive attention and
-timed against the library's backward.
+timed against each SDPA backend's backward.
 
     lab run phase3.flash_attention_bwd [--param sizes=[4096] --param head_dims=[128]]
 
 The kernels are in flash_attention.py: a preprocess (delta = rowsum(dO * O)), a dK/dV kernel that
-owns a block of keys and loops over queries, and a dQ kernel that owns a block of queries and
-loops over keys. Both recompute P = exp2(S·log2 e - lse) from the forward's saved row statistics,
-so the backward, like the forward, never writes an N x N matrix.
-
-Work: the forward's two N² matmuls become five (recompute S, dV = P^T dO, dP = dO V^T,
-dQ = dS K, dK = dS^T Q): by the usual convention 2.5 x the forward's 4·B·H·N²·D FLOPs, halved when
-causal. These two kernels actually do seven (S and dP are recomputed in both, which avoids
-atomic adds on dQ); the record counts the conventional five, so our TFLOP/s is comparable with
-every published figure and understates the arithmetic we do. Bytes: Q, K, V, O and dO read, dQ,
-dK and dV written, 8·B·H·N·D elements.
-
-Correctness: dQ, dK and dV of the first and last head are compared with float64 autograd through
-naive attention on the same inputs and the same dO; the check reports the worst of the three.
+owns a block of keys and loops over queries, and a dQ kernel that owns a block of queries and loops
+over keys. Both recompute P from the forward's saved row statistics: no N x N matrix is written.
+FLOPs by the usual convention: five N² matmuls, 2.5x the forward's 4·B·H·N²·D (halved when causal).
+These kernels do seven (S and dP recomputed in both, which avoids atomic adds on dQ), so our TFLOP/s
+is comparable with published figures and understates the arithmetic done. Bytes: Q, K, V, O, dO
+read and dQ, dK, dV written, 8·B·H·N·D elements. The check compares dQ, dK and dV of the first and
+last head with float64 autograd on the same inputs and dO, and reports the worst of the three.
 """
 import math
 
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
-from common.exercise import Exercise, Needs, measure
+from common.exercise import Exercise, Needs, Result, measure
 from common.params import Bool, Choice, Int
+from common.standalone import run_alone
 
 from . import flash_attention as fa
-from ._support import attempt, compare_to_library, interpreting, label, skipped, tune, tuning_summary
+from ._support import (
+    attempt,
+    compare_to_library,
+    interpreting,
+    label,
+    skipped,
+    tune,
+    tuning_summary,
+)
 
 
 def reference_grads(q, k, v, do, causal, sm_scale, heads) -> dict:
@@ -167,10 +170,10 @@ def run(ctx, params):
         for r in here:
             r["metrics"]["flops_formula"] = "2.5 · 4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
             r["metrics"]["bytes_formula"] = "8·B·H·N·D·bytes (Q, K, V, O, dO read; dQ, dK, dV written)"
-        compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS))
+        compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
         rows += here
-    return rows, {"tuning": tuning,
-                  "flops_convention": "2.5 x the forward's 4·B·H·N²·D (five N² matmuls), halved when causal"}
+    return Result(rows, {"tuning": tuning,
+                         "flops_convention": "2.5 x the forward's 4·B·H·N²·D (five N² matmuls), halved when causal"})
 
 
 EXERCISE = Exercise(
@@ -187,3 +190,8 @@ EXERCISE = Exercise(
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
     variants=("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [200], "dtypes": ["fp16"], "head_dims": [32], "causal": [True], "tokens": 200,
+                         "model_dim": 64})

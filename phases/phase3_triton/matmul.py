@@ -2,36 +2,39 @@
 
     lab run phase3.matmul [--param sizes=[8192] --param dtypes=[bf16]]
 
-C = A @ B with N x N matrices costs 2 N^3 FLOPs and must move at least 3 N^2 x 2 bytes (read A and
-B, write C once): intensity N/3 FLOP/byte, far right of the ridge for N >= 1024. The whole game is
-to keep the tensor cores fed, and that is a data-movement problem one level down:
-
-* Tiling. A program computes a BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps; each step
-  loads (BLOCK_M + BLOCK_N) x BLOCK_K elements and does 2·BLOCK_M·BLOCK_N·BLOCK_K FLOPs on them,
-  2·BLOCK_M·BLOCK_N / (BLOCK_M + BLOCK_N) FLOPs per element loaded: 171 for a 128 x 256 tile, or
-  85 FLOP per byte of bf16. That is still left of a Hopper's ridge (about 200 FLOP/byte from HBM),
-  so the tiles must mostly come from L2, not HBM: hence the program order below.
-* Pipelining (num_stages). While the tensor cores work on step k, the loads of steps k+1 ... k+s-1
-  are already in flight; Hopper's wgmma reads its operands straight from shared memory.
-* Grouped program order (GROUP_M). Programs run roughly in id order. Row-major order would sweep
-  a whole row of C tiles, re-reading all of B for every tile row; grouping GROUP_M tile rows per
-  column band makes concurrent programs share A and B tiles, so L2, not HBM, serves most reads.
-* TMA and persistence (the second variant). Hopper's Tensor Memory Accelerator copies a whole tile
-  from a descriptor (base, shape, strides), bounds-checked and zero-filled by hardware, so no
-  thread computes addresses or masks. A persistent grid (one program per SM, looping over tiles)
-  pays the program start-up once and lets the next tile's loads overlap this tile's epilogue.
-
-Both kernels are autotuned in the run (see _support.tune: every candidate is checked, then timed);
-the record keeps the winner and every candidate's time.
+C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
+right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
+* Tiling: a BLOCK_M x BLOCK_N tile of C per program, walking K in BLOCK_K steps; each element
+  loaded is used 2·BLOCK_M·BLOCK_N / (BLOCK_M + BLOCK_N) times, which is still left of a Hopper's
+  ridge from HBM, so most tiles must come from L2.
+* Grouped program order (GROUP_M): concurrent programs share A and B tiles, so L2 serves the re-reads.
+* Pipelining (num_stages): the loads of the next K steps are in flight while the tensor cores work.
+* TMA and persistence (`triton_tma`): hardware tile copies from a descriptor, bounds-checked, no
+  address math or masks; one program per SM loops over tiles, overlapping a tile's epilogue with
+  the next tile's loads.
+Both kernels are autotuned in the run (_support.tune); the record keeps every candidate's time.
 """
 import torch
 
-from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare, poison
-from common.exercise import Exercise, Needs, measure
+from common.checks import CHECK_CHUNK, TORCH_DTYPES
+from common.exercise import Exercise, Needs, Result, measure, reference_check
 from common.params import Bool, Choice, Int
+from common.standalone import run_alone
 
-from ._support import (attempt, compare_to_library, ensure_allocator, interpreting, label, launch_options, require,
-                       sm_count, tl, triton, tune, tuning_summary)
+from ._support import (
+    attempt,
+    compare_to_library,
+    ensure_allocator,
+    interpreting,
+    label,
+    launch_options,
+    require,
+    sm_count,
+    tl,
+    triton,
+    tune,
+    tuning_summary,
+)
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -177,13 +180,7 @@ def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------------------ reference and check
-def check_matmul(impl, a, b, out, ref, precision: str) -> dict:
-    """Poison C, let `impl(a, b, out)` fill it, compare with the float64 product."""
-    poison(out)
-    impl(a, b, out)
-    if out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return compare(out, ref, precision, "float64 matmul of the same inputs")
+REFERENCE = "float64 matmul of the same inputs"
 
 
 def flops(m: int, n: int, k: int) -> int:
@@ -218,10 +215,14 @@ def run(ctx, params):
         size = {"n": n, "dtype": dtype}
         cost = {"flops": flops(n, n, n), "bytes_moved": bytes_moved(n, n, n, t.itemsize), "dtype": dtype}
         here = []
+
+        def check(fill):
+            return reference_check(ctx, c, fill, ref, REFERENCE, precision=dtype)
+
         if ctx.wants("cublas"):
             here.append(attempt("cublas", size, lambda: measure(
                 ctx, "cublas", size, fn=lambda: torch.matmul(a, b, out=c),
-                check=lambda: check_matmul(lambda x, y, o: torch.matmul(x, y, out=o), a, b, c, ref, dtype), **cost)))
+                check=check(lambda: torch.matmul(a, b, out=c)), **cost)))
         tma_cands = TMA_CONFIGS + (WS_CONFIGS if params.get("warp_specialize", True) else [])
         for variant, impl, cands in (("triton", matmul, [INTERPRETER_CONFIG] if interpreting() else CONFIGS),
                                      ("triton_tma", matmul_tma, [INTERPRETER_TMA_CONFIG] if interpreting() else tma_cands)):
@@ -231,19 +232,18 @@ def run(ctx, params):
             def triton_row(variant=variant, impl=impl, cands=cands):
                 cfg, trials = tune(ctx, (variant, n, dtype, ctx.device.type), cands,
                                    launch=lambda k: impl(a, b, c, k),
-                                   check=lambda k: check_matmul(lambda x, y, o: impl(x, y, o, k), a, b, c, ref, dtype))
+                                   check=lambda k: check(lambda: impl(a, b, c, k))())
                 tuning[f"{variant} {dtype} {n}"] = tuning_summary(trials)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
-                            check=lambda: check_matmul(lambda x, y, o: impl(x, y, o, cfg), a, b, c, ref, dtype),
-                            **cost)
+                            check=check(lambda: impl(a, b, c, cfg)), **cost)
                 r["metrics"]["config"] = label(cfg)
                 return r
 
             here.append(attempt(variant, size, triton_row))
-        compare_to_library(here, "triton", ("cublas",))
-        compare_to_library(here, "triton_tma", ("cublas",))
+        compare_to_library(here, "triton", ("cublas",), "tflops")
+        compare_to_library(here, "triton_tma", ("cublas",), "tflops")
         rows += here
-    return rows, {"tuning": tuning}
+    return Result(rows, {"tuning": tuning})
 
 
 EXERCISE = Exercise(
@@ -255,3 +255,7 @@ EXERCISE = Exercise(
     cpu_params={"sizes": [256], "dtypes": ["fp16"]},
     quick_params={"sizes": [256], "dtypes": ["bf16"]},
     variants=("cublas", "triton", "triton_tma"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [200], "dtypes": ["fp16"]})

@@ -1,52 +1,49 @@
-"""Exercise 3.2: fused softmax. One read and one write per element, against five kernels that
-move four times the bytes.
+"""Exercise 3.2: fused softmax. One read and one write per element, against the seed's five-kernel
+chain, which moves four times the bytes, and torch.softmax.
 
     lab run phase3.softmax [--param cols=[2048,65536]]
 
-Row-wise softmax y = exp(x - max(x)) / sum(exp(x - max(x))) written as five PyTorch operations
-(the seed's "unfused" version) launches five kernels, and each one goes back to memory:
-
-    max:      read x                 write m (one per row)
-    subtract: read x, m              write z
-    exp:      read z                 write e
-    sum:      read e                 write s (one per row)
-    divide:   read e, s              write y
-    total:    5 reads + 3 writes of M x N elements, plus 4 row vectors = (8·M·N + 4·M) x 4 bytes
-
-A fused kernel keeps the row on chip between the steps and moves 2·M·N x 4 bytes: one read of x
-and one write of y. Softmax is memory-bound either way (about 5 FLOPs per element against 8 bytes,
-0.6 FLOP/byte), so the roofline predicts the fused kernel is four times faster than the unfused
-chain and exactly as fast as a copy of the same tensor.
-
-Three kernels cover every row length:
-
-* `softmax_kernel`: a program loads whole rows into registers (several short rows at once, so a
-  program has enough bytes in flight), reduces, and writes. Registers hold a row up to about
-  32K fp32 elements per program; past that the compiler would spill to local memory, which is
-  the "collapse at long rows" to avoid. For short rows it can also run persistent: a few programs
-  per SM walk the tiles, the compiler loading the next ones (through shared memory) meanwhile.
-* `softmax_online_kernel`: for long rows. A persistent program walks a row in chunks keeping a
-  running max and a running sum (when the max grows, the old sum is rescaled by exp(old - new):
-  the same online softmax flash attention uses), then walks it again to write the output. The
-  second pass re-reads x, but from L2: the grid is sized to keep the rows in flight inside the
-  L2, the first pass marks its lines evict-last and the second pass reads the row backwards, so
-  the chunks it wants first are the ones read most recently. HBM still sees one read and one write.
-* `softmax_split_kernel`: also for long rows. SPLIT resident programs share a row, each holding its
-  chunk in registers, and exchange (max, sum) through memory: one read from HBM, nothing re-read.
-  The exchange costs a wait between the parts; working one row ahead, with each part's statistics
-  and flag in a single word, keeps that wait off the critical path.
-
-The autotuner (see _support.tune) times the candidates of every kernel at each row length and
-keeps the fastest that passes the check; the record says which one won.
+Unfused (max, subtract, exp, sum, divide) is five kernels: 5 reads and 3 writes of M x N plus 4 row
+vectors, (8·M·N + 4·M) x 4 bytes. Fused keeps the row on chip: 2·M·N x 4 bytes. At ~0.6 FLOP/byte
+both are memory-bound, so the roofline predicts fused = 4x faster than unfused = a copy's speed.
+Three kernels cover every row length (the tuner times them all and keeps the fastest correct one):
+* `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
+* `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
+  second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
+* `softmax_split_kernel`: SPLIT resident programs share a row, each holding its chunk in registers,
+  exchanging (max, sum) through memory one row ahead, so HBM sees exactly one read and one write.
 """
 import torch
 
-from common.checks import CHECK_CHUNK, compare, exact, poison
-from common.exercise import Exercise, Needs, measure
+from common.checks import CHECK_CHUNK
+from common.exercise import (
+    Exercise,
+    Needs,
+    Result,
+    against_baseline,
+    measure,
+    reference_check,
+)
 from common.params import Int
+from common.standalone import run_alone
 
-from ._support import (LOG2E, attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
-                       next_pow2, require, resident_programs_per_sm, sm_count, tl, triton, tune, tuning_summary)
+from . import analysis
+from ._support import (
+    LOG2E,
+    attempt,
+    compare_to_library,
+    interpreting,
+    label,
+    launch_options,
+    next_pow2,
+    require,
+    resident_programs_per_sm,
+    sm_count,
+    tl,
+    triton,
+    tune,
+    tuning_summary,
+)
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -319,13 +316,7 @@ FORMULA = {"triton": "2·M·N·4 (read x, write y)", "torch": "2·M·N·4 (read 
            "copy": "2·M·N·4 (read x, write a copy)"}
 
 
-def check_softmax(impl, x, out, ref) -> dict:
-    """Poison `out`, let `impl(x, out)` fill it, compare with the float64 softmax."""
-    poison(out)
-    impl(x, out)
-    if out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return compare(out, ref, "fp32", "float64 torch.softmax of the same inputs")
+REFERENCE = "float64 torch.softmax of the same inputs"
 
 
 # ------------------------------------------------------------------------------ the exercise
@@ -343,7 +334,7 @@ def footprint_bytes(p: dict) -> int:
 
 
 def run(ctx, params):
-    rows, tuning, copy_gbps = [], {}, {}
+    rows, tuning, copies = [], {}, {}             # copies: elements -> the copy row of that size
     for m, n, group in ctx.track(shapes(params), "softmax shapes"):
         g = torch.Generator(device=ctx.device).manual_seed(m * 100003 + n)
         x = torch.randn(m, n, device=ctx.device, generator=g) * 4    # spread: exp() spans many decades
@@ -353,33 +344,30 @@ def run(ctx, params):
         flops = 5 * m * n                          # max, subtract, exp, add, divide per element
         here = []
 
-        def check_copy():
-            poison(out); out.copy_(x); ctx.synchronize()
-            return exact(out, x, "the source tensor")
+        def check(fill):
+            return reference_check(ctx, out, fill, ref, REFERENCE, precision="fp32")
 
-        if ctx.wants("copy") and m * n not in copy_gbps:   # the ceiling, once per tensor size
-            r = measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy, flops=0,
-                        bytes_moved=bytes_fused(m, n), dtype=None)
-            here.append(r)
-            copy_gbps[m * n] = r["metrics"].get("gbps")
+        if ctx.wants("copy") and m * n not in copies:    # the ceiling, once per tensor size
+            copies[m * n] = measure(ctx, "copy", size, fn=lambda: out.copy_(x),
+                                    check=reference_check(ctx, out, lambda: out.copy_(x), x, "the source tensor"),
+                                    flops=0, bytes_moved=bytes_fused(m, n), dtype=None)
+            here.append(copies[m * n])
         if ctx.wants("torch"):
             here.append(attempt("torch", size, lambda: measure(
                 ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1),
-                check=lambda: check_softmax(lambda a, o: o.copy_(torch.softmax(a, dim=1)), x, out, ref),
+                check=check(lambda: out.copy_(torch.softmax(x, dim=1))),
                 flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")))
         if ctx.wants("unfused"):
             here.append(attempt("unfused", size, lambda: measure(
-                ctx, "unfused", size, fn=lambda: softmax_unfused(x),
-                check=lambda: check_softmax(lambda a, o: o.copy_(softmax_unfused(a)), x, out, ref),
+                ctx, "unfused", size, fn=lambda: softmax_unfused(x), check=check(lambda: out.copy_(softmax_unfused(x))),
                 flops=flops, bytes_moved=bytes_unfused(m, n), dtype="fp32")))
+
         def triton_row():
             cands = interpreter_configs(n) if interpreting() else candidates(n)
-            cfg, trials = tune(ctx, ("softmax", m, n, ctx.device.type), cands,
-                               launch=lambda c: softmax(x, out, c),
-                               check=lambda c: check_softmax(lambda a, o: softmax(a, o, c), x, out, ref))
+            cfg, trials = tune(ctx, ("softmax", m, n, ctx.device.type), cands, launch=lambda c: softmax(x, out, c),
+                               check=lambda c: check(lambda: softmax(x, out, c))())
             tuning[f"{m}x{n}"] = tuning_summary(trials)
-            r = measure(ctx, "triton", size, fn=lambda: softmax(x, out, cfg),
-                        check=lambda: check_softmax(lambda a, o: softmax(a, o, cfg), x, out, ref),
+            r = measure(ctx, "triton", size, fn=lambda: softmax(x, out, cfg), check=check(lambda: softmax(x, out, cfg)),
                         flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")
             r["metrics"]["config"] = label(cfg)
             r["metrics"]["kernel"] = {"rows": "softmax_kernel", "online": "softmax_online_kernel",
@@ -388,18 +376,20 @@ def run(ctx, params):
 
         if ctx.wants("triton"):
             here.append(attempt("triton", size, triton_row))
-
         for r in here:
             r["metrics"]["bytes_formula"] = FORMULA[r["variant"]]
             if r["status"] == "ok":                # every variant against the fewest bytes: 2·M·N·4
                 r["metrics"]["effective_gbps"] = bytes_fused(m, n) / (r["metrics"]["ms"] * 1e6)
-        compare_to_copy([r for r in here if r["variant"] != "copy"], copy_gbps.get(m * n))
-        for r in here:                             # the copy ceiling as effective bandwidth, too
-            if r["status"] == "ok" and r["variant"] != "copy" and copy_gbps.get(m * n):
-                r["metrics"]["pct_of_copy_effective"] = 100 * r["metrics"]["effective_gbps"] / copy_gbps[m * n]
-        compare_to_library(here, "triton", ("torch",))
+        against_baseline(here, copies.get(m * n), "gbps", "pct_of_copy_bandwidth")
+        against_baseline(here, copies.get(m * n), "effective_gbps", "pct_of_copy_effective")
+        compare_to_library(here, "triton", ("torch",), "gbps")
+        fused, unfused = (next((r for r in here if r["variant"] == v and r["status"] == "ok"), None)
+                          for v in ("triton", "unfused"))
+        if fused and unfused:
+            unfused["metrics"].update(analysis.fusion_cost(unfused["prediction"]["bytes"], unfused["metrics"]["ms"],
+                                                           fused["prediction"]["bytes"], fused["metrics"]["ms"]))
         rows += here
-    return rows, {"tuning": tuning}
+    return Result(rows, {"tuning": tuning})
 
 
 EXERCISE = Exercise(
@@ -412,3 +402,7 @@ EXERCISE = Exercise(
     cpu_params={"cols": [128, 4096], "total_elements": 2**20},
     quick_params={"seed_shape": [64, 2048], "cols": [1537], "total_elements": 2**14},
     variants=("copy", "torch", "unfused", "triton"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"seed_shape": [37, 1537], "cols": [300], "total_elements": 3000})

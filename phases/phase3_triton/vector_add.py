@@ -6,23 +6,39 @@ A Triton kernel is written for one *program*: a block of BLOCK elements, not one
 compiler spreads the block over the program's warps and vectorizes the loads; we only say which
 elements the program owns (`pid * BLOCK + arange(BLOCK)`) and mask the ones past the end.
 
-Bytes and FLOPs, per element: read x, read y, write out (3 x 4 bytes in fp32) for 1 FLOP, an
-intensity of 1/12 FLOP/byte, hundreds of times left of any GPU's ridge point. So the roofline says
-time = 12 n / bandwidth and the add is free; the only question is how close a kernel gets to the
-bandwidth a plain copy (8 bytes per element, no FLOPs) reaches in the same run.
-
-Sizes: the seed's 98,432 elements first (not a multiple of any block size, so the last program is
-partly empty and the mask is what keeps it inside the arrays), then powers of two from 64 Ki
-elements (768 KiB, inside L2) to 256 Mi elements (3 GiB moved per call, dozens of L2s).
+Per element: read x, read y, write out (12 bytes in fp32) for 1 FLOP, 1/12 FLOP/byte, far left of
+any GPU's ridge. The roofline says time = 12 n / bandwidth, so the question is how close a kernel
+gets to a plain copy (8 bytes per element) of the same size in the same run. Sizes: the seed's
+98,432 elements (not a multiple of any block, so the mask matters), then powers of two from
+768 KiB per call (inside L2) to 3 GiB (dozens of L2s).
 """
 import torch
 
-from common.checks import exact, poison
-from common.exercise import Exercise, Needs, measure, measure_copy_gbps
+from common.exercise import (
+    Exercise,
+    Needs,
+    Result,
+    against_baseline,
+    measure,
+    measure_copy_gbps,
+    reference_check,
+)
 from common.params import Int
+from common.standalone import run_alone
 
-from ._support import (attempt, compare_to_copy, compare_to_library, interpreting, label, launch_options,
-                       require, tl, triton, tune, tuning_summary)
+from . import analysis
+from ._support import (
+    attempt,
+    compare_to_library,
+    interpreting,
+    label,
+    launch_options,
+    require,
+    tl,
+    triton,
+    tune,
+    tuning_summary,
+)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -54,14 +70,7 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None, confi
 
 
 # ------------------------------------------------------------------------------ reference and check
-def check_add(impl, x, y, out) -> dict:
-    """Poison the output, run `impl(x, y, out)`, and demand bit-for-bit equality with torch:
-    an fp32 add has one right answer."""
-    poison(out)
-    impl(x, y, out)
-    if out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return exact(out, x + y, "torch x + y of the same inputs")
+REFERENCE = "torch x + y of the same inputs"          # an fp32 add has one right answer: checked bit for bit
 
 
 def bytes_moved(n: int, itemsize: int = 4) -> int:
@@ -77,55 +86,53 @@ def footprint_bytes(p: dict) -> int:
 
 def run(ctx, params):
     rows, tuning = [], {}
+    l2_bytes = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None) if ctx.is_cuda else None
     for n in ctx.track(params["sizes"], "vector add sizes"):
         g = torch.Generator(device=ctx.device).manual_seed(n)
         x = torch.randn(n, device=ctx.device, generator=g)
         y = torch.randn(n, device=ctx.device, generator=g)
         out = torch.empty_like(x)
+        ref = x + y
         size = {"n": n, "dtype": "fp32", "working_set_bytes": bytes_moved(n)}
         here = []
 
-        def check_copy():
-            poison(out); out.copy_(x); ctx.synchronize()
-            return exact(out, x, "the source tensor")
+        def check(fill):
+            return reference_check(ctx, out, fill, ref, REFERENCE)
 
         if ctx.wants("copy"):                     # the ceiling: 8 bytes per element, no FLOPs
-            here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x), check=check_copy,
+            here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x),
+                                check=reference_check(ctx, out, lambda: out.copy_(x), x, "the source tensor"),
                                 flops=0, bytes_moved=2 * n * 4, dtype=None))
         if ctx.wants("torch"):
             here.append(measure(ctx, "torch", size, fn=lambda: torch.add(x, y, out=out),
-                                check=lambda: check_add(lambda a, b, o: torch.add(a, b, out=o), x, y, out),
+                                check=check(lambda: torch.add(x, y, out=out)),
                                 flops=n, bytes_moved=bytes_moved(n), dtype="fp32"))
+
         def triton_row():
             candidates = [INTERPRETER_CONFIG] if interpreting() else CONFIGS
             cfg, trials = tune(ctx, ("add", n, ctx.device.type), candidates,
-                               launch=lambda c: add(x, y, out, c),
-                               check=lambda c: check_add(lambda a, b, o: add(a, b, o, c), x, y, out))
+                               launch=lambda c: add(x, y, out, c), check=lambda c: check(lambda: add(x, y, out, c))())
             tuning[str(n)] = tuning_summary(trials)
-            r = measure(ctx, "triton", size, fn=lambda: add(x, y, out, cfg),
-                        check=lambda: check_add(lambda a, b, o: add(a, b, o, cfg), x, y, out),
+            r = measure(ctx, "triton", size, fn=lambda: add(x, y, out, cfg), check=check(lambda: add(x, y, out, cfg)),
                         flops=n, bytes_moved=bytes_moved(n), dtype="fp32")
             r["metrics"]["config"] = label(cfg)
             return r
 
         if ctx.wants("triton"):
             here.append(attempt("triton", size, triton_row))
-
-        copy_row = next((r for r in here if r["variant"] == "copy" and r["status"] == "ok"), None)
         for r in here:
             r["metrics"]["bytes_formula"] = ("2·n·4 (read x, write out)" if r["variant"] == "copy"
                                              else "3·n·4 (read x, read y, write out)")
-        compare_to_copy([r for r in here if r["variant"] != "copy"],
-                        copy_row["metrics"]["gbps"] if copy_row else None)
-        compare_to_library(here, "triton", ("torch",))
+            r["metrics"]["far_beyond_l2"] = analysis.far_beyond_l2(size["working_set_bytes"], l2_bytes)
+        copy_row = next((r for r in here if r["variant"] == "copy"), None)
+        against_baseline(here, copy_row, "gbps", "pct_of_copy_bandwidth")
+        compare_to_library(here, "triton", ("torch",), "gbps")
         rows += here
-    summary = {"tuning": tuning}
+    summary = {"tuning": tuning, "l2_bytes": l2_bytes}
     if ctx.is_cuda and params.get("copy_bytes"):
         summary["copy_gbps_large"] = measure_copy_gbps(ctx, params["copy_bytes"])
         summary["copy_bytes_large"] = params["copy_bytes"]
-    if ctx.is_cuda:
-        summary["l2_bytes"] = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)
-    return rows, summary
+    return Result(rows, summary)
 
 
 EXERCISE = Exercise(
@@ -138,3 +145,7 @@ EXERCISE = Exercise(
     cpu_params={"sizes": [98432, 2**20], "copy_bytes": None},
     quick_params={"sizes": [98432, 100003], "copy_bytes": None},
     variants=("copy", "torch", "triton"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [98432, 100003]})

@@ -1,0 +1,17 @@
+"""Phase 3's derived numbers, in one place: the exercises store them in their records, and the
+report calls the same functions for records written before these fields existed. Plain Python
+(no torch, no pandas), so `lab report` can import it anywhere."""
+
+L2_MULTIPLE = 8        # "far beyond L2": a working set at least this many times the GPU's L2 cache
+
+
+def far_beyond_l2(working_set_bytes, l2_bytes) -> bool:
+    """True when the bytes one call moves are at least L2_MULTIPLE x the GPU's L2, so nearly every
+    byte comes from HBM; False where the L2 size is unknown (a CPU run)."""
+    return bool(l2_bytes) and working_set_bytes is not None and working_set_bytes >= L2_MULTIPLE * l2_bytes
+
+
+def fusion_cost(unfused_bytes, unfused_ms, fused_bytes, fused_ms) -> dict:
+    """What the unfused chain costs against the fused kernel on the same shape: the bytes it moves
+    and the time it takes, each as a multiple of the fused kernel's."""
+    return {"bytes_over_fused": unfused_bytes / fused_bytes, "time_over_fused": unfused_ms / fused_ms}
