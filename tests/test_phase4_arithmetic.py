@@ -11,9 +11,12 @@ from common.records import problems
 
 col = importlib.import_module("phases.phase4_distributed.collectives")
 launch = importlib.import_module("phases.phase4_distributed.launch")
-ring = importlib.import_module("phases.phase4_distributed.ring")
+ring = importlib.import_module("phases.phase4_distributed.ring_allreduce")
 ddp = importlib.import_module("phases.phase4_distributed.ddp")
-sweep = importlib.import_module("phases.phase4_distributed.sweep")
+sweep = importlib.import_module("phases.phase4_distributed.interconnect")
+analysis = importlib.import_module("phases.phase4_distributed.analysis")
+groups = importlib.import_module("phases.phase4_distributed.groups")
+findings = importlib.import_module("phases.phase4_distributed.findings")
 
 LINK = roofline.Roofs(bandwidth_gbps=450.0, peak_tflops={"bf16": 989.5}, source="test link",
                       bandwidth_source="test link source")
@@ -126,7 +129,11 @@ def test_sweep_rows_use_the_probe_and_compare_ours_with_nccl():
     assert by["all_reduce"]["algo"] == "RING" and by["all_reduce"]["proto"] == "SIMPLE"
     assert by["ring_allreduce"]["ours_over_nccl_busbw"] == pytest.approx(0.5)
     assert by["sendrecv"]["algo"] == "P2P"
-    assert sweep._goal(rows, 2)["best_busbw_gbps_from_1gib"] is None                  # nothing >= 1 GiB here
+    v = sweep.verdict(rows, 2)                                                        # nothing >= 1 GiB or 256 MiB
+    assert v["best_busbw_gbps_from_1gib"] is None and v["met"] is None and v["ring_worst_ours_over_nccl"] is None
+    facts = analysis.sweep_facts(rows)
+    assert facts["ours"]["over_nccl"] == pytest.approx(0.5) and facts["sendrecv"]["allreduce_over_sendrecv"] < 1
+    assert facts["half_best_size"] == 2**20 and "sendrecv_jump" not in facts
 
 
 # ------------------------------------------------------------------------------ DDP arithmetic
@@ -211,8 +218,7 @@ def test_plan_rejects_bad_params(params, msg):
 
 def test_run_on_a_cpu_without_gloo_is_a_one_line_skip(spec_ctx):
     for mod in (ddp, ring, sweep):
-        rows, _ = mod.run(spec_ctx(), mod.EXERCISE.resolve_params(True, True, {}))
-        [r] = rows
+        [r] = mod.run(spec_ctx(), mod.EXERCISE.resolve_params(True, True, {})).rows
         assert r["status"] == "skipped" and "--param backend=gloo" in r["reason"] and "\n" not in r["reason"]
 
 
@@ -268,15 +274,15 @@ def test_records_from_rows_are_valid(spec_ctx, static_for):
 
 def test_ring_goal_takes_one_configuration_at_every_size():
     """The goal's ratio is the best single configuration's worst size, not the best per size."""
-    tables = importlib.import_module("phases.phase4_distributed.tables")
     mk = lambda v, size, x: {"variant": v, "status": "ok", "params": {"world_size": 4, "size_bytes": size},  # noqa: E731
                              "metrics": {"ours_over_nccl_busbw": x}}
     rows = [mk("ring_l1_dir1_d1", 2**28, 0.95), mk("ring_l1_dir1_d1", 2**30, 0.60),      # great at 256 MiB only
             mk("ring_l4_dir1_d1", 2**28, 0.80), mk("ring_l4_dir1_d1", 2**30, 0.90),      # decent everywhere
             mk("ring_l4_dir1_d1", 2**26, 0.10)]                                      # below the goal's sizes
-    g = tables.Group("h200_sxm", "H200", 4, 4, {"rows": rows})
-    assert tables._ring_ratio(g, 2**28, {"ring_l1_dir1_d1", "ring_l4_dir1_d1"}) == (0.80, "ring_l4_dir1_d1")
-    assert tables._ring_ratio(g, 2**31, {"ring_l1_dir1_d1"}) == (None, None)
+    assert analysis.worst_over_nccl(rows) == {"ring_l1_dir1_d1": 0.60, "ring_l4_dir1_d1": 0.80}
+    assert analysis.worst_over_nccl(rows, 2**31) == {}
+    v = ring.verdict(rows, 4)
+    assert v["configuration"] == "ring_l4_dir1_d1" and v["worst_ours_over_nccl"] == 0.80 and v["met"] is False
 
 
 def test_ring_configurations_and_their_names():
@@ -286,46 +292,33 @@ def test_ring_configurations_and_their_names():
     assert [c.name for c in ring.configs(p, "cpu")] == ["ring_l1_dir1_d1", "ring_l1_dir1_d2", "ring_l2_dir1_d1",
                                                         "ring_l2_dir1_d2"]       # no CUDA graphs without a GPU
     assert ring.Config(1, 2, 1, True).name == "ring_l1_dir2_d1_graph"
-    sweep_cfg = importlib.import_module("phases.phase4_distributed.sweep").ring_config
+    sweep_cfg = importlib.import_module("phases.phase4_distributed.interconnect").ring_config
     params = {"ring_lanes": 1, "ring_directions": 1, "ring_depth": 1, "ring_graph": True}
     assert sweep_cfg(params, "cuda").graph and not sweep_cfg(params, "cpu").graph
 
 
-def test_carveout_finding_compares_like_with_like():
-    """The SM carve-out sentence sets the carved-out row against the row with default settings at
-    the same bucket size, not against a row that also changed the channel cap."""
-    tables = importlib.import_module("phases.phase4_distributed.tables")
-    mk = lambda cap, exposed, **p: {"variant": "b", "status": "ok",  # noqa: E731
-                                    "params": {"bucket_cap_mb": cap, "comm_hook": "builtin", **p},
-                                    "metrics": {"exposed_comm_ms": exposed}}
-    timed = [mk(25, 1.8), mk(25, 1.7, sm_carveout=32), mk(25, 0.5, nccl_max_channels=16), mk(100, 2.2)]
-    (sentence,) = tables._carveout_finding(25, timed)
-    assert "leave 32 SMs free" in sentence and "1.7 ms against 1.8 ms" in sentence
-    assert tables._carveout_finding(25, [mk(25, 1.8)]) == []
-
-
 def test_probe_finding_draws_its_conclusion_from_the_copy_engine_rows():
-    """The contention sentences say a cost comes with the bytes only when a transfer that uses no SM
-    slows a kernel class nearly as much as NCCL's all-reduce does, and say it is the SMs when not."""
-    tables = importlib.import_module("phases.phase4_distributed.tables")
-
-    def group(ce_slowdown):
+    """The contention facts say a cost comes with the bytes only when a transfer that uses no SM slows
+    a kernel class nearly as much as NCCL's all-reduce does, and say it is the SMs when not."""
+    def rows(ce_slowdown):
         mk = lambda bg, k, slow: {"variant": f"contention_{bg}_{k}", "status": "ok",  # noqa: E731
                                   "params": {"world_size": 2, "kernel": k, "background": bg},
                                   "metrics": {"slowdown": slow, "alone_ms": 0.1, "background_ms": [3.0, 3.1]},
                                   "prediction": {"bound": "compute" if k == "matmul" else "memory",
                                                  "predicted_ms": 0.09, "measured_over_predicted": 1.1}}
-        rows = [mk("nccl_all_reduce", "matmul", 0.20), mk("nccl_all_reduce", "gelu_backward", 0.15),
+        return [mk("nccl_all_reduce", "matmul", 0.20), mk("nccl_all_reduce", "gelu_backward", 0.15),
                 mk("copy_engine", "matmul", ce_slowdown), mk("copy_engine", "gelu_backward", 0.14)]
-        return tables.Group("h200_sxm", "H200", 2, 2, {"rows": rows, "provenance": {}, "_path": "x.json"})
     best = {"params": {"bucket_cap_mb": 25}}
-    text = " ".join(tables._probe_finding(group(0.18), best))
-    assert "matmul +20%" in text and "matmul +18%" in text
-    assert "The compute-bound matmul lost +20% under NCCL and +18% under the copy engines, nearly as much" in text
-    assert "memory-bound kernels lost +15% under NCCL and +14% under the copy engines, nearly as much" in text
-    text = " ".join(tables._probe_finding(group(-0.03), best))
+    p = analysis.probe(rows(0.18), best)
+    assert p["slowdown"]["nccl_all_reduce"]["matmul"] == 0.20 and p["slowdown"]["copy_engine"]["matmul"] == 0.18
+    assert p["by_bound"]["compute"]["verdict"] == "bytes" and p["by_bound"]["memory"]["verdict"] == "bytes"
+    assert analysis.probe(rows(-0.03), best)["by_bound"]["compute"]["verdict"] == "sms"
+    assert analysis.probe(rows(0.12), best)["by_bound"]["compute"]["verdict"] == "partly_sms"
+    assert analysis.probe([], best) is None
+    facts = {**_facts([_timed_row(25, "builtin", 4.0, 1.0, 27.0)]), "probe": analysis.probe(rows(-0.03), best)}
+    text = findings._ddp_finding("2 x H200", facts)
+    assert "matmul +20%" in text and "matmul -3%" in text
     assert "The compute-bound matmul lost +20% under NCCL and -3% under the copy engines, much less" in text
-    assert tables._probe_finding(tables.Group("h", "H", 2, 2, {"rows": []}), best) == []
 
 
 def test_time_interleaved_takes_the_functions_in_turn():
@@ -417,14 +410,17 @@ def test_a_hook_that_leaves_the_ranks_different_gradients_fails_its_row():
 
 def test_the_goal_is_judged_at_the_fastest_step_and_the_largest_share_is_reported():
     def timed(cap, hook, ddp_ms, share):
-        return {"params": {"bucket_cap_mb": cap, "nccl_max_channels": None, "nccl_high_priority": False,
+        return {"variant": f"bucket_{cap}mb_{hook}", "status": "ok",
+                "params": {"bucket_cap_mb": cap, "nccl_max_channels": None, "nccl_high_priority": False,
                            "sm_carveout": None, "comm_hook": hook},
                 "metrics": {"ddp_ms": ddp_ms, "hidden_fraction_vs_nocomm": share, "hidden_fraction": share - 0.1,
                             "bookkeeping_ms": 0.5, "comm_ms": 4.0, "exposed_vs_nocomm_ms": 4.0 * (1 - share)}}
-    verdict = ddp.judge(2, [timed(25, "builtin", 27.5, 0.68), timed(5, "copy_engine", 28.1, 0.80)])
+    rows = [timed(25, "builtin", 27.5, 0.68), timed(5, "copy_engine", 28.1, 0.80)]
+    verdict = analysis.judge(2, rows)
     assert verdict["bucket_cap_mb"] == 25 and verdict["judged_on"] == "fastest_step" and verdict["met"] is False
     assert verdict["most_hidden"]["comm_hook"] == "copy_engine"
-    assert ddp.judge(2, [timed(25, "builtin", 27.5, 0.71)])["met"] is True
+    assert analysis.judge(2, [timed(25, "builtin", 27.5, 0.71)])["met"] is True
+    assert analysis.fastest_flags(rows) == {"bucket_25mb_builtin": True, "bucket_5mb_copy_engine": False}
 
 
 def _timed_row(cap, hook, comm, exposed, ddp_ms, host_ms=None, **p):
@@ -433,47 +429,49 @@ def _timed_row(cap, hook, comm, exposed, ddp_ms, host_ms=None, **p):
                         **({"ddp_host_ms": host_ms} if host_ms is not None else {})}}
 
 
-@pytest.mark.parametrize("ce_exposed, verdict", [(0.8, "freeing the SMs paid"), (1.0, "did not buy the time back"),
-                                                 (1.5, "more exposed time")])
-def test_copy_engine_finding_compares_with_nccl_at_the_same_buckets_and_priority(ce_exposed, verdict):
-    tables = importlib.import_module("phases.phase4_distributed.tables")
+def _facts(timed: list[dict]) -> dict:
+    return analysis.ddp_facts([{**r, "variant": f"bucket_{k}"} for k, r in enumerate(timed)])
+
+
+@pytest.mark.parametrize("ce_exposed, verdict", [(0.8, "less"), (1.0, "same"), (1.5, "more")])
+def test_copy_engine_facts_compare_with_nccl_at_the_same_buckets_and_priority(ce_exposed, verdict):
     timed = [_timed_row(25, "copy_engine", 3.6, ce_exposed, 27.2), _timed_row(25, "builtin", 3.7, 1.05, 27.5),
              _timed_row(25, "builtin", 4.5, 0.2, 27.9, nccl_max_channels=16),      # not its twin: another channel cap
              _timed_row(25, "builtin", 3.8, 0.3, 27.9, nccl_high_priority=True)]   # nor another priority
-    (sentence,) = tables._copy_engine_finding(timed)
-    assert verdict in sentence and f"against NCCL's 1.05 ms" in sentence and "3.6 ms against NCCL's 3.7 ms" in sentence
-    assert tables._copy_engine_finding(timed[1:]) == []
+    ce = analysis.copy_engine_vs_nccl(timed)
+    assert ce["verdict"] == verdict and ce["nccl"]["exposed_ms"] == 1.05 and ce["copy_engine"]["comm_ms"] == 3.6
+    assert analysis.copy_engine_vs_nccl(timed[1:]) is None
+    text = findings._ddp_finding("2 x H200", _facts(timed))
+    assert findings.CE[verdict] in text and "against NCCL's 1.05 ms" in text and "3.6 ms against NCCL's 3.7 ms" in text
 
 
-def test_overrun_finding_names_python_hooks_only_when_they_are_all_there_is():
-    tables = importlib.import_module("phases.phase4_distributed.tables")
+def test_overrun_facts_name_python_hooks_only_when_they_are_all_there_is():
     fine = _timed_row(25, "builtin", 3.7, 1.0, 27.5)
-    assert tables._overrun_finding([fine]) == []
-    (text,) = tables._overrun_finding([fine, _timed_row(5, "avg", 4.0, 6.0, 33.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0)])
-    assert text.startswith("2 of the 3 settings") and "9 ms" in text and "written in Python" in text
-    assert "most likely CPU time" in text
-    (text,) = tables._overrun_finding([_timed_row(5, "builtin", 4.0, 6.0, 33.0), _timed_row(5, "avg", 4.0, 6.0, 33.0)])
-    assert "written in Python" not in text and "CPU" not in text
-    # with the host's enqueue time recorded, the sentence says what it measured instead of guessing
-    (text,) = tables._overrun_finding([_timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=31.0),
-                                       _timed_row(5, "copy_engine", 5.0, 9.0, 35.0, host_ms=35.0)])
-    assert "The CPU took 94% to 100% of their GPU step time" in text and "most likely" not in text
+    assert _facts([fine])["overrun"] is None
+    ov = _facts([fine, _timed_row(5, "avg", 4.0, 6.0, 33.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0)])["overrun"]
+    assert ov["settings"] == 2 and ov["worst"]["exposed_ms"] == 9.0 and ov["python_hooks_only"] and ov["host_share"] is None
+    ov = _facts([_timed_row(5, "builtin", 4.0, 6.0, 33.0), _timed_row(5, "avg", 4.0, 6.0, 33.0)])["overrun"]
+    assert not ov["python_hooks_only"]
+    # with the host's enqueue time recorded, the sentence says what it measured
+    f = _facts([_timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=31.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0, host_ms=35.0)])
+    assert f["overrun"]["host_share"] == [pytest.approx(31 / 33), 1.0]
+    assert "Their CPU took 93.9% to 100.0% of their GPU step time" in findings._ddp_finding("2 x H200", f)
 
 
-def test_host_finding_names_the_settings_the_cpu_bound():
-    tables = importlib.import_module("phases.phase4_distributed.tables")
+def test_host_facts_name_the_settings_the_cpu_bound():
     best = _timed_row(25, "builtin", 4.0, 1.0, 27.0, host_ms=20.0)
-    assert tables._host_finding(_timed_row(25, "builtin", 4.0, 1.0, 27.0), [best]) == []     # no host times: silent
-    (text,) = tables._host_finding(best, [best])
-    assert text == "The CPU took 20 ms to enqueue the fastest step (74% of its GPU time)."
+    assert _facts([_timed_row(25, "builtin", 4.0, 1.0, 27.0)])["fastest"]["host_share"] is None   # no host times
+    f = _facts([best])
+    assert f["host_bound"] is None and "The CPU took 20 ms to enqueue the fastest step (74.1% of its GPU time)." \
+        in findings._ddp_finding("2 x H200", f)
     bound = _timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=32.5)
-    (text,) = tables._host_finding(best, [best, bound, _timed_row(5, "builtin", 4.0, 2.0, 29.0, host_ms=25.0)])
-    assert "1 of the 3 settings kept the CPU busy for at least 90%" in text and "32.5 of 33 ms" in text
+    f = _facts([best, bound, _timed_row(5, "builtin", 4.0, 2.0, 29.0, host_ms=25.0)])
+    assert f["host_bound"]["settings"] == 1 and f["host_bound"]["most"]["host_ms"] == 32.5
+    assert "1 of the 3 settings kept the CPU busy for at least 90.0%" in findings._ddp_finding("2 x H200", f)
 
 
 def test_settings_name_the_copy_engine_hook_and_its_stream():
-    tables = importlib.import_module("phases.phase4_distributed.tables")
-    assert tables._settings({"comm_hook": "copy_engine", "nccl_high_priority": True}) == \
+    assert groups.setting_words({"comm_hook": "copy_engine", "nccl_high_priority": True}) == \
         ["high-priority copy stream", "copy-engine all-reduce hook"]
-    assert tables._settings({"comm_hook": "avg", "nccl_high_priority": True, "nccl_max_channels": 16}) == \
+    assert groups.setting_words({"comm_hook": "avg", "nccl_high_priority": True, "nccl_max_channels": 16}) == \
         ["NCCL_MAX_NCHANNELS=16", "high-priority NCCL stream", "AVG comm hook"]

@@ -11,18 +11,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import cpu_only, json_files, run_lab
 
 from common import roofline
 from common.errors import LabError
 from common.records import load_records, problems
-from conftest import cpu_only, json_files, run_lab
 
 col = importlib.import_module("phases.phase4_distributed.collectives")
 launch = importlib.import_module("phases.phase4_distributed.launch")
-ring = importlib.import_module("phases.phase4_distributed.ring")
+ring = importlib.import_module("phases.phase4_distributed.ring_allreduce")
 ddp = importlib.import_module("phases.phase4_distributed.ddp")
-sweep = importlib.import_module("phases.phase4_distributed.sweep")
-tables = importlib.import_module("phases.phase4_distributed.tables")
+sweep = importlib.import_module("phases.phase4_distributed.interconnect")
+report = importlib.import_module("phases.phase4_distributed.report")
 
 ROOFS = roofline.Roofs(bandwidth_gbps=10.0, peak_tflops={"fp32": 1.0}, source="test roofs")
 
@@ -109,18 +109,35 @@ def test_ddp_checksums_identical_after_broadcast_and_steps(gloo_run):
     assert min(st["per_rank_ddp_ms"]) > 10                                              # rank 0 waited for it
 
 
-def test_tables_and_plot_from_records(gloo_run, tmp_path):
-    from common import report
-    recs = gloo_run["records"]
-    v = report.View(report.frame(recs), recs, tmp_path / "README.md", gloo_run["results"])
-    for block, build in tables.TABLES.items():
-        text = build(v)
-        assert text.strip(), block
-    assert "deadlocked as predicted" in tables.t_ring(v)
-    assert "2 CPU processes (gloo)" in tables.t_allreduce(v)
-    made = tables.draw(recs, tmp_path)
-    assert [p.name for p in made] == ["phase4_busbw_cpu_2proc.png"]
-    assert made == tables.expected(recs, tmp_path) and made[0].stat().st_size > 1000
+def test_report_and_plot_from_gloo_records(gloo_run, tmp_path):
+    from common import render
+    from common.frame import Frame
+    v = render.View(Frame.of(gloo_run["records"]), tmp_path / "README.md", gloo_run["results"])
+    text = {b.id: render.block(v, b) for b in report.PHASE.blocks}
+    assert all(t.strip() for t in text.values())
+    assert "deadlocked as predicted" in text["phase4.deadlock"]
+    assert "2 CPU processes (gloo)" in text["phase4.sweep"] and "| all-reduce (ours: ring) |" in text["phase4.sweep"]
+    assert "No records yet" in text["phase4.goals"]          # goals and findings are for GPUs
+    assert report.PLOT.hardware is None and render.plot_hardware(v, report.PLOT) == [gloo_run["records"][0]["hardware"]["key"]]
+    path = tmp_path / "busbw.png"
+    report.PLOT.draw(v, render.plot_hardware(v, report.PLOT)[0], path)
+    assert path.stat().st_size > 1000
+    stored = _rec(gloo_run, "phase4.interconnect")["summary"]["analysis"]["2"]
+    assert stored == report.findings.__globals__["analysis"].sweep_facts(
+        [r for r in _rec(gloo_run, "phase4.interconnect")["rows"] if r["params"].get("world_size") == 2])
+
+
+@pytest.mark.parametrize("module", ["ring_allreduce", "interconnect", "ddp"])
+def test_each_exercise_runs_alone_on_two_cpu_ranks(module):
+    """`python -m phases.phase4_distributed.<module>`: gloo, 2 ranks, small irregular sizes, a table."""
+    import subprocess
+    import sys
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", f"phases.phase4_distributed.{module}"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(quick timing, no record written)" in proc.stdout and "| ok |" in proc.stdout
+    assert time.monotonic() - t0 < 60
 
 
 # ------------------------------------------------------------------------------ 4 ranks, one job

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, assert_one_line_error, clean_env, json_files
 
 from common.errors import LabError
 from common.params import ParamError
-from conftest import REPO, assert_one_line_error, clean_env, json_files
 
-ring = importlib.import_module("phases.phase4_distributed.ring")
+ring = importlib.import_module("phases.phase4_distributed.ring_allreduce")
 ddp = importlib.import_module("phases.phase4_distributed.ddp")
-sweep = importlib.import_module("phases.phase4_distributed.sweep")
+sweep = importlib.import_module("phases.phase4_distributed.interconnect")
 MODULES = {"phase4.ring_allreduce": ring, "phase4.interconnect": sweep, "phase4.ddp": ddp}
 
 
@@ -93,7 +93,7 @@ def test_nccl_on_a_cpu_run_is_skipped_not_failed(ex_id, spec_ctx, static_for):
     from common.runner import checked_params, run_one
     ex, ctx = MODULES[ex_id].EXERCISE, spec_ctx()
     params = checked_params([ex], ctx, {"backend": "nccl"})[ex.id]
-    rows, _ = MODULES[ex_id].run(ctx, params)
+    rows = MODULES[ex_id].run(ctx, params).rows
     assert [r["status"] for r in rows] == ["skipped"] and "needs CUDA GPUs" in rows[0]["reason"]
     rec = run_one(ex, ctx, params, static_for(ctx), None, None)
     assert rec["status"] == "skipped" and "needs CUDA GPUs" in rec["reason"]

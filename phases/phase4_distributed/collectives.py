@@ -1,26 +1,13 @@
 """The arithmetic of collectives, nccl-tests' way, and the helpers every rank uses to check and time them.
 
-Sizes. `size_bytes` is the number nccl-tests prints in its `size` column:
-- all_reduce, send/recv: the buffer each rank holds (in = out = size_bytes);
-- all_gather: the gathered OUTPUT (each rank contributes size_bytes / n);
-- reduce_scatter: the INPUT to be reduced (each rank keeps size_bytes / n of the result).
-
-Bandwidths (GB/s = 1e9 bytes/s):
-    algbw = size_bytes / time
-    busbw = algbw x factor,  factor = 2(n-1)/n  all_reduce
-                                      (n-1)/n   all_gather, reduce_scatter
-                                      1         send/recv
-The factor turns algbw into the rate at which each rank's link actually carries bytes, whatever n:
-a ring all-reduce of S bytes sends 2(n-1) chunks of S/n from every rank (reduce-scatter, then
-all-gather), so each rank puts 2(n-1)/n x S bytes on its link. That is also the volume the
-roofline needs: predicted time = wire_bytes / link bandwidth, and busbw / link = the link's
-utilization. busbw is comparable across n; algbw is not.
-
-Correctness, nccl-tests' "#wrong": every rank fills its input with small integers stored as fp32
-(pattern(): values in [-30, 30], two co-prime periods so a misplaced chunk shows), so every sum
-of up to 8 ranks is exact in any order and the expected output is computed locally with no
-communication; count_wrong() counts the elements that differ (NaN counts as wrong: outputs are
-poisoned first).
+Sizes are nccl-tests' `size`: the buffer each rank holds (all_reduce, send/recv), the gathered
+output (all_gather), the input (reduce_scatter). algbw = size / time; busbw = algbw x factor, with
+factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for send/recv: a ring
+all-reduce puts 2(n-1)/n x S bytes on every rank's link, so busbw is the link's rate, comparable
+across n, and the roofline's time is wire bytes / link bandwidth.
+Correctness is nccl-tests' #wrong: inputs are small integers stored as fp32 (pattern()), so every
+sum of up to 8 ranks is exact in any order, the expected output is computed locally, and
+count_wrong() counts the elements that differ (outputs are poisoned first: NaN counts as wrong).
 """
 import statistics
 import time

@@ -1,22 +1,13 @@
-"""What an all-reduce in flight costs the compute beside it (part 4 of phase4.ddp).
+"""What an all-reduce in flight costs the compute beside it (part of phase4.ddp).
 
-DDP hides gradient communication by running it while backward computes, but "hidden" assumes the
-two do not slow each other. This probe measures that assumption on the kernels a backward is made
-of, at the DDP run's own shapes (T tokens per rank, width d):
-
-    matmul      bf16 [T, d] @ [d, 4d]        2 T d 4d FLOPs; 2 (T d + 4d d + 4T d) bytes  (compute-bound)
-    layer_norm  fp32 backward of [T, d]       reads dy and x, writes dx: 12 T d bytes      (memory-bound)
-    gelu        bf16 backward of [T, 4d]      reads dy and x, writes dx: 6 T 4d bytes     (memory-bound)
-    bias_grad   bf16 sum over T of [T, 4d]    reads 2 T 4d bytes                          (memory-bound)
-
-Each kernel is timed alone, then while the gradients (grad_bytes, as 32 MB pieces like DDP's 25 MB
-buckets) move on another stream, two ways:
-    nccl_all_reduce   NCCL's all-reduce, as DDP issues it: SMs run the transfer and the reduction;
-    copy_engine       the same bytes per rank a ring all-reduce puts on the wire, 2 (n-1)/n x
-                      grad_bytes, copied to the next GPU by the copy engines: no SM takes part.
-If the copy engines slow a kernel as much as NCCL does, the SMs NCCL occupies are not the cost;
-what is left is what any transfer brings: HBM and L2 traffic, and power. Every rank runs the same
-sequence, so the all-reduce pairs up; slowdowns are per rank, the table shows the slowest.
+"Hidden" communication assumes backward and the all-reduce do not slow each other. This probe
+times the kernels backward is made of, at the DDP run's own shapes (T tokens, width d): a bf16
+matmul [T, d] @ [d, 4d] (compute-bound), LayerNorm's fp32 backward, GELU's bf16 backward and a
+bias-gradient sum (memory-bound). Each runs alone, then while the gradients move on another stream,
+two ways: NCCL's all-reduce as DDP issues it (SMs run the transfer), and the same bytes per rank
+copied to the next GPU by the copy engines (no SM takes part). If the copy engines slow a kernel
+as much as NCCL does, the cost comes with the bytes (HBM, L2, power), not with the SMs NCCL holds.
+Every rank runs the same sequence; the table shows the slowest rank's slowdown.
 """
 import statistics
 

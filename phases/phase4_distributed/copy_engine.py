@@ -1,28 +1,16 @@
 """An all-reduce whose bytes the GPUs' copy engines move, as a DDP comm hook.
 
-NCCL's all-reduce is a kernel: its channels hold SMs for as long as it runs, and backward's
-matmuls, which want every SM, run slower beside it (contention.py measures by how much). A copy
-engine moves bytes between GPUs with no SM at all. This all-reduce gives every byte of its
-traffic to the copy engines and keeps one short memory-bound kernel per bucket, the sum itself.
-
-Each rank owns chunk r (1/n) of a bucket of N elements, and every rank holds a symmetric
-workspace (same size, same layout, mapped into every peer's address space by PyTorch's symmetric
-memory) of n + 1 slots of one chunk each:
-
-    1. push:   my chunk j of the bucket -> rank j's slot r, for every j   (cudaMemcpy: copy engines)
-    2. barrier: every rank's pushes have landed                            (a one-block kernel)
-    3. reduce: slot n = mean of my chunk and the n-1 slots, then copied    (one SM kernel: n c reads, c writes;
-               back into my chunk of the bucket                               the copy back: a local copy)
-    4. barrier: every rank's reduced chunk is ready
-    5. pull:   rank j's slot n -> my chunk j of the bucket, for every j    (copy engines)
-
-Bytes per rank: (n-1)/n N out in 1 and (n-1)/n N in in 5, the 2 (n-1)/n N of a ring all-reduce.
-Every chunk is reduced once, by its owner, and copied, so every rank ends with the same bits.
-
-No third barrier is needed before the next bucket reuses the workspace (stream order does it):
-my next push into rank j's slots follows my barrier 4, which rank j reaches only after its reduce
-has read them; rank j rewrites its slot n only after the next barrier 2, which I reach only after
-my pull has read it.
+NCCL's all-reduce is a kernel whose channels hold SMs while backward's matmuls want them all; a copy
+engine moves bytes between GPUs with no SM. Each rank owns chunk r of a bucket and a symmetric
+workspace (PyTorch symmetric memory) of n + 1 chunk slots, and per bucket:
+    1. push:   my chunk j -> rank j's slot r, for every j               (cudaMemcpy: copy engines)
+    2. barrier (a one-block kernel)
+    3. reduce: slot n = mean of my chunk and the n-1 slots, copied back into my chunk (one SM kernel)
+    4. barrier
+    5. pull:   rank j's slot n -> my chunk j, for every j               (copy engines)
+Bytes per rank are a ring all-reduce's 2 (n-1)/n N; every chunk is reduced once, by its owner, so
+all ranks end with the same bits. Stream order makes a third barrier unnecessary: my next push
+follows my barrier 4, which rank j passes only after its reduce read its slots.
 """
 import math
 import os
@@ -74,8 +62,7 @@ class CopyEngineAllReduce:
         priority = -1 if high_priority else 0
         self.stream = torch.cuda.Stream(self.device, priority=priority)
         # one copy at a time, in this order: rank r sends to r+1 while receiving from r-1, so every
-        # GPU's link carries one copy in and one out at each moment. (One stream per peer, all
-        # copies at once, was tried on 4 H200s and made the all-reduce slower.)
+        # GPU's link carries one copy in and one out at each moment.
         self.peers = [(self.rank + k) % self.world for k in range(1, self.world)]
         self.plans: dict = {}
         self.graphs: dict | None = {} if graphs else None

@@ -1,33 +1,17 @@
 """From one `lab run` process to N ranks and back: backend choice, torchrun, failures, the link roof.
 
-`lab run` runs an exercise in one process and writes one record. A phase-4 exercise's run() starts
-its ranks itself, once per world size, with torchrun (the launcher that also spans nodes):
+A phase-4 run() starts its ranks itself, once per world size, with torchrun (which also spans nodes):
 
     python -m torch.distributed.run --standalone --nproc_per_node N \
         -m phases.phase4_distributed.worker <task> '<job json>' <result file>
 
-Every rank measures; rank 0 gathers and writes the raw measurements as JSON; run() reads them and
-turns them into rows (checks, timings, predictions) here in the parent, where the spec sheet is.
-
-Backend (param `backend`):
-- auto: NCCL on GPUs when this machine has at least 2; otherwise the exercise is skipped with one
-  line saying why. Nothing silently falls back to the CPU.
-- nccl: the same, stated explicitly.
-- gloo: the CPU version (small sizes, CPU processes): for CI and laptops; on a GPU machine add
-  --device cpu so the CPU sizes apply.
-World sizes (param `world_sizes`): auto = [2, every visible GPU] without duplicates ([2, 4] on four
-GPUs, [2] on two); with gloo, [2, 4]. An explicit list runs what fits and skips the rest.
-
-Failures never hang the lab: a rank that raises writes one line to `error.<rank>` and exits; a
-rank that dies without a word (segfault, os._exit, OOM-kill) is reported by torchrun, which stops
-the others (its "Root Cause" block names the rank); a job that is still running after `timeout_s`
-is killed (torchrun's process group, then any rank still alive, by the pids the ranks wrote) and
-the error names what each rank was doing last (`stage.<rank>`).
-
-Interrupted (Ctrl-C, or SIGTERM from a job scheduler, which `lab` turns into common.errors.Terminated,
-a KeyboardInterrupt): the job is stopped at once, not after torchrun's own 30 s shutdown: SIGTERM
-to torchrun's group and to every rank together, INTERRUPT_GRACE_S to go, SIGKILL for whatever is
-left; then the job's temporary folder (`lab-phase4-*`) is removed. The whole stop takes ~1 s.
+Every rank measures; rank 0 writes the raw measurements as JSON; run() turns them into rows here,
+where the spec sheet is. Backend `auto`: NCCL on 2+ GPUs, else skipped with one line (nothing falls
+back to the CPU unless asked: `gloo` is the CPU version). World sizes `auto`: [2, every GPU]; gloo [2, 4].
+Failures never hang the lab: a rank that raises writes `error.<rank>`; one that dies silently is
+named from torchrun's report; a job past `timeout_s` is killed and the error says what each rank
+was doing (`stage.<rank>`). Interrupted (Ctrl-C, SIGTERM), the job is stopped within about a
+second (SIGTERM to torchrun's group and every rank, then SIGKILL) and its folder removed.
 """
 import json
 import os
@@ -62,6 +46,13 @@ def launch_params(timeout_s: int) -> dict:
         "pg_timeout_s": Int(120, min=1, unit="s", help="a collective whose peer never arrives fails after this"),
         "timeout_s": Int(timeout_s, min=1, unit="s", help="a job with no result after this is killed"),
     }
+
+
+def alone(params: dict) -> dict:
+    """Parameters for running one exercise module alone (`python -m ...`): 2 ranks, NCCL where this
+    machine has 2 GPUs, else gloo on CPU processes, plus the exercise's small irregular sizes."""
+    import torch
+    return {"backend": "auto" if torch.cuda.device_count() >= 2 else "gloo", "world_sizes": [2], **params}
 
 
 def ranks_sharing_memory(params: dict) -> int:

@@ -3,22 +3,13 @@
     python -m torch.distributed.run --standalone --nproc_per_node N \
         -m phases.phase4_distributed.worker <task> '<job json>' <result file>
 
-torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; the job says the backend, the params
-and a work folder. With NCCL, rank r drives GPU LOCAL_RANK. The process group gets a timeout
-(`pg_timeout_s`), so a collective whose peer never arrives fails instead of waiting forever.
-
-Files each rank writes in the work folder (launch.py reads them):
-    pid.<rank>     its pid, so the parent can kill a rank that outlives torchrun
-    stage.<rank>   what it is doing now (named in the error when a job hangs)
-    error.<rank>   one line, when it raises
-Rank 0 writes the task's result (JSON) to the result file, atomically.
-
-Several tasks may share one job and one process group: task "ring+sweep" runs both, in order,
-each with job["params"][its name], and the result is {name: result}. The CPU tests use it to
-start 4 ranks once instead of three times (starting processes is most of their cost).
-
-A test hook, never set in real runs: LAB_PHASE4_FAULT=crash:R makes rank R exit at once with code 3
-(no Python error, as a segfault would), hang:R makes it sleep instead of working.
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK; the job gives the backend, params and a work folder.
+With NCCL, rank r drives GPU LOCAL_RANK; the group gets `pg_timeout_s`, so a collective whose peer
+never arrives fails instead of waiting forever. Each rank writes `pid.<rank>`, `stage.<rank>` (what
+it is doing) and, when it raises, `error.<rank>` in the work folder; rank 0 writes the result file
+atomically. Task "ring+sweep" runs several tasks in one group ({name: result}; the CPU tests use
+it). Test hook, never set in real runs: LAB_PHASE4_FAULT=crash:R (rank R exits at once with code
+3) or hang:R (rank R sleeps).
 """
 import datetime
 import gc
@@ -107,9 +98,9 @@ def _fault(me: Rank) -> None:
 
 
 def _tasks() -> dict:
-    from . import ddp, ring, sweep
-    return {"ring": ring.worker_task, "naive": ring.naive_task, "sweep": sweep.worker_task,
-            "probe": sweep.probe_task, "ddp": ddp.worker_task}
+    from . import ddp, interconnect, ring_allreduce
+    return {"ring": ring_allreduce.worker_task, "naive": ring_allreduce.naive_task, "sweep": interconnect.worker_task,
+            "probe": interconnect.probe_task, "ddp": ddp.worker_task}
 
 
 def main(argv: list[str]) -> int:
