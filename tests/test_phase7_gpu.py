@@ -24,7 +24,7 @@ def splits():
 def test_flash_backend_runs_the_model_in_bf16():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from phases.phase7_gpt.model import GPT, GPTConfig
+    from phases.phase7_gpt.gpt import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=2, n_head=6, n_embd=384)).cuda()
     x = torch.randint(0, 50257, (4, 256), device="cuda")
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -38,7 +38,7 @@ def test_compiled_training_on_cuda_is_reproducible_and_does_not_recompile(splits
     from torch._dynamo.utils import counters
 
     from phases.phase7_gpt import train as TR
-    from phases.phase7_gpt.model import GPTConfig
+    from phases.phase7_gpt.gpt import GPTConfig
     torch._dynamo.reset()
     counters.clear()
     cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, vocab_multiple=64)

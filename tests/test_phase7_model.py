@@ -8,7 +8,14 @@ import torch
 import torch.nn as nn
 
 from phases.phase7_gpt import train as TR
-from phases.phase7_gpt.model import GPT, GPTConfig, bytes_per_step, flops_per_token, param_breakdown, param_formula
+from phases.phase7_gpt.gpt import (
+    GPT,
+    GPTConfig,
+    bytes_per_step,
+    flops_per_token,
+    param_breakdown,
+    param_formula,
+)
 
 TINY = dict(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=16)
 

@@ -1,14 +1,19 @@
 """`lab run 7 --quick` end to end on a CPU: five valid records, and the phase 7 README blocks and
-plots written from them."""
+plots written from them; the report renders every block of the committed records without torch."""
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import clean_env
 
-from common import report
+from common import render, report
+from common.frame import Frame
 from common.records import load_records, problems
-from phases.phase7_gpt import tables
+from phases.phase7_gpt import analysis
+from phases.phase7_gpt.report import PHASE
 
 REPO = Path(__file__).resolve().parent.parent
 EXS = ["phase7.data_prep", "phase7.model", "phase7.overfit", "phase7.scaling", "phase7.failures"]
@@ -75,7 +80,19 @@ def test_model_record_matches_the_seeds_counts(quick7):
     assert {rows["sdpa_flash"]["status"], rows["sdpa_math"]["status"]} <= {"ok", "skipped"}
 
 
-README = "# Phase 7\n\n" + "\n\n".join(f"<!-- lab:begin {b} -->\nold\n<!-- lab:end {b} -->" for b in tables.TABLES) + "\n"
+BLOCKS = [b.id for b in PHASE.blocks]
+README = "# Phase 7\n\n" + "\n\n".join(f"<!-- lab:begin {b} -->\nold\n<!-- lab:end {b} -->" for b in BLOCKS) + "\n"
+
+
+def test_quick_records_carry_the_analysis(quick7):
+    _, _, records = quick7
+    ov = _rec(records, "phase7.overfit")
+    rows = {r["variant"]: r["metrics"] for r in ov["rows"]}
+    assert ov["summary"]["goal_tokens_per_s"] == analysis.GOAL_TOKENS_PER_S
+    assert ov["summary"]["goal_met"] == (rows["throughput"]["tokens_per_s"] >= analysis.GOAL_TOKENS_PER_S)
+    assert rows["large"]["val_rose"] is not None and rows["throughput_eager"]["compiled"] is False
+    sc = _rec(records, "phase7.scaling")["summary"]
+    assert sc["smallest"] == "nano" and sc["largest"] == "small" and sc["n_ratio"] > 1
 
 
 def test_report_blocks_and_plots_from_the_records(quick7, tmp_path, monkeypatch):
@@ -84,12 +101,12 @@ def test_report_blocks_and_plots_from_the_records(quick7, tmp_path, monkeypatch)
     readme.write_text(README)
     monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(report, "readmes", lambda: [readme])
-    monkeypatch.setattr(report, "phase_report_modules", lambda: [tables])   # REPO_ROOT moved: name the module
+    monkeypatch.setattr(report, "phases", lambda: [PHASE])        # REPO_ROOT moved: name the phase
     quiet = lambda *a, **k: None                                                  # noqa: E731
     assert report.regenerate(check=True, results=str(results), echo=quiet) == 1
     assert report.regenerate(check=False, results=str(results), echo=quiet) == 0
     text = readme.read_text()
-    for block in tables.TABLES:
+    for block in BLOCKS:
         body = re.search(rf"<!-- lab:begin {re.escape(block)} -->\n(.*?)<!-- lab:end", text, re.S).group(1)
         assert body.strip() != "old" and "No records" not in body and "No phase 7" not in body or \
             (block == "phase7.data_prep" and not HAS_TIKTOKEN), block
@@ -103,22 +120,34 @@ def test_report_blocks_and_plots_from_the_records(quick7, tmp_path, monkeypatch)
     assert report.regenerate(check=True, results=str(results), echo=quiet) == 0      # in sync, plots present
 
 
-def test_key_result_line(quick7):
-    from common.report import View, frame
+def test_headline(quick7):
     _, results, records = quick7
-    v = View(frame(records), records, REPO / "README.md", results)
-    [line] = tables.key_result(v)
+    [line] = PHASE.headline(render.View(Frame.of(records), REPO / "README.md", results))
     assert "tokens/s" in line and "scaling exponent" in line
 
 
 def test_blocks_render_without_records():
-    from common.report import View, frame
-    v = View(frame([]), [], REPO / "phases" / "phase7_gpt" / "README.md", REPO / "results")
-    for block, fn in tables.TABLES.items():
-        assert fn(v).startswith("_No"), block
+    view = render.View(Frame.of([]), REPO / "phases" / "phase7_gpt" / "README.md", REPO / "results")
+    for block in PHASE.blocks:
+        assert render.block(view, block).startswith("_No"), block.id
 
 
-def test_the_phase_readme_uses_only_known_blocks():
+def test_the_phase_readme_holds_every_block_once():
     text = (REPO / "phases" / "phase7_gpt" / "README.md").read_text()
-    used = set(re.findall(r"<!-- lab:begin ([\w.]+) -->", text))
-    assert used == set(tables.TABLES)
+    used = re.findall(r"<!-- lab:begin ([\w.]+) -->", text)
+    assert sorted(used) == sorted(BLOCKS)
+
+
+def test_the_report_renders_the_committed_records_without_torch():
+    code = ("import sys\nfrom common import render\nfrom common.frame import Frame\n"
+            "from common.records import load_records\nfrom common.paths import REPO_ROOT\n"
+            "from phases.phase7_gpt.report import PHASE\n"
+            "view = render.View(Frame.of(load_records(REPO_ROOT / 'results', strict=True)), "
+            "REPO_ROOT / 'phases/phase7_gpt/README.md', REPO_ROOT / 'results')\n"
+            "empty = [b.id for b in PHASE.blocks if render.block(view, b).startswith('_No')]\n"
+            "assert PHASE.headline(view), 'no headline'\n"
+            "print(empty, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=clean_env(),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[] False", proc.stdout

@@ -1,21 +1,16 @@
 """TinyShakespeare and the GPT-2 tokenizer, offline: find the files, check their hashes, tokenize.
 
-The files ship with the repository in `data/` (sources and licences in data/README.md). Where
-they are read from, first match wins:
+The files ship in `data/` (sources and licences in data/README.md). Where they are read from,
+first match wins:  --param data_dir=PATH  >  $LAB_DATA_DIR  >  <repo>/data
 
-    --param data_dir=PATH  >  $LAB_DATA_DIR  >  <repo>/data
-
-Each folder holds `tinyshakespeare/` (input.txt and the pre-tokenized split gpt2_train.u16 /
+A folder holds `tinyshakespeare/` (input.txt and the pre-tokenized split gpt2_train.u16 /
 gpt2_val.u16) and `gpt2/` (OpenAI's encoder.json and vocab.bpe). Every file is checked against
-its sha256 before use, so a truncated copy or a different tokenizer cannot slip into a record.
-A folder without the files is a reason to skip an exercise, not a failure.
+its sha256 before use, so a truncated copy or a different tokenizer cannot slip into a record;
+a folder without the files is a reason to skip an exercise, not a failure.
 
 `lab run phase7.data_prep --param download=true` (or `python -m phases.phase7_gpt.data DEST`)
-fetches the three source files from their canonical addresses, checks the same hashes, and
-writes the split with tiktoken: how data/ itself can be rebuilt.
-
-Tokenizing needs `tiktoken` (only the data_prep exercise does it). Training reads the .u16 split
-and decodes samples with a few lines of Python over encoder.json, so it needs numpy alone.
+fetches the source files, checks the same hashes and writes the split with tiktoken: how data/
+itself can be rebuilt. Training needs numpy alone (samples decode through encoder.json).
 """
 import functools
 import hashlib
@@ -52,7 +47,7 @@ VOCAB_SIZE = 50257                 # GPT-2: 50,000 merges + 256 byte tokens + <|
 EOT = 50256
 TRAIN_FRACTION = 0.9               # split the *token stream* 90/10, as the seed did
 # tiktoken's gpt2 (r50k) pre-tokenizer pattern; tiktoken < 0.8 cannot compile its possessive
-# quantifiers and gets GPT-2's original pattern instead (both give the same 338,025 ids)
+# quantifiers and gets GPT-2's original pattern instead (both give the same ids)
 PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 PATTERN_ORIGINAL = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 

@@ -1,21 +1,14 @@
-"""Exercise 7.1: from characters to tokens, and why they are stored in two bytes.
+"""Exercise 7.1: from characters to GPT-2 tokens, the 90/10 split, and why two bytes hold an id.
 
-    lab run phase7.data_prep                       # the local copy (see data.py for where it looks)
-    lab run phase7.data_prep --param download=true # on a machine with internet: fetch, check, split
+    lab run phase7.data_prep                       # the local copy (data.py says where it looks)
+    lab run phase7.data_prep --param download=true # with internet: fetch, check hashes, split
 
-TinyShakespeare is 1.1 MB of ASCII. GPT-2's byte-level BPE turns it into about a third as many
-tokens; the ratio matters downstream because attention costs grow with the square of the
-sequence length, so a text 3.3x shorter in tokens costs ~11x less attention than in characters.
+Attention costs grow with the square of the sequence length, so characters per token matters
+twice: the record stores the ratio and its square. The split is 90/10 on the *token stream* (the
+seed's choice); nanoGPT's split of the *characters* is recorded beside it. Every id is below
+2^16, so uint16 stores it: half the bytes of int32, a quarter of int64.
 
-The split is 90/10 on the *token stream* (as the seed did): the first 90% of the token ids train,
-the rest validate. nanoGPT's prepare.py splits the *characters* 90/10 and tokenizes each part,
-which gives slightly different counts; both are computed here and recorded.
-
-Storage: every id is below 50,257 < 2^16, so uint16 holds it exactly in 2 bytes, half of int32
-and a quarter of int64 (what embedding lookups take): the file and every copy of it move half
-the bytes.
-
-Checks (gating the row): the token count is exactly the seed's 338,025; decoding the tokens gives
+Checks (gating the `tokenize` row): the token count equals the seed write-up's; decoding gives
 back the text byte for byte; the stored .u16 split equals a fresh tokenization.
 """
 import time
@@ -23,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.exercise import Exercise, Needs, row
+from common.exercise import Exercise, Needs, Result, row
 from common.params import Bool, Folder
+from common.standalone import run_alone
 
 from . import data as D
 from . import seed
@@ -76,7 +70,6 @@ def run(ctx, params):
             "split": "token stream, first 90% train (as the seed)",
             "train_tokens": int(len(train)), "val_tokens": int(len(val)),
             "char_split_train_tokens": char_split[0], "char_split_val_tokens": char_split[1],
-            "char_split_note": "nanoGPT's prepare.py: split the characters 90/10, then tokenize each part",
             "roundtrip_exact": roundtrip, "stored_split_matches": same_split,
             "tokenize_s": tokenize_s, "tokenizer_tokens_per_s": len(ids) / tokenize_s,
             "tokenizer": "tiktoken GPT-2 BPE built from the local encoder.json (no network)",
@@ -97,7 +90,7 @@ def run(ctx, params):
         rows.append(row("storage", {"format": "raw little-endian uint16"}, "ok" if check["passed"] else "failed",
                         check["reason"], check=check, metrics=metrics))
     summary = {"sha256": hashes, "data_dir": D.label_of(data_dir), "seed": seed.DATA, "seed_citation": seed.CITATION}
-    return clean(rows), clean(summary)
+    return Result(clean(rows), clean(summary))
 
 
 def footprint_bytes(p: dict) -> int:
@@ -109,3 +102,7 @@ EXERCISE = Exercise(
     id="phase7.data_prep", title="TinyShakespeare -> GPT-2 BPE tokens: counts, split, uint16 storage",
     run=run, needs=Needs(modules=("tiktoken",)), params={"data_dir": Folder(None, must_exist=False), "download": Bool(False)},
     variants=("tokenize", "storage"), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {})

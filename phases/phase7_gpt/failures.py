@@ -3,35 +3,36 @@
     lab run phase7.failures
     lab run phase7.failures --variant control --variant no_residual_no_layernorm
 
-Every run uses the same seed as the control: the same initial weights (where the architecture is
-the same), the same batches in the same order. So any difference in the curves is the switch.
+The switches (CONFIGS): residuals off, LayerNorm off, both; no or short warmup; the learning rate
+times `lr_multiplier` with and without clipping; clipping off. Every run shares the control's
+seed: the same initial weights (where the architecture is the same) and the same batches, so a
+difference in the curves is the switch. Each run records the loss and gradient norm of every
+step and the activation RMS after every block at initialization: where a broken network's
+signal dies (or grows) layer by layer.
 
-  control                    residuals, LayerNorm, full warmup, base learning rate, clipping at 1.0
-  no_residual                blocks compute x -> mlp(attn(x)): no skip path for the gradient
-  no_layernorm               every LayerNorm replaced by the identity
-  no_residual_no_layernorm   both
-  warmup_none, warmup_short  0 and `warmup_short` warmup steps instead of `warmup_full`
-  lr_x100                    the learning rate times `lr_multiplier`, clipping still on
-  lr_x100_no_clip            the same without clipping
-  no_clip                    the base learning rate without clipping
-
-Each run records the loss and the gradient norm of every step, the fraction of gradient entries
-that are exactly zero on the first step, and the activation RMS after every block at
-initialization: where the signal of a broken network dies (or grows) layer by layer.
-
-A NaN or a frozen loss is this exercise's *result*, not a failure of the exercise: such rows are
-`ok` and their `outcome` says what happened. They still must pass the init-loss gate.
+A NaN or a frozen loss is this exercise's *result*: such rows are `ok`, and their `outcome`
+(analysis.outcome) says what happened. They still must pass the init-loss gate.
 """
 import torch
 
-from common.exercise import Exercise
+from common.exercise import Exercise, Result
 from common.params import Bool, Float, Int
+from common.standalone import run_alone
 
 from . import seed
-from .architecture import Shape, training_bytes
-from .model import GPT
+from .analysis import outcome
+from .gpt import GPT
+from .model import Shape, training_bytes
 from .overfit import COMMON
-from .train import clean, model_config, residual_stream_rms, setup, train, train_config, training_row
+from .train import (
+    clean,
+    model_config,
+    residual_stream_rms,
+    setup,
+    train,
+    train_config,
+    training_row,
+)
 
 CONFIGS = {  # variant: (model switches, training overrides as functions of params)
     "control": ({}, {}),
@@ -44,27 +45,6 @@ CONFIGS = {  # variant: (model switches, training overrides as functions of para
     "lr_x100_no_clip": ({}, {"lr": lambda p: p["lr"] * p["lr_multiplier"], "grad_clip": lambda p: 0.0}),
     "no_clip": ({}, {"grad_clip": lambda p: 0.0}),
 }
-
-
-def outcome(m: dict, control: dict | None, frozen_below: float) -> dict:
-    """What happened, in one phrase, and the gap to the control."""
-    first = m["curve"][0][2] if m.get("curve") else None
-    best = m.get("best_val_loss")
-    out = {"outcome": None, "val_drop": (first - best) if (first is not None and best is not None) else None}
-    if m.get("first_nonfinite_step") is not None:
-        out["outcome"] = f"diverged: non-finite loss at step {m['first_nonfinite_step']}"
-    elif out["val_drop"] is not None and abs(out["val_drop"]) < frozen_below:
-        out["outcome"] = f"frozen: best validation loss within {frozen_below} of its initial {first:.3f}"
-    elif out["val_drop"] is not None and out["val_drop"] < 0:
-        out["outcome"] = "got worse than at initialization"
-    else:
-        out["outcome"] = "learned"
-    if control and best is not None and control.get("best_val_loss"):
-        out["best_val_vs_control_pct"] = 100 * (best - control["best_val_loss"]) / control["best_val_loss"]
-    fin, cfin = m.get("final_val_loss"), (control or {}).get("final_val_loss")
-    if fin is not None and cfin:
-        out["final_val_vs_control_pct"] = 100 * (fin - cfin) / cfin
-    return out
 
 
 def run(ctx, params):
@@ -92,7 +72,7 @@ def run(ctx, params):
         rows.append(r)
     summary = {"seed": seed.FAILURES, "seed_citation": seed.CITATION,
                "outcomes": {r["variant"]: r["metrics"].get("outcome") for r in rows}}
-    return clean(rows), clean(summary)
+    return Result(clean(rows), clean(summary))
 
 
 def footprint_bytes(p: dict) -> float:
@@ -116,3 +96,8 @@ EXERCISE = Exercise(
                   "max_iters": 8, "warmup_full": 4, "warmup_short": 1, "eval_every": 4, "eval_tokens": 128,
                   "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2},
     variants=tuple(CONFIGS), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"model": {"n_layer": 3, "n_head": 3, "n_embd": 15}, "block_size": 19, "batch_size": 3,
+                         "max_iters": 9, "warmup_full": 3})

@@ -4,20 +4,14 @@
            -> n_layer x [ x + attn(LN(x)) ; x + mlp(LN(x)) ]     (pre-LayerNorm blocks)
            -> final LN -> lm head (tied to the token embedding by default) -> logits
 
-Linear layers carry no bias; LayerNorms carry weight and bias. With that choice the seed's
-published counts come out exactly: its "30.02M" 6-layer, 384-wide model and the non-embedding
-counts of its nano / micro / mini / small scaling models (98,944 / 333,120 / 788,736 / 2,659,200).
-Its total only adds up with a *tied* head (untied, the head would add another 19.3M), so tying is
-the default here; `tie_weights=False` gives the untied variant.
+Linear layers carry no bias; LayerNorms carry weight and bias: with that choice the seed's
+published parameter counts come out exactly (tests/test_phase7_model.py checks them), and its
+total only adds up with a *tied* head, so tying is the default (`tie_weights=False` unties it).
 
-Two switches exist to break the model on purpose (exercise 7.5); each really removes its part:
-`residual=False` drops the `x +` of both sublayers, `layernorm=False` replaces every LayerNorm
-(and the final one) by the identity, so no LayerNorm parameter exists at all.
-
-Parameters per block (d = n_embd), counted in `param_formula`:
-    attention  qkv d x 3d + output d x d                 = 4 d^2
-    MLP        d x 4d + 4d x d                            = 8 d^2
-    2 LayerNorms (weight + bias)                          = 4 d
+Two switches break the model on purpose (exercise 7.5), each really removing its part:
+`residual=False` drops the `x +` of both sublayers; `layernorm=False` replaces every LayerNorm
+by the identity. Per block (d = n_embd): attention 4 d^2, MLP 8 d^2, two LayerNorms 4 d
+(`param_formula`); FLOPs and bytes per training step: `flops_per_token`, `bytes_per_step`.
 """
 import math
 from dataclasses import asdict, dataclass

@@ -2,18 +2,17 @@
 
     lab run phase7.model
 
-Rows:
-  params_30m, params_7m   where the parameters sit (token embedding, position embedding, blocks,
-                          head), counted from the module and from the closed form in model.py;
-                          they must agree exactly. The seed's 30M shape is 6 layers x 6 heads x
-                          384 wide over a 256-token window; at that width the token embedding
-                          (50,257 x 384) is about two thirds of the model.
-  params_30m_untied       the same shape with its own output head: what weight tying saves.
-  init_loss               an untrained model predicts ~uniformly, so its loss is ~ln(50,257) =
-                          10.825; the logits of a (4, 64) batch are (4, 64, 50,257).
-  sdpa_flash, sdpa_math   one forward + backward of the model with attention forced onto the
-                          FlashAttention kernel, then onto the plain math path (which writes the
-                          T x T scores to memory); each checked against a float64 attention first.
+  params_30m, params_7m   where the parameters sit (token and position embeddings, blocks, final
+                          LayerNorm, head), counted from the module and from gpt.param_formula;
+                          the two must agree exactly
+  params_30m_untied       the same shape with its own output head: what weight tying saves
+  init_loss               an untrained model predicts about uniformly: its loss must sit near
+                          ln(vocabulary), its logits must be (B, T, vocabulary)
+  sdpa_flash, sdpa_math   one forward + backward with attention forced onto the flash kernel,
+                          then onto the math path that writes the T x T scores to memory; each
+                          backend first checked against float64 attention
+
+Also the shared declarations of the training exercises: shapes, the data folder, memory estimates.
 """
 import math
 
@@ -22,12 +21,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import roofline
-from common.checks import compare
-from common.exercise import Exercise, row, throughput_metrics
+from common.exercise import Exercise, Result, reference_check, row, throughput_metrics
 from common.params import Folder, Int, Record
+from common.standalone import run_alone
 
 from . import seed
-from .model import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
+from .gpt import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
 from .train import autocast, clean, setup
 
 # ------------------------------------------------------------------------------ declarations
@@ -101,9 +100,15 @@ def _attention_check(ctx, backend, shape, dtype) -> dict:
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(shape[-1])
     ref = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v.double()
     t = torch.bfloat16 if dtype == "bf16" else torch.float32
-    with sdpa_kernel([backend]):
-        out = F.scaled_dot_product_attention(q.to(t), k.to(t), v.to(t), is_causal=True)
-    return compare(out, ref, dtype, f"float64 causal softmax attention, shape {tuple(shape)}")
+    q, k, v = q.to(t), k.to(t), v.to(t)
+    out = torch.empty(*shape, device=ctx.device, dtype=t)
+
+    def attend():
+        with sdpa_kernel([backend]):
+            out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    return reference_check(ctx, out, attend, ref, f"float64 causal softmax attention, shape {tuple(shape)}",
+                           precision=dtype)()
 
 
 def run(ctx, params):
@@ -183,7 +188,7 @@ def run(ctx, params):
     math_ = [r for r in rows if r["variant"] == "sdpa_math" and r["status"] == "ok"]
     summary = {"flash_speedup_over_math": (math_[0]["metrics"]["ms"] / flash[0]["metrics"]["ms"]) if flash and math_ else None,
                "seed": seed.MODEL_30M, "seed_citation": seed.CITATION}
-    return clean(rows), clean(summary)
+    return Result(clean(rows), clean(summary))
 
 
 def footprint_bytes(p: dict) -> float:
@@ -208,3 +213,8 @@ EXERCISE = Exercise(
                   "init_batch": [2, 16], "sdpa_batch": 2},
     variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"),
     footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"model_run": {"n_layer": 1, "n_head": 3, "n_embd": 24}, "block_size": 23,
+                         "init_batch": [3, 19], "sdpa_batch": 3})

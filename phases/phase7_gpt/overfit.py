@@ -3,32 +3,36 @@
     lab run phase7.overfit
     lab run phase7.overfit --variant throughput --param throughput_batch_size=128
 
-The 30M model sees 304K training tokens: 0.01 tokens per parameter, a thousand times fewer than
-a compute-optimal run would use. It can store the training set; run long enough, training loss
-goes to ~0 while validation loss turns around and climbs. The 7.25M model has less room to
-memorize. Each run records its loss curves, its best validation loss and when, and a sample of
-generated text with how much of it is copied verbatim from the training text.
-
-Variants:
+  large, small      the 30M and 7.25M shapes trained far past their best validation loss on
+                    304K tokens: curves, best and final loss, a sample and how much of it is
+                    copied verbatim from the training text
   throughput        the 30M model, compiled, a fixed number of steps: tokens/s, MFU and where a
                     step's time goes (data, forward, backward, optimizer)
   throughput_eager  the same without torch.compile: what compiling buys
-  large, small      the 30M and 7.25M overfitting runs
-  reproducibility   two fresh runs of the `large` configuration with the same seed, stopped after
-                    step `repro_step`: their losses at that step must agree to bf16 tolerance
+  reproducibility   two fresh runs of `large` with the same seed: their losses at `repro_step`
+                    must agree within `repro_tolerance`
 
-FLOPs per step = tokens x (6 N_non_embedding + 12 L d T + 6 d V) (model.flops_per_token); MFU is
-that over the median step time, against the spec sheet's dense BF16 peak and against the best
-matmul rate phase 1 measured on this GPU.
+MFU = gpt.flops_per_token x tokens/s, over the spec sheet's dense BF16 peak and over the best
+matmul rate phase 1 measured on this GPU. Ratios and verdicts: analysis.py.
 """
 from dataclasses import replace
 
-from common.exercise import Exercise, row
+from common.exercise import Exercise, Result, row
 from common.params import Bool, Float, Int
+from common.standalone import run_alone
 
-from . import seed
-from .architecture import BLOCK_SIZE, DATA_DIR, SEED, SHAPE_7M, SHAPE_30M, VOCAB_MULTIPLE, Shape, training_bytes
-from .model import param_formula
+from . import analysis, seed
+from .gpt import param_formula
+from .model import (
+    BLOCK_SIZE,
+    DATA_DIR,
+    SEED,
+    SHAPE_7M,
+    SHAPE_30M,
+    VOCAB_MULTIPLE,
+    Shape,
+    training_bytes,
+)
 from .train import clean, model_config, sample, setup, train, train_config, training_row
 
 
@@ -65,7 +69,10 @@ def run(ctx, params):
                      "unique_tokens_per_param": unique_tokens / n_real,
                      "epochs": res["steps"] * res["tokens_per_step"] / unique_tokens}
             del model
-            rows.append(training_row(ctx, variant, cfg, tc, res, ceiling=ceiling, extra=extra))
+            r = training_row(ctx, variant, cfg, tc, res, ceiling=ceiling, extra=extra)
+            if r["status"] == "ok":
+                r["metrics"].update(analysis.overfit_verdict(r["metrics"]["best_val_loss"], r["metrics"]["final_val_loss"]))
+            rows.append(r)
         else:
             k = params["repro_step"]
             runs = [_run(ctx, params, splits, params["model_large"], stop_at=k + 1, eval_every=k + 1,
@@ -90,17 +97,9 @@ def run(ctx, params):
             r = training_row(ctx, variant, cfg, tc, first, ceiling=ceiling, extra=extra)
             r["check"] = {**check, "init_loss_gate": r["check"]}
             rows.append(r)
-    by = {r["variant"]: r for r in rows if r["status"] == "ok"}
-    if "large" in by and "small" in by:
-        summary["small_over_large_tokens_per_s"] = by["small"]["metrics"]["tokens_per_s"] / by["large"]["metrics"]["tokens_per_s"]
-    if "throughput" in by and "throughput_eager" in by:
-        summary["compile_speedup"] = by["throughput"]["metrics"]["tokens_per_s"] / by["throughput_eager"]["metrics"]["tokens_per_s"]
-    if "throughput" in by:
-        summary["throughput_tokens_per_s"] = by["throughput"]["metrics"]["tokens_per_s"]
-        summary["throughput_over_seed_30m"] = by["throughput"]["metrics"]["tokens_per_s"] / seed.TOKENS_PER_S["30M"]
-        summary["goal_tokens_per_s"] = params["goal_tokens_per_s"]
-        summary["goal_met"] = by["throughput"]["metrics"]["tokens_per_s"] >= params["goal_tokens_per_s"]
-    return clean(rows), clean(summary)
+    by = {r["variant"]: r["metrics"] for r in rows if r["status"] == "ok"}
+    summary.update(analysis.overfit_summary(by, seed.TOKENS_PER_S["30M"], params["goal_tokens_per_s"]))
+    return Result(clean(rows), clean(summary))
 
 
 COMMON = {"data_dir": DATA_DIR, "seed": SEED, "block_size": BLOCK_SIZE,
@@ -135,7 +134,7 @@ EXERCISE = Exercise(
             "sample_tokens": Int(100, min=1, unit="tokens"),
             "sample_temperature": Float(0.8, min=0, unit="softmax temperature; 0: greedy"),
             "sample_top_k": Int(200, min=1, max=50257, nullable=True, unit="tokens; null: no top-k"),
-            "goal_tokens_per_s": Int(1_000_000, min=1, unit="tokens/s"),
+            "goal_tokens_per_s": Int(analysis.GOAL_TOKENS_PER_S, min=1, unit="tokens/s"),
             "timing_warmup": replace(COMMON["timing_warmup"], default=10),
             "profile_steps": replace(COMMON["profile_steps"], default=5)},
     cpu_params={"model_large": {"n_layer": 2, "n_head": 2, "n_embd": 64},
@@ -150,3 +149,9 @@ EXERCISE = Exercise(
                   "timing_warmup": 1, "profile_steps": 2, "vocab_multiple": 1},
     variants=("throughput", "throughput_eager", "large", "small", "reproducibility"),
     footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"model_large": {"n_layer": 1, "n_head": 3, "n_embd": 24},
+                         "model_small": {"n_layer": 1, "n_head": 1, "n_embd": 12}, "block_size": 19,
+                         "batch_size": 3, "max_iters": 14, "throughput_steps": 11, "repro_step": 5})

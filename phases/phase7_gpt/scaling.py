@@ -2,28 +2,23 @@
 
     lab run phase7.scaling
 
-Five models from ~0.1M to ~10.6M non-embedding parameters (the seed's nano, micro, mini and small
-shapes, plus the 30M model of 7.3) train on the same 304K tokens with the same recipe. Each is
-stopped once its validation loss has not improved for `patience` evaluations, and its *best*
-validation loss is its point: a scaling law compares models at their optimum, and on a dataset
-this small every model passes its optimum early.
+Five shapes (the seed's nano, micro, mini and small, plus the 30M model of 7.3) train on the same
+tokens with the same recipe; each stops once validation loss has not improved for `patience`
+evaluations, and its *best* validation loss is its point: a scaling law compares models at their
+optimum. fit.py fits L(N) = a N^(-alpha) in log-log space, for N = all parameters and for N =
+non-embedding parameters (Kaplan et al.'s choice), with a bootstrap interval for alpha.
 
-The fit is L(N) = a N^(-alpha), least squares in log-log space (fit.py), for N = all parameters
-and for N = non-embedding parameters (Kaplan et al.'s choice: the embedding is a lookup table,
-not compute), with a 95% bootstrap interval for alpha and each point's error against the line.
-
-Tokens per parameter, against Chinchilla's ~20 for compute-optimal training:
-  unique: 304,222 training tokens / N        (what the data can offer)
-  seen:   steps to the best point x tokens per step / N   (repeats included)
-  the seed's "x underfed": 20 N_non_embedding / 304,222
+Tokens per parameter against Chinchilla's ~20: unique (training tokens / N), seen (steps to the
+best point x tokens per step / N), and the seed's "x underfed" (20 N_non_embedding / tokens).
 """
-from common.exercise import Exercise
+from common.exercise import Exercise, Result
 from common.params import Bool, Int, Text
+from common.standalone import run_alone
 
-from . import seed
-from .architecture import SHAPE, Shape, training_bytes
+from . import analysis, seed
 from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
-from .model import param_formula
+from .gpt import param_formula
+from .model import SHAPE, Shape, training_bytes
 from .overfit import COMMON
 from .train import clean, model_config, setup, train, train_config, training_row
 
@@ -68,11 +63,9 @@ def run(ctx, params):
             r["metrics"]["fit_error_pct_non_embedding"] = e_ne
         best = min(ok, key=lambda r: r["metrics"]["best_val_loss"])
         summary["best_size"] = best["variant"]
-        # a size "breaks the law" when a bigger model does worse than a smaller one
-        order = sorted(ok, key=lambda r: r["metrics"]["n_total"])
-        summary["non_monotonic"] = [b["variant"] for a, b in zip(order, order[1:])
-                                    if b["metrics"]["best_val_loss"] > a["metrics"]["best_val_loss"]]
-    return clean(rows), clean(summary)
+        summary.update(analysis.scaling_span([(r["variant"], r["metrics"]["n_non_embedding"],
+                                               r["metrics"]["best_val_loss"]) for r in ok]))
+    return Result(clean(rows), clean(summary))
 
 
 SIZES = [{"name": "nano", "n_layer": 2, "n_head": 2, "n_embd": 64},
@@ -110,3 +103,9 @@ EXERCISE = Exercise(
                   "patience": 2, "eval_tokens": 128, "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2,
                   "bootstrap_resamples": 200},
     variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes)
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"sizes": [{"name": "nano", "n_layer": 1, "n_head": 1, "n_embd": 6},
+                                   {"name": "micro", "n_layer": 1, "n_head": 3, "n_embd": 15}],
+                         "block_size": 19, "batch_size": 3, "max_iters": 9, "bootstrap_resamples": 50})

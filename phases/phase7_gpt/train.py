@@ -8,7 +8,7 @@ GPU's own clock without slowing the loop. A few dedicated steps (`profile_steps`
 between data, forward, backward and optimizer, and synchronize before and after themselves, so
 the breakdown says where a step's time goes; those steps are left out of the timing statistics.
 
-Data: the whole split lives on the device (304K tokens are 2.4 MB as int64); a batch is B random
+Data: the whole split lives on the device (a few MB as int64); a batch is B random
 windows drawn with a seeded torch.Generator, so the same seed gives the same batches.
 Evaluation uses fixed windows (all of the validation split by default), so it draws no random
 numbers and two runs with the same seed see identical batches whatever they evaluate.
@@ -25,8 +25,16 @@ from common import roofline
 from common.exercise import row, throughput_metrics
 from common.timing import summarize
 
+from . import analysis
 from . import data as D
-from .model import GPT, GPTConfig, bytes_per_step, flops_per_token, param_breakdown, param_formula
+from .gpt import (
+    GPT,
+    GPTConfig,
+    bytes_per_step,
+    flops_per_token,
+    param_breakdown,
+    param_formula,
+)
 
 LOG_POINTS = 500         # curves in a record are downsampled to at most this many points
 
@@ -404,7 +412,7 @@ def run_metrics(ctx, cfg: GPTConfig, tc: TrainConfig, res: dict, dtype: str, cei
         "flops_convention": "6 N_non_embedding + 12 n_layer n_embd block_size + 6 n_embd vocab (PaLM app. B, plus lm head)",
         "tokens_per_step": tokens, "steps": res["steps"], "tokens_trained": tokens * res["steps"],
         "wall_s": res["wall_s"], "eval_s": res["eval_s"], "compile_s": res["compile_s"],
-        "compile_error": res["compile_error"],
+        "compile_error": res["compile_error"], "compiled": analysis.compiled(tc.as_dict(), res["compile_error"]),
         "params_total": res["params"]["total"], "params_non_embedding": res["params"]["non_embedding"],
         "params": res["params"], "params_allocated": res.get("params_allocated"),
     })
