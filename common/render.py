@@ -75,7 +75,7 @@ def table_csv(view: View, spec: Table) -> str | None:
     rows = table_rows(view, spec)
     if spec.brief is None or not len(rows):
         return None
-    header, lines = _lines(view, spec, rows, link=False)
+    header, lines = _lines(view, spec, rows, link=False, columns=spec.columns + spec.more)
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([header, *lines])
     return out.getvalue()
@@ -99,17 +99,19 @@ def table(view: View, spec: Table) -> str:
     return out
 
 
-def _lines(view: View, spec: Table, rows: pd.DataFrame, link: bool = True) -> tuple[list[str], list[list[str]]]:
-    header = ["hardware", *(c.header for c in spec.columns), *(PREDICTION_HEADER if spec.prediction else []),
+def _lines(view: View, spec: Table, rows: pd.DataFrame, link: bool = True,
+           columns: tuple = ()) -> tuple[list[str], list[list[str]]]:
+    columns = columns or spec.columns
+    header = ["hardware", *(c.header for c in columns), *(PREDICTION_HEADER if spec.prediction else []),
               "run" if link else "record"]
     lines = []
     for _, r in rows.iterrows():
         if r["status"] == "ok":
-            cells = [_cell(c, r) for c in spec.columns]
+            cells = [_cell(c, r) for c in columns]
             pred = prediction_cells(r) if spec.prediction else []
         else:
-            cells = [_cell(c, r) if c.identity else "-" for c in spec.columns]
-            first = next((i for i, c in enumerate(spec.columns) if not c.identity), None)
+            cells = [_cell(c, r) if c.identity else "-" for c in columns]
+            first = next((i for i, c in enumerate(columns) if not c.identity), None)
             if first is not None:
                 cells[first] = f"{r['status']}: {value(r, 'reason', '-')}"
             pred = ["-"] * len(PREDICTION_HEADER) if spec.prediction else []

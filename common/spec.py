@@ -50,8 +50,10 @@ class Table:
     note: Callable[["object", pd.DataFrame], str] | None = None
     rows: Callable[["object"], pd.DataFrame] | None = None    # rows built from several records (rare)
     brief: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+    more: tuple[Column, ...] = ()
     """With `brief`, the README shows only brief(rows) and links every row, written as CSV to
-    results/tables/<id>.csv by `lab report` (long sweeps: a reader sees the shape, a script the rest)."""
+    results/tables/<id>.csv by `lab report` (long sweeps: a reader sees the shape, a script the
+    rest); `more` columns go to the CSV only (a wide table stays readable in the README)."""
 
 
 OPS = {">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<=": lambda v, t: v <= t, "<": lambda v, t: v < t}

@@ -54,7 +54,8 @@ def _algo(r):
 
 SWEEP = Table("phase4.sweep", EX_SWEEP, rows=_sweep_rows, brief=_brief_sweep, columns=(
     ident("size", "params.size_bytes", size_bytes), ident("collective", lambda r: OPS.get(r["params.op"])),
-    col("µs", us("metrics.ms"), num), col("busbw GB/s", "metrics.busbw_gbps", num),
+    col("µs", us("metrics.ms"), num), col("algbw GB/s", "metrics.algbw_gbps", num),
+    col("busbw GB/s", "metrics.busbw_gbps", num), col("factor", "metrics.busbw_factor", num),
     col("% of link", "metrics.pct_of_link", pct), col("ours / NCCL", "metrics.ours_over_nccl_busbw", frac),
     col("#wrong", "metrics.wrong"), col("algo", _algo)))
 
@@ -143,7 +144,11 @@ def _brief_ddp(rows):
 DDP = Table("phase4.ddp", EX_DDP, rows=_ddp_rows, brief=_brief_ddp, since_version=DDP_SINCE, columns=(
     ident("bucket cap MB (settings)", lambda r: bucket_label(params(r))), col("step ms", "metrics.ddp_ms", num),
     col("no-comm step ms", "metrics.nocomm_ms", num), col("comm ms (alone)", "metrics.comm_ms", num),
-    col("exposed ms", "metrics.exposed_vs_nocomm_ms", num), col("hidden", "metrics.hidden_fraction_vs_nocomm", frac)))
+    col("exposed ms", "metrics.exposed_vs_nocomm_ms", num), col("hidden", "metrics.hidden_fraction_vs_nocomm", frac)),
+    more=(col("buckets", "metrics.buckets", num), col("compute ms (no_sync)", "metrics.compute_ms", num),
+          col("host ms to enqueue a step", "metrics.ddp_host_ms", num), col("hidden (vs no_sync)", "metrics.hidden_fraction", frac),
+          col("TFLOP/s", "metrics.tflops", num), col("MFU (spec peak)", "metrics.mfu_vs_peak", frac),
+          col("MFU (phase-1 ceiling)", "metrics.mfu_vs_phase1_ceiling", frac)))
 
 PER_RANK = Table("phase4.per_rank", EX_DDP, prediction=False, rows=_ddp_pick(("per_rank_",)), columns=(
     ident("straggler", lambda r: f"last rank sleeps {num(value(r, 'params.straggler_ms'))} ms"
