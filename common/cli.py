@@ -59,8 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="show the environment a record would capture")
     e.add_argument("--json", action="store_true")
 
-    pr = sub.add_parser("predict", help="roofline prediction from spec-sheet numbers, before running")
-    pr.add_argument("op", nargs="?", choices=["matmul", "elementwise", "copy", "custom"], default="custom")
+    pr = sub.add_parser("predict", help="both predictions (spec sheet, and calibrated from this GPU's ceilings "
+                                         "record) for an exercise at any size, or for one op, before running")
+    pr.add_argument("op", nargs="?", default="custom",
+                    help="an exercise (phase1.elementwise), or matmul, elementwise, copy, custom")
+    pr.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="an exercise's parameter, e.g. --param sizes=[1024]")
+    pr.add_argument("--results", help="results folder holding the ceilings record (default: results/)")
     pr.add_argument("--n", type=int, help="matmul: N of an N x N x N product; elementwise/copy: elements")
     pr.add_argument("--dtype", default="fp32", help="fp32, tf32, fp16, bf16, fp8, int8")
     pr.add_argument("--flops", type=float, help="custom: floating-point operations")
@@ -254,21 +259,68 @@ def cmd_env(args) -> int:
 
 
 # --------------------------------------------------------------------------------- predict
-def cmd_predict(args) -> int:
+def _predict_spec(args):
     import torch
 
-    from . import roofline
-    from .checks import BYTES_PER_ELEMENT
     from .hardware import get_spec, load_hardware, match_gpu
     specs = load_hardware()
     if args.hardware:
-        spec = get_spec(args.hardware, specs)
-    elif torch.cuda.is_available():
+        return get_spec(args.hardware, specs)
+    if torch.cuda.is_available():
         spec = match_gpu(torch.cuda.get_device_name(0), specs)
         if spec is None:
             raise LabError(f"GPU '{torch.cuda.get_device_name(0)}' is not in hardware.yaml; pass --hardware KEY")
-    else:
-        raise LabError("no GPU here to predict for; pass --hardware KEY (e.g. --hardware h200_sxm)")
+        return spec
+    raise LabError("no GPU here to predict for; pass --hardware KEY (e.g. --hardware h200_sxm)")
+
+
+def cmd_predict_exercise(args) -> int:
+    """Every row an exercise would time with these parameters, with both predictions."""
+    from . import roofline
+    from .calibration import ceilings_by_hardware
+    from .hardware import DTYPES
+    from .paths import results_dir
+    from .records import load_records
+    from .registry import select
+    from .runner import parse_overrides, validate_selection
+    chosen = select([args.op])
+    if len(chosen) != 1:
+        raise LabError(f"`lab predict` takes one exercise, not '{args.op}' ({len(chosen)} exercises)")
+    ex = chosen[0]
+    if ex.work is None:
+        raise LabError(f"{ex.id} declares no work(params) (its rows' FLOPs and bytes are known only once it runs)")
+    spec = _predict_spec(args)
+    overrides = parse_overrides(args.param)
+    validate_selection([ex], overrides, ())
+    params = ex.resolve_params(on_cpu=False, quick=False, overrides=overrides)
+    ceilings = ceilings_by_hardware(load_records(results_dir(args.results), exercise="phase1.ceilings",
+                                                 hardware=spec.key)).get(spec.key)
+    roofs = roofline.Roofs(spec.figure("memory_bandwidth_gbps").value, {d: spec.peak(d).value for d in DTYPES},
+                           f"hardware.yaml:{spec.key}")
+    table = Table(title=f"{ex.id} on {spec.name}: predicted before running"
+                        + ("" if ceilings else " (no phase1.ceilings record for it yet: spec sheet only)"))
+    for col in ("row", "FLOPs", "bytes", "dtype", "spec ms", "spec bound", "calibrated ms", "calibrated bound"):
+        table.add_column(col, justify="left" if col in ("row", "dtype") or "bound" in col else "right")
+    for w in ex.work(params):
+        p = roofline.predict(w.flops, w.bytes, roofs, w.dtype)
+        c = roofline.calibrated(w.flops, w.bytes, w.dtype, ceilings, working_set_bytes=w.working_set_bytes or w.bytes,
+                                warm=w.warm, graph_reps=w.graph_reps, launches=w.launches) if ceilings else {}
+        table.add_row(w.label, f"{w.flops:.4g}", f"{w.bytes:.4g}", w.dtype or "-", _fmt(p["predicted_ms"]), p["bound"],
+                      _fmt(c.get("predicted_ms")), c.get("bound", "-"))
+    console.print(table)
+    if ceilings:
+        console.print(f"calibrated from {ceilings['record']}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from . import roofline
+    from .checks import BYTES_PER_ELEMENT
+    if args.op not in ("matmul", "elementwise", "copy", "custom"):
+        return cmd_predict_exercise(args)
+    if args.param:
+        raise LabError("--param goes with an exercise (lab predict phase1.elementwise --param sizes=[1024])")
+    spec = _predict_spec(args)
     if args.dtype not in BYTES_PER_ELEMENT or args.dtype == "fp64":
         raise LabError(f"--dtype must be one of fp32, tf32, fp16, bf16, fp8, int8, not '{args.dtype}'")
     size = BYTES_PER_ELEMENT[args.dtype]

@@ -48,6 +48,21 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Work:
+    """What one timed row will ask of the machine, known before it runs: the roofline's inputs.
+    An exercise's `work(params)` lists them, from the same formulas its run() passes to measure(),
+    so `lab predict EXERCISE` prints both predictions for any size before anything is run."""
+    label: str
+    flops: float
+    bytes: float
+    dtype: str | None
+    working_set_bytes: float | None = None
+    warm: bool = False                    # timed without an L2 flush
+    graph_reps: int | None = None         # timed as a CUDA-graph replay
+    launches: int = 1                     # kernels one timed call starts
+
+
+@dataclass(frozen=True)
 class Exercise:
     """One exercise. `params` declares every parameter as a `common.params.Param` (default, type,
     allowed values, unit); after construction `params` holds the defaults and `schema` the
@@ -63,6 +78,7 @@ class Exercise:
     variants: tuple[str, ...] = ()
     bench_version: int = 1
     footprint_bytes: Callable[[dict], float] | None = None
+    work: Callable[[dict], list[Work]] | None = None
     schema: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -142,6 +158,33 @@ class Context:
         if self._progress is None:
             return items
         return self._progress.track(items, description=f"  {description}", total=len(items))
+
+    def ceilings(self) -> dict | None:
+        """The newest measured phase1.ceilings summary for this hardware in this run's results
+        folder, with `record` (its path), for the calibrated prediction; None if none exists yet."""
+        if not hasattr(self, "_ceilings"):
+            from .paths import results_dir
+            from .records import load_records
+            recs = [r for r in load_records(results_dir(self.results), exercise="phase1.ceilings",
+                                            hardware=self.hardware_key)
+                    if r.get("source", {}).get("kind", "measured") == "measured" and r.get("status") != "skipped"
+                    and (r.get("summary") or {}).get("ceilings", {}).get("hbm_gbps")]
+            self._ceilings = {**recs[-1]["summary"]["ceilings"], "record": f"results/{recs[-1]['_path']}"} if recs else None
+        return self._ceilings
+
+    def predict(self, flops: float, bytes_moved: float, dtype: str | None, timing: Timing, *, launches: int = 1,
+                working_set_bytes: float | None = None, measured_ms: float | None = None) -> dict:
+        """A timed row's `prediction`: the spec-sheet roofline, and `calibrated` from this machine's
+        ceilings record when one exists (else the report computes it later and says so)."""
+        measured = measured_ms if measured_ms is not None else timing.median_ms
+        prediction = roofline.predict(flops, bytes_moved, self.roofs(dtype), dtype, measured)
+        prediction["launches"] = launches
+        ceilings = self.ceilings()
+        if ceilings:
+            prediction["calibrated"] = {**roofline.calibrated(
+                flops, bytes_moved, dtype, ceilings, measured, working_set_bytes=working_set_bytes or bytes_moved,
+                warm=not timing.flush_l2, graph_reps=timing.graph_reps, launches=launches), "computed": "at run time"}
+        return prediction
 
     def phase1_ceiling(self) -> dict | None:
         """The best matmul rate phase 1 measured on this hardware (summary of the newest measured
@@ -239,21 +282,24 @@ def throughput_metrics(ms: float, flops: float, bytes_moved: float, roofs: roofl
 
 def measure(ctx: Context, variant: str, params: dict, *, fn: Callable[[], object],
             check: Callable[[], dict], flops: float, bytes_moved: float, dtype: str | None,
-            timing: dict | None = None) -> dict:
+            timing: dict | None = None, launches: int = 1) -> dict:
     """Check, then time, then predict: one result row.
 
     `check()` runs the kernel on a poisoned output and compares it with the reference; a failed
     check produces a 'failed' row with no timing at all. `bytes_moved` is the fewest bytes the
-    operation must move through device memory (each input read once, each output written once).
+    operation must move through device memory (each input read once, each output written once);
+    `launches` the kernels one call starts (the calibrated model's latency term counts each).
     """
     verdict = check()
     if not verdict["passed"]:
         return row(variant, params, "failed", verdict["reason"], check=verdict)
     t = ctx.time(fn, **(timing or {}))
     roofs = ctx.roofs(dtype)
+    prediction = ctx.predict(flops, bytes_moved, dtype, t, launches=launches,
+                             working_set_bytes=params.get("working_set_bytes"))
     return row(variant, params, "ok", None, check=verdict, timing=t,
                metrics=throughput_metrics(t.median_ms, flops, bytes_moved, roofs, dtype, t.min_ms),
-               prediction=roofline.predict(flops, bytes_moved, roofs, dtype, t.median_ms))
+               prediction=prediction)
 
 
 def elements_bytes(n: int, dtype: str) -> int:

@@ -65,8 +65,10 @@ class Frame:
         return self._exercise_rows.get(exercise, self.df.iloc[0:0])
 
     @classmethod
-    def of(cls, records: list[dict]) -> "Frame":
-        return cls(build(records), records)
+    def of(cls, records: list[dict], excluded: dict | None = None, calibrators: dict | None = None) -> "Frame":
+        """The frame with each timed row's calibrated prediction (common/calibration.py)."""
+        from .calibration import add_columns
+        return cls(add_columns(build(records), records, excluded, calibrators), records)
 
     def latest(self, exercise: str, *, since_version: int = 1, measured_only: bool = False) -> pd.DataFrame:
         """Rows of the newest non-skipped record of `exercise` per hardware and source, among records

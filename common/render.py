@@ -17,7 +17,7 @@ from .spec import OPS, SIGN, Goal, Goals, Plot, Table, Text
 
 NO_RECORDS = "_No records yet: run `lab run {ex}` on a GPU, then `lab report`._"
 VERDICTS = ("met", "**not met**", "not measured")
-PREDICTION_HEADER = ["predicted ms", "bound", "measured/predicted"]
+PREDICTION_HEADER = ["predicted ms (spec / calibrated)", "bound", "measured/predicted (spec / calibrated)"]
 GOAL_HEADER = ["hardware", "goal", "target", "measured", "verdict", "target from"]
 
 
@@ -50,8 +50,14 @@ class View:
 
 
 def prediction_cells(r) -> list[str]:
-    return [num(value(r, "prediction.predicted_ms")), value(r, "prediction.bound", "-"),
-            num(value(r, "prediction.measured_over_predicted"), 3)]
+    """Both predictions beside each other: the spec sheet's roofline, then the one from this
+    machine's measured ceilings (its bound, which may be latency). A lesson row says so."""
+    cal = value(r, "calibrated.predicted_ms")
+    ratio = f"{num(value(r, 'prediction.measured_over_predicted'))} / {num(value(r, 'calibrated.measured_over_predicted'))}"
+    if value(r, "excluded", "").startswith("lesson"):
+        ratio += " (lesson)"
+    return [f"{num(value(r, 'prediction.predicted_ms'))} / {num(cal)}",
+            value(r, "calibrated.bound") or value(r, "prediction.bound", "-"), ratio]
 
 
 def _cell(column, r) -> str:
@@ -169,7 +175,7 @@ def goals(view: View, spec: Goals) -> str:
     lines = [line for label in labels for g, rows in candidates if len(rows)
              for line in [goal_line(g, label, rows[rows["hardware_name"] == label])] if line is not None]
     if not lines:
-        return NO_RECORDS.format(ex=spec.goals[0].exercise if spec.goals else "it")
+        return spec.empty or NO_RECORDS.format(ex=spec.goals[0].exercise if spec.goals else "it")
     return markdown(lines, GOAL_HEADER)
 
 

@@ -14,7 +14,7 @@ import importlib
 import re
 from pathlib import Path
 
-from . import render
+from . import accuracy, accuracy_goals, render
 from .errors import LabError
 from .formats import markdown
 from .frame import Frame
@@ -54,8 +54,13 @@ def phase_table(view: render.View) -> str:
 
 
 def blocks() -> dict:
-    """Block id -> spec, every phase's plus the top README's phase table."""
-    out = {"phases": Text("phases", phase_table)}
+    """Block id -> spec: every phase's, each phase's accuracy table, and the top README's phase
+    table, lab-wide accuracy and its goals."""
+    out = {"phases": Text("phases", phase_table), "accuracy": Text("accuracy", accuracy.table),
+           "accuracy.goals": accuracy_goals.GOALS}
+    for p in phases():
+        out[f"phase{p.number}.accuracy"] = Text(f"phase{p.number}.accuracy",
+                                                lambda v, n=p.number: accuracy.table(v, (n,)))
     for p in phases():
         for b in p.blocks:
             if b.id in out:
@@ -99,7 +104,8 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
     if not records:
         raise LabError(f"no records under results folder '{res.name}': nothing to report "
                        "(the READMEs' tables are left as they are)")
-    frame = Frame.of(records)
+    frame = Frame.of(records, excluded={k: v for p in phases() for k, v in p.excluded.items()},
+                     calibrators={k: v for p in phases() for k, v in p.calibrators.items()})
     known = blocks()
     missing_blocks = blocks_missing(known)
     if missing_blocks:

@@ -80,3 +80,39 @@ def predict(flops: float, bytes_moved: float, roofs: Roofs, dtype: str | None,
         "measured_over_predicted": (measured_ms / predicted) if (measured_ms and predicted) else None,
     }
     return block
+
+
+# ------------------------------------------------------------------------------ the calibrated model
+LATENCY, MEMORY, COMPUTE, COMMUNICATION = "latency", "memory", "compute", "communication"
+
+
+def calibrated(flops: float, bytes_moved: float, dtype: str | None, ceilings: dict, measured_ms: float | None = None,
+               *, working_set_bytes: float | None = None, warm: bool = False, graph_reps: int | None = None,
+               launches: int = 1) -> dict:
+    """The prediction from ceilings measured on this machine (a `phase1.ceilings` record's summary):
+
+        time = launches x latency floor + max(bytes / bandwidth, FLOPs / sustained matmul rate)
+
+    The bandwidth is the L2 copy rate when the caches are warm (no flush, or a CUDA-graph replay,
+    which flushes only before its first call) and the working set fits in L2, else the HBM copy rate. The floor is what the timing harness shows for an empty kernel:
+    a launch per call, or per replayed kernel under a CUDA graph. The bound is the largest term."""
+    warm = warm or bool(graph_reps and graph_reps > 1)     # a replay flushes once, before its first call
+    fits = warm and working_set_bytes is not None and working_set_bytes <= ceilings["l2_fit_bytes"]
+    bandwidth = ceilings["l2_gbps"] if fits and ceilings.get("l2_gbps") else ceilings["hbm_gbps"]
+    peak = (ceilings.get("matmul_tflops") or {}).get(dtype) if dtype else None
+    floor_us = ceilings["graph_launch_us"] if graph_reps and ceilings.get("graph_launch_us") else ceilings["launch_us"]
+    terms = {LATENCY: launches * floor_us / 1e3,
+             MEMORY: memory_ms(bytes_moved, bandwidth) if bytes_moved else 0.0,
+             COMPUTE: compute_ms(flops, peak) if flops and peak else 0.0}
+    predicted = terms[LATENCY] + max(terms[MEMORY], terms[COMPUTE])
+    return {"predicted_ms": predicted, "bound": max(terms, key=terms.get),
+            "measured_over_predicted": measured_ms / predicted if measured_ms and predicted else None,
+            "ceilings_record": ceilings.get("record"), "bandwidth_gbps": bandwidth, "peak_tflops": peak,
+            "latency_ms": terms[LATENCY], "memory_ms": terms[MEMORY], "compute_ms": terms[COMPUTE]}
+
+
+def alpha_beta_ms(size_bytes: float, busbw_factor: float, alpha_us: float, beta_busbw_gbps: float) -> float:
+    """A collective's time from two measured constants: alpha, the fixed cost of one call (from the
+    smallest messages), plus the bus bytes (size x the collective's nccl-tests factor, e.g.
+    2(n-1)/n for all-reduce) over beta, the bus bandwidth the largest messages reach."""
+    return alpha_us / 1e3 + size_bytes * busbw_factor / (beta_busbw_gbps * 1e6)

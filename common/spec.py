@@ -92,6 +92,7 @@ class Goals:
     id: str
     goals: tuple[Goal, ...]
     rows: Callable[["object", Goal], pd.DataFrame] | None = None
+    empty: str | None = None                 # what the block says before any record (default: run the exercise)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,12 @@ class Phase:
     blocks: tuple[Block, ...] = ()
     headline: Callable[["object"], list[str]] | None = None
     exercises: tuple[str, ...] = field(default=())
+    excluded: dict = field(default_factory=dict)
+    """(exercise, variant) -> why the row is not a test of the roofline ('lesson: ...'), for records
+    written before rows said so themselves in `prediction.excluded`."""
+    calibrators: dict = field(default_factory=dict)
+    """exercise -> fn(row, records) -> calibrated block or None, for rows the roofline's terms do
+    not describe (collectives: alpha-beta); the rest get common.roofline.calibrated."""
 
     def block_ids(self) -> list[str]:
         return [b.id for b in self.blocks]

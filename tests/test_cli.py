@@ -51,9 +51,9 @@ def test_quick_run_exit_and_output(quick_run):
 @cpu_only
 def test_quick_run_writes_one_valid_record_per_exercise(quick_run, quick_records):
     files = json_files(quick_run["results"])
-    assert len(files) == 9 == len(quick_records)
+    assert len(files) == 10 == len(quick_records)
     assert sorted(r["exercise"]["id"] for r in quick_records) == sorted(
-        ["phase0.gates", "phase0.matmul_baseline", "phase0.synchronize", "phase0.timer_check",
+        ["phase0.gates", "phase0.matmul_baseline", "phase0.synchronize", "phase0.timer_check", "phase1.ceilings",
          "phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep", "phase1.cache_sweep",
          "phase1.nsight"])
     for f in files:
@@ -260,12 +260,25 @@ def test_predict_without_hardware_on_cpu(lab):
     (["matmul", "--hardware", "h200_sxm"], "--n"),
     (["matmul", "--n", "8", "--dtype", "fp64", "--hardware", "h200_sxm"], "--dtype"),
     (["matmul", "--n", "8", "--hardware", "nope"], "unknown hardware key"),
-    (["transpose", "--n", "8", "--hardware", "h200_sxm"], "invalid choice"),
+    (["transpose", "--n", "8", "--hardware", "h200_sxm"], "unknown phase or exercise 'transpose'"),
+    (["phase1", "--hardware", "h200_sxm"], "takes one exercise"),
+    (["phase1.elementwise", "--param", "nope=1", "--hardware", "h200_sxm"], "--param nope"),
+    (["phase1.elementwise", "--param", "sizes=[0]", "--hardware", "h200_sxm"], "sizes"),
+    (["matmul", "--n", "8", "--param", "sizes=[1]", "--hardware", "h200_sxm"], "--param goes with an exercise"),
 ])
 def test_predict_mistakes(lab, args, words):
     rc, out, err = lab("predict", *args)
     assert_one_line_error(rc, err)
     assert words in err
+
+
+def test_predict_an_exercise_before_running_it(lab):
+    """Every row the exercise would time at these sizes, with the spec prediction (and the
+    calibrated one once a ceilings record of that GPU exists)."""
+    rc, out, err = lab("predict", "phase1.elementwise", "--param", "sizes=[1000003]", "--hardware", "h200_sxm")
+    assert rc == 0, err
+    assert "copy n=1000003" in out and "mul n=1000003" in out and "1.2e+07" in out    # 12 bytes per multiply
+    assert "spec sheet only" in out
 
 
 @cpu_only

@@ -189,14 +189,14 @@ def test_registry_lists_phases_0_and_1_in_order():
     assert every == sorted(every, key=lambda i: int(i[5]))          # lab order: by phase
     ids = [i for i in every if i[:6] in ("phase0", "phase1")]
     assert ids == ["phase0.gates", "phase0.matmul_baseline", "phase0.synchronize", "phase0.timer_check",
-                   "phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep",
+                   "phase1.ceilings", "phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep",
                    "phase1.cache_sweep", "phase1.nsight"]
     assert len(set(ids)) == len(ids)
 
 
 @pytest.mark.parametrize("selectors, expected", [
-    (["1"], 5), (["phase1"], 5), (["phase1.elementwise"], 1), (["elementwise"], 1),
-    (["0", "1"], 9), (["1", "elementwise", "phase1"], 5), (["PHASE1.Elementwise"], 1),
+    (["1"], 6), (["phase1"], 6), (["phase1.elementwise"], 1), (["elementwise"], 1),
+    (["0", "1"], 10), (["1", "elementwise", "phase1"], 6), (["PHASE1.Elementwise"], 1),
 ])
 def test_select(selectors, expected):
     got = select(selectors)

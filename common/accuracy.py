@@ -1,0 +1,87 @@
+"""How well the roofline predicts: measured/predicted over the rows that test it, per GPU and bound.
+
+The roofline bounds the best implementation, not every candidate: for each problem (one record's
+rows with the same dtype, FLOPs and shape parameters; for work without FLOPs, the same bytes) only
+the fastest variant is counted; slower ones show
+their own measured/calibrated (how far from the roof they are) but do not enter the figures.
+Lesson and calibration rows (`excluded`) never count. Spec and calibrated are summarised side by
+side: median, p10 and p90 of measured/predicted, and the median of |measured/calibrated - 1|.
+"""
+import pandas as pd
+
+from .formats import markdown, num, pct
+
+KEY = ["path", "prediction.dtype", "_size", "_what"]
+# What makes two rows the same problem besides FLOPs and dtype: the shape parameters the lab's
+# exercises use (variant-specific ones, a layout, a thread count, a bucket size, stay out).
+WHAT = tuple(f"params.{k}" for k in ("m", "n", "k", "rows", "cols", "batch", "heads", "head_dim", "causal", "group",
+                                     "model", "kernel", "op", "world_size", "size_bytes", "numel"))
+HEADER = ["hardware", "rows", "bound", "spec: median", "spec: p10 - p90", "calibrated: median",
+          "calibrated: p10 - p90", "median abs(measured/calibrated - 1)"]
+
+
+def counted(view, phases: tuple[int, ...] | None = None) -> pd.DataFrame:
+    """The fastest non-excluded ok row of every problem in the newest measured record of each
+    exercise and GPU (phases limited to `phases` when given)."""
+    df = view.frame.df
+    if not len(df) or "calibrated.measured_over_predicted" not in df:
+        return df.iloc[0:0]
+    exercises = sorted(set(df["exercise"][df["phase"].isin(phases)] if phases else df["exercise"]))
+    parts = [view.latest(ex, measured_only=True) for ex in exercises]
+    rows = pd.concat([p for p in parts if len(p)]) if any(len(p) for p in parts) else df.iloc[0:0]
+    if not len(rows):
+        return rows
+    rows = rows[(rows["status"] == "ok") & rows["excluded"].isna() & rows["calibrated.measured_over_predicted"].notna()
+                & rows["prediction.measured_over_predicted"].notna()]
+    if not len(rows):
+        return rows
+    ms = rows["prediction.measured_ms"].fillna(rows["metrics.ms"]) if "prediction.measured_ms" in rows else rows["metrics.ms"]
+    flops, nbytes = rows["prediction.flops"].fillna(0).astype(float), rows["prediction.bytes"].fillna(0).astype(float)
+    what = rows[[c for c in WHAT if c in rows]].astype(str).agg("|".join, axis=1) if any(c in rows for c in WHAT) else ""
+    rows = rows.assign(_ms=ms.astype(float), _size=flops.where(flops > 0, -nbytes), _what=what,
+                       **{"prediction.dtype": rows["prediction.dtype"].fillna("-")})
+    fastest = rows.loc[rows.groupby(KEY, dropna=False)["_ms"].idxmin()]
+    return fastest.sort_values(["hardware", "phase", "exercise"], kind="stable")
+
+
+def summary(rows: pd.DataFrame) -> dict:
+    spec = rows["prediction.measured_over_predicted"].astype(float)
+    cal = rows["calibrated.measured_over_predicted"].astype(float)
+    return {"rows": len(rows), "spec_median": spec.median(), "spec_p10": spec.quantile(0.1), "spec_p90": spec.quantile(0.9),
+            "cal_median": cal.median(), "cal_p10": cal.quantile(0.1), "cal_p90": cal.quantile(0.9),
+            "cal_abs_err_pct": 100 * (cal - 1).abs().median()}
+
+
+def _line(label: str, bound: str, s: dict) -> list[str]:
+    return [label, str(s["rows"]), bound, num(s["spec_median"]), f"{num(s['spec_p10'])} - {num(s['spec_p90'])}",
+            num(s["cal_median"]), f"{num(s['cal_p10'])} - {num(s['cal_p90'])}", pct(s["cal_abs_err_pct"])]
+
+
+def table(view, phases: tuple[int, ...] | None = None) -> str:
+    """Per GPU: one line per bound and one for all bounds together."""
+    rows = counted(view, phases)
+    if not len(rows):
+        return ("_No calibrated predictions yet: run `lab run phase1.ceilings` on the GPU, then `lab report` "
+                "(rows recorded before it get their calibrated prediction at report time)._")
+    lines = []
+    for hw, mine in rows.groupby("hardware", sort=True):
+        label = mine.iloc[0]["hardware_name"]
+        for bound, part in mine.groupby("calibrated.bound", sort=True):
+            lines.append(_line(label, bound, summary(part)))
+        lines.append(_line(label, "all", summary(mine)))
+    return markdown(lines, HEADER)
+
+
+def goal_rows(view, phases: tuple[int, ...], bounds: tuple[str, ...], label: str) -> pd.DataFrame:
+    """One summary row per GPU, shaped like a frame row, for Goal specs over the accuracy:
+    metrics.cal_abs_err_pct, metrics.cal_median, metrics.rows."""
+    rows = counted(view, phases)
+    rows = rows[rows["calibrated.bound"].isin(bounds)] if len(rows) else rows
+    out = []
+    for hw, mine in (rows.groupby("hardware", sort=True) if len(rows) else []):
+        s = summary(mine)
+        out.append({"hardware": hw, "hardware_name": mine.iloc[0]["hardware_name"], "status": "ok", "variant": label,
+                    **{f"metrics.{k}": v for k, v in s.items()},
+                    "metrics.worst_ratio": float(mine["calibrated.measured_over_predicted"].astype(float).map(
+                        lambda x: max(x, 1 / x)).max())})
+    return pd.DataFrame(out)

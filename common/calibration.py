@@ -1,0 +1,75 @@
+"""The calibrated prediction of every timed row in the frame, and which rows the accuracy counts.
+
+A row recorded after its machine's `phase1.ceilings` record carries `prediction.calibrated` from
+run time. An older row gets the same model at report time, from its stored FLOPs, bytes, dtype and
+timing and the newest ceilings record of the same hardware; `calibrated.computed` says which. Rows
+that exist as lessons or that measure a ceiling carry `prediction.excluded` (older records: the
+phase's `Phase.excluded`), stay out of the accuracy figures and get no report-time prediction.
+"""
+import pandas as pd
+
+from . import roofline
+
+NEEDED = ("status", "hardware", "source", "prediction.measured_ms", "metrics.ms", "prediction.flops", "prediction.bytes",
+          "prediction.dtype", "prediction.launches", "timing.flush_l2", "timing.graph_reps", "params.working_set_bytes")
+COLUMNS = ("predicted_ms", "bound", "measured_over_predicted", "ceilings_record", "computed")
+
+
+def ceilings_by_hardware(records: list[dict]) -> dict:
+    """hardware key -> the newest measured ceilings summary (with its record path)."""
+    out = {}
+    for rec in records:                              # oldest first: the newest wins
+        c = (rec.get("summary") or {}).get("ceilings") or {}
+        if rec["exercise"]["id"] == "phase1.ceilings" and rec["status"] != "skipped" and c.get("hbm_gbps") \
+                and rec.get("source", {}).get("kind", "measured") == "measured":
+            out[rec["hardware"]["key"]] = {**c, "record": f"results/{rec['_path']}"}
+    return out
+
+
+def _num(r, key):
+    v = r.get(key)
+    return None if v is None or (isinstance(v, float) and v != v) else v
+
+
+def _at_report_time(r, ceilings: dict) -> dict | None:
+    measured = _num(r, "prediction.measured_ms") or _num(r, "metrics.ms")
+    flops, nbytes = _num(r, "prediction.flops"), _num(r, "prediction.bytes")
+    if not measured or (flops is None and nbytes is None):
+        return None
+    flush = _num(r, "timing.flush_l2")
+    out = roofline.calibrated(flops or 0.0, nbytes or 0.0, _num(r, "prediction.dtype"), ceilings, measured,
+                              working_set_bytes=_num(r, "params.working_set_bytes") or nbytes,
+                              warm=flush is not None and not flush, graph_reps=_num(r, "timing.graph_reps"),
+                              launches=int(_num(r, "prediction.launches") or 1))
+    return {**out, "computed": "at report time, from the row's stored FLOPs and bytes"}
+
+
+def add_columns(df: pd.DataFrame, records: list[dict], excluded: dict | None = None,
+                calibrators: dict | None = None) -> pd.DataFrame:
+    """`calibrated.*` columns for every ok row with a prediction, and `excluded` (why a row is not
+    counted, or None). `excluded` maps (exercise, variant) to the reason, for records that predate
+    `prediction.excluded`; `calibrators` maps an exercise to its own model (see spec.Phase)."""
+    if not len(df):
+        return df
+    ceilings = ceilings_by_hardware(records)
+    stored = df["prediction.calibrated"] if "prediction.calibrated" in df else pd.Series([None] * len(df), index=df.index)
+    reasons = df["prediction.excluded"] if "prediction.excluded" in df else pd.Series([None] * len(df), index=df.index)
+    lookup = excluded or {}
+    declared = [lookup.get((e, v)) for e, v in zip(df["exercise"], df["variant"])]
+    why = [x if isinstance(x, str) else d for x, d in zip(reasons, declared)]
+    calibrators = calibrators or {}
+    own = df["exercise"].isin(list(calibrators))
+    narrow = df[[c for c in NEEDED if c in df]].to_dict("records")     # iterating the wide frame is slow
+    values = []
+    for (i, r), cal, mine, skip in zip(enumerate(narrow), stored, own, why):
+        if isinstance(cal, dict):
+            values.append(cal)
+        elif mine:
+            values.append(calibrators[df["exercise"].iat[i]](df.iloc[i], records) if r["status"] == "ok" else None)
+        elif r["status"] == "ok" and r["hardware"] in ceilings and r["source"] == "measured" and not skip:
+            values.append(_at_report_time(r, ceilings[r["hardware"]]))
+        else:
+            values.append(None)
+    cal = pd.DataFrame([{f"calibrated.{k}": (v or {}).get(k) for k in COLUMNS} for v in values], index=df.index)
+    cal["excluded"] = why
+    return pd.concat([df, cal], axis=1)

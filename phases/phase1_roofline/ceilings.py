@@ -1,0 +1,123 @@
+"""phase1.ceilings: what this machine sustains, measured, for the calibrated roofline.
+
+    lab run phase1.ceilings
+
+Five numbers, each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the
+HBM roof), copy bandwidth of a working set that stays in L2 (caches warm), the best sustained
+matmul rate per dtype (median over samples, best over sizes), and the latency floor: what the
+harness shows for an empty kernel, launched alone and replayed in a CUDA graph, and a synchronize.
+The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
+record. Ceilings come only from here, never fitted to the rows they predict.
+"""
+import time
+
+import torch
+
+from common.checks import TORCH_DTYPES
+from common.exercise import Exercise, Result, measure, reference_check, row
+from common.params import Choice, Float, Int
+from common.standalone import run_alone
+from common.timing import summarize
+
+from .cache_sweep import graph_reps
+from .matmul_fp16 import matmul_row
+
+EXCLUDED = "calibration: this row measures a ceiling, so it cannot test the model built from it"
+
+
+def _copy_row(ctx, variant: str, working_set: int, warm: bool) -> dict:
+    n = max(1, working_set // 8)                         # two fp32 buffers of n elements
+    src = torch.rand(n, device=ctx.device) + 0.5
+    dst = torch.empty_like(src)
+
+    def copy(src=src, dst=dst):
+        dst.copy_(src)
+
+    reps = graph_reps(working_set) if (warm and ctx.is_cuda) else None
+    r = measure(ctx, variant, {"working_set_bytes": 8 * n, "dtype": "fp32"}, fn=copy, flops=0, bytes_moved=8 * n,
+                dtype=None, check=reference_check(ctx, dst, copy, src, "the source tensor"),
+                timing={"flush_l2": not warm, "graph_reps": reps})
+    del src, dst
+    return r
+
+
+def _matmul_row(ctx, dtype: str, n: int) -> dict:
+    """fp32 with TF32 off (CUDA cores), tf32 with it on (tensor cores), fp16 and bf16."""
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        return matmul_row(ctx, n, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
+def _launch_rows(ctx) -> list[dict]:
+    x = torch.zeros(1, device=ctx.device)
+
+    def tiny(x=x):
+        x.add_(1.0)
+
+    rows = [measure(ctx, "launch", {"kernel": "add_ on 1 element"}, fn=tiny, flops=1, bytes_moved=8, dtype="fp32",
+                    check=lambda: {"passed": True, "reason": None, "reference": "none: the floor is the result"})]
+    if ctx.is_cuda:
+        rows.append(measure(ctx, "graph_launch", {"kernel": "add_ on 1 element", "graph_reps": 100}, fn=tiny, flops=1,
+                            bytes_moved=8, dtype="fp32", timing={"graph_reps": 100},
+                            check=lambda: {"passed": True, "reason": None, "reference": "none: the floor is the result"}))
+        samples = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            torch.cuda.synchronize(ctx.device)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        rows.append(row("synchronize", {"kernel": "none: an idle stream"},
+                        timing=summarize(sorted(samples), "perf_counter around torch.cuda.synchronize()", 0, False),
+                        metrics={"ms": sorted(samples)[len(samples) // 2]}))
+    return rows
+
+
+def run(ctx, params) -> Result:
+    l2 = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None) if ctx.is_cuda else None
+    rows = [_copy_row(ctx, "hbm_copy", params["hbm_bytes"], warm=False)]
+    if l2:
+        rows.append(_copy_row(ctx, "l2_copy", int(l2 * params["l2_fraction"]), warm=True))
+    dtypes = [d for d in params["dtypes"] if ctx.is_cuda or d in ("fp32",)]
+    for dtype in ctx.track(dtypes, "matmul ceilings"):
+        rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
+    rows += _launch_rows(ctx)
+    for r in rows:
+        if r.get("prediction"):
+            r["prediction"]["excluded"] = EXCLUDED
+    return Result(rows, {"ceilings": ceilings_of(rows, l2, params["l2_fraction"])})
+
+
+def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> dict:
+    """The summary the calibrated model reads (units in the names)."""
+    ok = {r["variant"]: r for r in rows if r["status"] == "ok"}
+    matmul: dict = {}
+    for r in rows:
+        dtype = r["params"].get("dtype")
+        if r["status"] == "ok" and r["variant"] in TORCH_DTYPES and dtype and r["metrics"].get("tflops"):
+            matmul[dtype] = max(matmul.get(dtype, 0.0), r["metrics"]["tflops"])
+    return {
+        "hbm_gbps": ok["hbm_copy"]["metrics"]["gbps"] if "hbm_copy" in ok else None,
+        "l2_gbps": ok["l2_copy"]["metrics"]["gbps"] if "l2_copy" in ok else None,
+        "l2_bytes": l2_bytes, "l2_fit_bytes": int(l2_bytes * l2_fraction) if l2_bytes else 0,
+        "matmul_tflops": matmul,
+        "launch_us": 1e3 * ok["launch"]["metrics"]["ms"] if "launch" in ok else None,
+        "graph_launch_us": 1e3 * ok["graph_launch"]["metrics"]["ms"] if "graph_launch" in ok else None,
+        "sync_us": 1e3 * ok["synchronize"]["metrics"]["ms"] if "synchronize" in ok else None,
+    }
+
+
+EXERCISE = Exercise(
+    id="phase1.ceilings", title="Ceilings measured on this machine: HBM and L2 copy, matmul per dtype, latency floor",
+    run=run, params={"hbm_bytes": Int(2 * 2**30, min=2**20, unit="bytes, source plus destination"),
+                     "l2_fraction": Float(0.5, min=0.05, max=1.0, unit="of the L2 size (working set of the L2 copy)"),
+                     "matmul_sizes": Int([4096, 8192], min=16, max=65536, many=True, unit="N of an N x N x N product"),
+                     "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True)},
+    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"]},
+    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"]},
+    footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2))
+
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"hbm_bytes": 3 * 2**20 + 8, "matmul_sizes": [130]})

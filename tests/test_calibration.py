@@ -1,0 +1,129 @@
+"""The calibrated roofline: the model's terms, the ceilings exercise, and predictions that hold on a CPU."""
+import pandas as pd
+import pytest
+import torch
+
+from common import roofline
+from common.calibration import add_columns, ceilings_by_hardware
+from common.exercise import Exercise, Result, measure, reference_check
+from common.frame import build
+from common.records import load_records, write_record
+from common.registry import select
+from common.runner import checked_params, run_one
+
+CEILINGS = {"hbm_gbps": 4000.0, "l2_gbps": 8000.0, "l2_fit_bytes": 30 * 2**20, "launch_us": 5.0,
+            "graph_launch_us": 1.0, "matmul_tflops": {"fp16": 700.0, "fp32": 50.0}, "record": "results/x.json"}
+
+
+def test_memory_compute_and_latency_terms():
+    big_copy = roofline.calibrated(0, 8e9, None, CEILINGS)                     # 8 GB at 4,000 GB/s = 2 ms
+    assert big_copy["bound"] == "memory" and big_copy["predicted_ms"] == pytest.approx(2.0 + 0.005)
+    matmul = roofline.calibrated(2 * 8192**3, 3 * 8192**2 * 2, "fp16", CEILINGS)
+    assert matmul["bound"] == "compute" and matmul["predicted_ms"] == pytest.approx(2 * 8192**3 / 700e9 + 0.005)
+    tiny = roofline.calibrated(2 * 64**3, 3 * 64**2 * 2, "fp16", CEILINGS, measured_ms=0.0053)
+    assert tiny["bound"] == "latency" and tiny["predicted_ms"] == pytest.approx(0.005, rel=0.01)
+    assert tiny["measured_over_predicted"] == pytest.approx(0.0053 / tiny["predicted_ms"])
+    assert tiny["ceilings_record"] == "results/x.json"
+
+
+def test_l2_only_when_warm_and_the_working_set_fits():
+    ws = 16 * 2**20
+    assert roofline.calibrated(0, ws, None, CEILINGS, working_set_bytes=ws, warm=True)["bandwidth_gbps"] == 8000
+    assert roofline.calibrated(0, ws, None, CEILINGS, working_set_bytes=ws, warm=False)["bandwidth_gbps"] == 4000
+    assert roofline.calibrated(0, 4 * ws, None, CEILINGS, working_set_bytes=4 * ws, warm=True)["bandwidth_gbps"] == 4000
+
+
+def test_graph_replays_and_launch_counts_scale_the_floor():
+    assert roofline.calibrated(1, 8, "fp32", CEILINGS, graph_reps=100)["latency_ms"] == pytest.approx(0.001)
+    assert roofline.calibrated(1, 8, "fp32", CEILINGS, launches=5)["latency_ms"] == pytest.approx(0.025)
+
+
+def test_alpha_beta():
+    # all-reduce of 1 GiB on 2 ranks: factor 2(n-1)/n = 1; 30 us + 2^30 B / 350 GB/s
+    assert roofline.alpha_beta_ms(2**30, 1.0, 30.0, 350.0) == pytest.approx(0.030 + 2**30 / 350e6)
+
+
+@pytest.fixture(scope="module")
+def cpu_ceilings(tmp_path_factory, spec_ctx_module):
+    """phase1.ceilings run on this CPU, written where a later run (and the report) finds it."""
+    results = tmp_path_factory.mktemp("results")
+    ctx = spec_ctx_module(results)
+    [ex] = select(["phase1.ceilings"])
+    params = checked_params([ex], ctx, {"hbm_bytes": 2**28, "matmul_sizes": [256], "dtypes": ["fp32"]})[ex.id]
+    rec = run_one(ex, ctx, params, ctx._static, None, None)
+    assert rec["status"] == "ok", rec["reason"]
+    write_record(rec, results)
+    return results, rec["summary"]["ceilings"]
+
+
+@pytest.fixture(scope="module")
+def spec_ctx_module():
+    """A CPU context whose results folder is `results`, with the static record blocks run_one needs."""
+    from common.exercise import Context
+    from common.runner import static_blocks
+
+    def make(results):
+        ctx = Context(torch.device("cpu"), None, "cpu", (), False, None, results)
+        ctx._static = static_blocks(ctx, ["lab", "run", "test"])
+        return ctx
+    return make
+
+
+def test_the_ceilings_record_holds_every_ceiling(cpu_ceilings):
+    _, c = cpu_ceilings
+    assert c["hbm_gbps"] > 0 and c["matmul_tflops"]["fp32"] > 0 and c["launch_us"] > 0
+
+
+def test_a_copy_is_predicted_within_tolerance_on_a_cpu(cpu_ceilings, spec_ctx_module):
+    """A copy of a size the ceilings never timed (far beyond any CPU cache), predicted from the
+    ceilings record alone: within 40% of what it measures."""
+    results, _ = cpu_ceilings
+    ctx = spec_ctx_module(results)
+    n = (2**28 + 4 * 12345) // 4
+    src, dst = torch.rand(n), torch.empty(n)
+
+    def copy():
+        dst.copy_(src)
+
+    r = measure(ctx, "copy", {"n": n}, fn=copy, check=reference_check(ctx, dst, copy, src, "source"),
+                flops=0, bytes_moved=8 * n, dtype=None)
+    cal = r["prediction"]["calibrated"]
+    assert cal["bound"] == "memory" and cal["computed"] == "at run time"
+    assert 0.6 <= cal["measured_over_predicted"] <= 1.4, cal
+
+
+def test_a_latency_bound_op_is_predicted_within_2x_on_a_cpu(cpu_ceilings, spec_ctx_module):
+    results, _ = cpu_ceilings
+    ctx = spec_ctx_module(results)
+    x = torch.zeros(3)
+
+    def tiny():
+        x.add_(1.0)
+
+    r = measure(ctx, "tiny", {}, fn=tiny, check=lambda: {"passed": True, "reason": None},
+                flops=3, bytes_moved=24, dtype="fp32")
+    cal = r["prediction"]["calibrated"]
+    assert cal["bound"] == "latency" and 0.5 <= cal["measured_over_predicted"] <= 2.0, cal
+
+
+def test_older_rows_are_calibrated_at_report_time_and_lessons_stay_out(cpu_ceilings, spec_ctx_module, tmp_path):
+    results, _ = cpu_ceilings
+
+    def run(ctx, params):
+        a = torch.rand(1000)
+        b = torch.empty(1000)
+        rows = [measure(ctx, v, {}, fn=lambda: b.copy_(a), check=reference_check(ctx, b, lambda: b.copy_(a), a, "a"),
+                        flops=0, bytes_moved=8000, dtype=None) for v in ("good", "wrong_on_purpose")]
+        for r in rows:
+            r["prediction"].pop("calibrated", None)          # as a record from before the ceilings existed
+        return Result(rows)
+
+    ex = Exercise(id="phase9.old", title="t", run=run)
+    ctx = spec_ctx_module(results)
+    write_record(run_one(ex, ctx, {}, ctx._static, None, None), results)
+    records = load_records(results)
+    df = add_columns(build(records), records, {("phase9.old", "wrong_on_purpose"): "lesson: a test"})
+    mine = df[df["exercise"] == "phase9.old"].set_index("variant")
+    assert mine.loc["good", "calibrated.computed"].startswith("at report time")
+    assert mine.loc["good", "calibrated.ceilings_record"] == ceilings_by_hardware(records)["cpu"]["record"]
+    assert mine.loc["wrong_on_purpose", "excluded"] == "lesson: a test" and pd.isna(mine.loc["good", "excluded"])
