@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from common.exercise import Exercise, Result, measure, reference_check, row
+from common.exercise import Exercise, Result, Work, measure, reference_check, row
 from common.params import Int
 from common.standalone import run_alone
 
@@ -29,6 +29,11 @@ def matmul_precision(mode: str):
         yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def matmul_work(n: int, variant: str) -> Work:
+    """C = A @ B in fp32 storage: 2N^3 FLOPs; read A and B, write C once (3N^2 x 4 bytes)."""
+    return Work(f"{variant} n={n}", 2 * n**3, 3 * n * n * 4, variant)
 
 
 def fp32_matmul_rows(ctx, n: int, variants, timing=None) -> list[dict]:
@@ -48,8 +53,9 @@ def fp32_matmul_rows(ctx, n: int, variants, timing=None) -> list[dict]:
                 torch.matmul(a, b, out=c)
 
             check = reference_check(ctx, c, fn, ref, "float64 matmul of the same inputs", variant)
-            rows.append(measure(ctx, variant, params, fn=fn, check=check, flops=2 * n**3,
-                                bytes_moved=3 * n * n * 4, dtype=variant, timing=timing))
+            w = matmul_work(n, variant)
+            rows.append(measure(ctx, variant, params, fn=fn, check=check, flops=w.flops,
+                                bytes_moved=w.bytes, dtype=variant, timing=timing))
     return rows
 
 
@@ -66,7 +72,8 @@ def run(ctx, params):
 EXERCISE = Exercise(id="phase0.matmul_baseline", title="4096 x 4096 FP32 matmul baseline vs spec peak",
                     run=run, params={"n": Int(4096, min=1, max=65536, unit="rows = columns")},
                     cpu_params={"n": 1024}, quick_params={"n": 96},
-                    variants=("fp32", "tf32"), footprint_bytes=lambda p: footprint_bytes(p["n"]))
+                    variants=("fp32", "tf32"), footprint_bytes=lambda p: footprint_bytes(p["n"]),
+                    work=lambda p: [matmul_work(p["n"], v) for v in ("fp32", "tf32")])
 
 
 if __name__ == "__main__":

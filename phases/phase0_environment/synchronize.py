@@ -10,13 +10,12 @@ On a CPU the work is synchronous and the two agree.
 """
 import time
 
-from common import roofline
 from common.exercise import Exercise, Result, row, throughput_metrics
 from common.params import Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from .matmul_baseline import footprint_bytes, fp32_matmul_rows, matmul_precision
+from .matmul_baseline import footprint_bytes, fp32_matmul_rows, matmul_precision, matmul_work
 
 import torch
 
@@ -36,6 +35,17 @@ def host_timed(ctx, fn, reps: int, samples: int, sync: bool) -> list[float]:
     return out
 
 
+LESSON = "lesson: timed by a host clock without a synchronize, so the number is wrong on purpose"
+
+
+def prediction(ctx, flops, nbytes, t, sync: bool) -> dict:
+    """The row's prediction; the unsynchronized row says it is a lesson, not a test of the model."""
+    p = ctx.predict(flops, nbytes, "fp32", t)
+    if not sync:
+        p["excluded"] = LESSON
+    return p
+
+
 def run(ctx, params):
     n, reps, samples = params["n"], params["reps"], params["samples"]
     if not (ctx.wants("no_sync") or ctx.wants("sync")):
@@ -47,7 +57,8 @@ def run(ctx, params):
     a = torch.randn(n, n, device=ctx.device)
     b = torch.randn(n, n, device=ctx.device)
     c = torch.empty(n, n, device=ctx.device)
-    flops, nbytes = 2 * n**3, 3 * n * n * 4
+    w = matmul_work(n, "fp32")
+    flops, nbytes = w.flops, w.bytes
     roofs = ctx.roofs("fp32")
     rows = []
     with matmul_precision("highest"):
@@ -63,7 +74,7 @@ def run(ctx, params):
             rows.append(row(variant, {"n": n, "dtype": "fp32", "reps": reps, "synchronize": sync},
                             check=checked["check"], timing=t,
                             metrics=throughput_metrics(t.median_ms, flops, nbytes, roofs, "fp32"),
-                            prediction=roofline.predict(flops, nbytes, roofs, "fp32", t.median_ms)))
+                            prediction=prediction(ctx, flops, nbytes, t, sync)))
     by = {r["variant"]: r["metrics"]["ms"] for r in rows}
     summary = {}
     if len(by) == 2:
@@ -78,7 +89,8 @@ EXERCISE = Exercise(id="phase0.synchronize", title="Timing without and with torc
                                     "samples": Int(10, min=1, max=10_000, unit="samples")},
                     cpu_params={"n": 512, "reps": 5, "samples": 5}, quick_params={"n": 64, "reps": 2, "samples": 2},
                     variants=("no_sync", "sync"),
-                    footprint_bytes=lambda p: footprint_bytes(p["n"]) + 3 * p["n"] ** 2 * 4)
+                    footprint_bytes=lambda p: footprint_bytes(p["n"]) + 3 * p["n"] ** 2 * 4,
+                    work=lambda p: [matmul_work(p["n"], "fp32")])
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ import statistics
 
 import torch
 
-from common import roofline
-from common.exercise import Exercise, Needs, Result, reference_check, row, throughput_metrics
+from common.exercise import Exercise, Needs, Result, Work, reference_check, row, throughput_metrics
 from common.params import Float, Int
 from common.standalone import run_alone
 
@@ -43,9 +42,16 @@ def kernels(ctx, p):
                                 "fp32", expected_shape=a.shape)
     check_mm = reference_check(ctx, z, mm, x.double() @ y.double(), "float64 matmul of the same inputs", "bf16")
 
-    return [("copy", copy, check_copy, 0, 2 * n_copy * 4, None),
-            ("mul", mul, check_mul, n_mul, 3 * n_mul * 4, "fp32"),
-            ("matmul_bf16", mm, check_mm, 2 * n_mm**3, 3 * n_mm**2 * 2, "bf16")]
+    return [(w.label, fn, check, w.flops, w.bytes, w.dtype)
+            for w, fn, check in zip(work(p), (copy, mul, mm), (check_copy, check_mul, check_mm))]
+
+
+def work(p) -> list[Work]:
+    """copy: read and write n fp32; mul: 1 FLOP, read 2 and write 1 per element; matmul: 2N^3 FLOPs
+    over 3N^2 bf16 elements."""
+    n_copy, n_mul, n_mm = p["copy_elements"], p["mul_elements"], p["matmul_n"]
+    return [Work("copy", 0, 2 * n_copy * 4, None), Work("mul", n_mul, 3 * n_mul * 4, "fp32"),
+            Work("matmul_bf16", 2 * n_mm**3, 3 * n_mm**2 * 2, "bf16")]
 
 
 def run(ctx, params):
@@ -82,7 +88,7 @@ def run(ctx, params):
             continue
         timing = min(timings, key=lambda t: abs(t.median_ms - ours_ms))
         rows.append(row(name, p, "ok", None, check=agreement, timing=timing, metrics=metrics,
-                        prediction=roofline.predict(flops, nbytes, roofs, dtype, ours_ms)))
+                        prediction=ctx.predict(flops, nbytes, dtype, timing, measured_ms=ours_ms)))
     return Result(rows)
 
 
@@ -102,7 +108,7 @@ EXERCISE = Exercise(id="phase0.timer_check", title="Timing harness vs triton.tes
                     # Quick still compares kernels long enough to time (>= ~0.1 ms): two event-based
                     # harnesses legitimately differ by ~10% on a 6 us kernel (seen on the H200).
                     quick_params={"copy_elements": 2**26, "mul_elements": 2**24, "matmul_n": 2048, "rounds": 1},
-                    variants=("copy", "mul", "matmul_bf16"), footprint_bytes=footprint_bytes)
+                    variants=("copy", "mul", "matmul_bf16"), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

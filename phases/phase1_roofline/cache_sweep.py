@@ -12,7 +12,7 @@ per-kernel start-up cost still dominates, which is why the left end of the curve
 """
 import torch
 
-from common.exercise import Exercise, Result, measure, reference_check
+from common.exercise import Exercise, Result, Work, measure, reference_check
 from common.params import Int
 from common.standalone import run_alone
 
@@ -63,7 +63,9 @@ EXERCISE = Exercise(id="phase1.cache_sweep", title="Copy bandwidth vs working se
                                                          unit="bytes, source plus destination")},   # 1 MiB .. 4 GiB
                     cpu_params={"working_sets": [int(2**k * MiB) for k in range(-2, 10)]},     # 256 KiB .. 512 MiB
                     quick_params={"working_sets": [64 * 1024, 256 * 1024]},
-                    footprint_bytes=lambda p: max(p["working_sets"]))
+                    footprint_bytes=lambda p: max(p["working_sets"]),
+                    work=lambda p: [Work(f"copy {ws} B", 0, ws, None, working_set_bytes=ws, warm=True,
+                                         graph_reps=graph_reps(ws)) for ws in p["working_sets"]])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ far beyond any L2 so every byte comes from HBM.
 import torch
 
 from common.checks import CHECK_CHUNK
-from common.exercise import Exercise, Result, against_baseline, measure, reference_check
+from common.exercise import Exercise, Result, Work, against_baseline, measure, reference_check
 from common.params import Int
 from common.standalone import run_alone
 
@@ -24,6 +24,20 @@ def footprint_bytes(p: dict) -> int:
     return 3 * 4 * n + 3 * 8 * min(n, CHECK_CHUNK)
 
 
+def copy_work(n: int) -> Work:
+    """c = a: no FLOPs; read a, write c: two fp32 arrays."""
+    return Work(f"copy n={n}", 0, 2 * 4 * n, None, working_set_bytes=2 * 4 * n)
+
+
+def mul_work(n: int) -> Work:
+    """c = a * b: one FLOP per element; read a and b, write c: three fp32 arrays."""
+    return Work(f"mul n={n}", n, 3 * 4 * n, "fp32", working_set_bytes=3 * 4 * n)
+
+
+def work(params) -> list[Work]:
+    return [w for n in params["sizes"] for w in (copy_work(n), mul_work(n))]
+
+
 def run(ctx, params):
     rows = []
     for n in ctx.track(params["sizes"], "elementwise sizes"):
@@ -32,7 +46,7 @@ def run(ctx, params):
         a = torch.rand(n, device=ctx.device, generator=g) + 0.5
         b = torch.rand(n, device=ctx.device, generator=g) + 0.5
         c = torch.empty_like(a)
-        size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4}
+        cw, mw = copy_work(n), mul_work(n)
 
         def copy(a=a, c=c):
             c.copy_(a)
@@ -42,14 +56,16 @@ def run(ctx, params):
 
         copy_row = None
         if ctx.wants("copy"):
-            copy_row = measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, c, copy, a, "the source tensor"),
-                               flops=0, bytes_moved=2 * n * 4, dtype=None)     # read a, write c
+            copy_row = measure(ctx, "copy", {"n": n, "dtype": "fp32", "working_set_bytes": cw.working_set_bytes}, fn=copy,
+                               check=reference_check(ctx, c, copy, a, "the source tensor"),
+                               flops=cw.flops, bytes_moved=cw.bytes, dtype=cw.dtype)
             rows.append(copy_row)
         if ctx.wants("mul"):
             product = lambda s, e, a=a, b=b: a[s:e].double() * b[s:e].double()  # noqa: E731
-            mul_row = measure(ctx, "mul", size, fn=mul, flops=n, bytes_moved=3 * n * 4, dtype="fp32",
+            mul_row = measure(ctx, "mul", {"n": n, "dtype": "fp32", "working_set_bytes": mw.working_set_bytes}, fn=mul,
+                              flops=mw.flops, bytes_moved=mw.bytes, dtype=mw.dtype,
                               check=reference_check(ctx, c, mul, product, "float64 product of the same inputs",
-                                                    "fp32", expected_shape=a.shape))    # read a and b, write c
+                                                    "fp32", expected_shape=a.shape))
             against_baseline([mul_row], copy_row, "gbps", "pct_of_copy_bandwidth")
             if "pct_of_copy_bandwidth" in mul_row["metrics"]:
                 mul_row["metrics"]["copy_gbps_same_run"] = copy_row["metrics"]["gbps"]
@@ -61,7 +77,7 @@ def run(ctx, params):
 EXERCISE = Exercise(id="phase1.elementwise", title="Memory-bound anchor: fp32 element-wise multiply vs copy",
                     run=run, params={"sizes": Int([33554432, 1073741824], min=1, unit="fp32 elements", many=True)},
                     cpu_params={"sizes": [4194304, 67108864]}, quick_params={"sizes": [100003]},
-                    variants=("copy", "mul"), footprint_bytes=footprint_bytes)
+                    variants=("copy", "mul"), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ and B, write C once), so in fp16 the intensity is N/3 FLOP/byte: at N = 8192 far
 import torch
 
 from common.checks import TORCH_DTYPES
-from common.exercise import Exercise, Result, measure, reference_check
+from common.exercise import Exercise, Result, Work, measure, reference_check
 from common.params import Choice, Int
 from common.standalone import run_alone
 
@@ -17,6 +17,11 @@ from common.standalone import run_alone
 def footprint_bytes(n: int, dtype: str) -> int:
     """A, B, C in `dtype`, their fp32 draws, and the float64 reference with its upcast inputs."""
     return 3 * n * n * TORCH_DTYPES[dtype].itemsize + n * n * 4 + 3 * n * n * 8
+
+
+def matmul_work(n: int, dtype: str) -> Work:
+    """C = A @ B, N x N: 2N^3 FLOPs; read A and B, write C once: 3N^2 elements."""
+    return Work(f"{dtype} n={n}", 2 * n**3, 3 * n * n * TORCH_DTYPES[dtype].itemsize, dtype)
 
 
 def matmul_row(ctx, n: int, dtype: str) -> dict:
@@ -30,8 +35,9 @@ def matmul_row(ctx, n: int, dtype: str) -> dict:
         torch.matmul(a, b, out=c)
 
     check = reference_check(ctx, c, fn, a.double() @ b.double(), "float64 matmul of the same inputs", dtype)
-    return measure(ctx, dtype, {"n": n, "dtype": dtype}, fn=fn, check=check, flops=2 * n**3,
-                   bytes_moved=3 * n * n * t.itemsize, dtype=dtype)
+    w = matmul_work(n, dtype)
+    return measure(ctx, dtype, {"n": n, "dtype": dtype}, fn=fn, check=check, flops=w.flops, bytes_moved=w.bytes,
+                   dtype=dtype)
 
 
 def run_anchor(ctx, params):
@@ -42,7 +48,8 @@ EXERCISE = Exercise(id="phase1.matmul_fp16", title="Compute-bound anchor: FP16 m
                   run=run_anchor, params={"n": Int(8192, min=1, max=65536, unit="rows = columns"),
                                           "dtype": Choice("fp16", ("fp16", "bf16", "fp32"))},
                   cpu_params={"n": 1024, "dtype": "fp32"}, quick_params={"n": 80},
-                  footprint_bytes=lambda p: footprint_bytes(p["n"], p["dtype"]))
+                  footprint_bytes=lambda p: footprint_bytes(p["n"], p["dtype"]),
+                  work=lambda p: [matmul_work(p["n"], p["dtype"])])
 
 
 if __name__ == "__main__":

@@ -50,6 +50,16 @@ def roofline(view, hw: str, path) -> None:
         bw, peak = s["measured_copy_gbps"], s["measured_peak_tflops"]
         ax.plot(xs, [min(peak, x * bw / 1e3) for x in xs], "-", color="tab:green", alpha=0.7,
                 label=f"measured roof: copy {bw:,.0f} GB/s, best matmul {peak:,.0f} TFLOP/s")
+    c = (_latest_record(view, "phase1.ceilings", hw) or {}).get("summary", {}).get("ceilings") or {}
+    fp16 = (c.get("matmul_tflops") or {}).get("fp16")
+    if c.get("hbm_gbps") and fp16:
+        ax.plot(xs, [min(fp16, x * c["hbm_gbps"] / 1e3) for x in xs], "-", color="tab:olive",
+                label=f"calibrated roof: HBM copy {c['hbm_gbps']:,.0f} GB/s, fp16 matmul {fp16:,.0f} TFLOP/s")
+        ns = [2 ** (k / 4) for k in range(16, 57)]                   # N = 16 .. 16384
+        rate = [2 * n**3 / (1e9 * (c["launch_us"] / 1e3 + max(6 * n * n / (c["hbm_gbps"] * 1e6), 2 * n**3 / (fp16 * 1e9))))
+                for n in ns]
+        ax.plot([n / 3 for n in ns], rate, ":", color="tab:olive",
+                label=f"calibrated, N x N fp16 matmul with the {c['launch_us']:.1f} us latency floor")
     series = [("phase1.regime_sweep", "o", "tab:blue", "FP16 matmul sweep (N=64..8192)"),
               ("phase1.matmul_fp16", "*", "tab:red", "FP16 matmul anchor"),
               ("phase1.elementwise", "s", "tab:orange", "FP32 multiply"),

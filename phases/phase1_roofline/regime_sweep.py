@@ -12,7 +12,7 @@ from common.params import Choice, Int
 from common.roofline import ridge_point
 from common.standalone import run_alone
 
-from .matmul_fp16 import footprint_bytes, matmul_row
+from .matmul_fp16 import footprint_bytes, matmul_row, matmul_work
 
 
 def run_sweep(ctx, params):
@@ -43,7 +43,8 @@ EXERCISE = Exercise(id="phase1.regime_sweep", title="Roofline regime sweep: FP16
                                           "copy_bytes": Int(2**31, min=2**20, unit="bytes per copy buffer")},
                    cpu_params={"sizes": [64, 128, 256, 512, 1024], "dtype": "fp32", "copy_bytes": 2**28},
                    quick_params={"sizes": [16, 48], "copy_bytes": 2**20},
-                   footprint_bytes=lambda p: max(footprint_bytes(max(p["sizes"]), p["dtype"]), 2 * p["copy_bytes"]))
+                   footprint_bytes=lambda p: max(footprint_bytes(max(p["sizes"]), p["dtype"]), 2 * p["copy_bytes"]),
+                   work=lambda p: [matmul_work(n, p["dtype"]) for n in p["sizes"]])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,25 @@ NSIGHT = Table("phase1.nsight", "phase1.nsight", prediction=False, columns=(
     col("ideal bytes", "metrics.ideal_bytes", size_bytes), col("ncu/ideal", "metrics.dram_bytes_over_ideal", lambda x: num(x, 3)),
     col("FLOP/byte (ncu bytes)", "metrics.intensity_measured_flop_per_byte", num)))
 
+def ceilings_note(view, rows) -> str:
+    out = []
+    for path in dict.fromkeys(rows["path"]):
+        rec = view.record(path)
+        c, name = rec["summary"].get("ceilings") or {}, rec["hardware"].get("name") or rec["hardware"]["key"]
+        rates = ", ".join(f"{d} {num(t)}" for d, t in sorted((c.get("matmul_tflops") or {}).items()))
+        out.append(f"Ceilings of the {name}, as every calibrated prediction reads them: HBM copy {num(c.get('hbm_gbps'))} GB/s, "
+                   f"L2 copy {num(c.get('l2_gbps'))} GB/s up to {size_bytes(c.get('l2_fit_bytes'))}, best matmul TFLOP/s "
+                   f"{rates}, latency floor {num(c.get('launch_us'))} µs per kernel ({num(c.get('graph_launch_us'))} µs "
+                   f"in a CUDA graph), synchronize {num(c.get('sync_us'))} µs.")
+    return "\n".join(out)
+
+
+CEILINGS = Table("phase1.ceilings", "phase1.ceilings", prediction=False, note=ceilings_note, columns=(
+    ident("ceiling", "variant"), ident("working set or N", lambda r: size_bytes(r.get("params.working_set_bytes"))
+                                      if r.get("params.working_set_bytes") == r.get("params.working_set_bytes")
+                                      and r.get("params.working_set_bytes") is not None else num(r.get("params.n"))),
+    col("ms (median)", "metrics.ms", num4), col("GB/s", "metrics.gbps", num), col("TFLOP/s", "metrics.tflops", num)))
+
 ROOFLINE_PLOT = Plot("phase1.roofline_plot", "roofline", ("phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep"),
                      plots.roofline, "Roofline of the {name}: spec and measured roofs, every phase 0-1 point")
 CACHE_PLOT = Plot("phase1.cache_plot", "cache", ("phase1.cache_sweep",), plots.cache,
@@ -144,6 +163,6 @@ def headline(view) -> list[str]:
 
 
 PHASE = Phase(1, "Roofline & memory hierarchy", "phase1_roofline",
-              blocks=(ELEMENTWISE, MATMUL_FP16, REGIME_SWEEP, CACHE_SWEEP, NSIGHT, ROOFLINE_PLOT, CACHE_PLOT,
+              blocks=(CEILINGS, ELEMENTWISE, MATMUL_FP16, REGIME_SWEEP, CACHE_SWEEP, NSIGHT, ROOFLINE_PLOT, CACHE_PLOT,
                       Text("phase1.findings", findings, "_No phase 1 records yet._")),
               headline=headline)
