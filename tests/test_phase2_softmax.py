@@ -135,6 +135,17 @@ def test_host_dispatch_and_refusals_without_a_gpu(builds):
     assert lib.lab_error_string(invalid).decode() == "invalid argument"
 
 
+@needs_nvcc
+def test_work_knows_where_the_dispatcher_packs(builds):
+    """work() lists warp_packed where DISPATCH picks it without asking the GPU (PACKED_MAX_COLS):
+    the two must agree at every row length a warp kernel takes."""
+    lib = ctypes.CDLL(str(builds["sm_90"].path))
+    lib.softmax_choose.argtypes = [ctypes.c_int, ctypes.c_int]
+    for dtype, code in (("fp32", 0), ("bf16", 1)):
+        packed = [c for c in range(1, 1025) if sm.KERNELS[lib.softmax_choose(c, code)] == "warp_packed"]
+        assert packed == list(range(1, sm.PACKED_MAX_COLS[dtype] + 1)), dtype
+
+
 def test_the_sm90_code_is_guarded():
     text = (build.HERE / sm.SOURCE).read_text()
     assert "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900" in text

@@ -13,18 +13,19 @@ Correctness gates timing: each rung is checked against a float64 matmul of the s
 inputs first at an irregular shape (no dimension a tile multiple, so every bounds check runs; K
 trimmed to a multiple of 8 for the TMA rungs), then at the timed size. The fp32 tolerance is below
 what TF32 gives, so a silent TF32 path fails. FLOPs 2N^3; fewest bytes N^2 x (2 x input itemsize +
-output itemsize).
+output itemsize); one kernel per call (`matmul_work`, which `lab predict phase2.matmul` lists too).
 """
 import ctypes
 
 import torch
 
-from common.checks import CHECK_CHUNK, compare, poison
+from common.checks import BYTES_PER_ELEMENT, CHECK_CHUNK, compare, poison
 from common.errors import LabError
 from common.exercise import (
     Exercise,
     Needs,
     Result,
+    Work,
     against_baseline,
     measure,
     reference_check,
@@ -46,6 +47,37 @@ def dtypes(variant: str) -> tuple[torch.dtype, torch.dtype]:
     """(A and B's dtype, C's dtype) of a rung."""
     rung = RUNGS[variant]
     return TORCH[rung.precision], TORCH[rung.out_precision]
+
+
+# cuBLAS through torch.matmul(A, B, out=C): (A and B's dtype, how B is stored, C's dtype).
+BASELINE_OPERANDS = {"cublas_fp32": ("fp32", "row", "fp32"), "cublas_bf16": ("bf16", "row", "bf16"),
+                     "cublas_bf16_nt": ("bf16", "col", "bf16")}
+
+
+def operands_of(variant: str) -> tuple[str, str, str]:
+    """(A and B's dtype, B's storage, C's dtype) of a rung or a cuBLAS baseline."""
+    if variant in BASELINE_OPERANDS:
+        return BASELINE_OPERANDS[variant]
+    rung = RUNGS[variant]
+    return rung.precision, rung.b_layout, rung.out_precision
+
+
+def matmul_work(variant: str, m: int, n: int, k: int) -> Work:
+    """C = A @ B, A m x k, B k x n. FLOPs 2mnk (a multiply and an add per term, the usual count).
+    Fewest bytes: A and B read once at their itemsize, C written once at its own (mma_bf16 writes
+    fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call: every rung's
+    launcher starts exactly one, and cuBLAS is taken to start one as well."""
+    prec, _, out = operands_of(variant)
+    return Work(f"{variant} {m}x{n}x{k}", 2 * m * n * k,
+                (m * k + k * n) * BYTES_PER_ELEMENT[prec] + m * n * BYTES_PER_ELEMENT[out], prec, launches=1)
+
+
+def work(params) -> list[Work]:
+    """Every row run() times with these parameters, in its order: per N the three cuBLAS baselines,
+    then each rung (naive only up to naive_max_n). A rung this GPU cannot run (the wgmma rungs off
+    sm_90) is listed anyway: which GPU it runs on is known only then."""
+    return [matmul_work(v, n, n, n) for n in params["sizes"] for v in (*BASELINES, *VARIANTS)
+            if not (v == "naive" and n > params["naive_max_n"])]
 
 
 _SIG = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -188,23 +220,27 @@ def one_size(ctx, n: int, wanted: list[str], irregular: dict, naive_max_n: int) 
     inputs = {("fp32", "row"): (a32, b32), ("bf16", "row"): (a16, b16), ("bf16", "col"): (a16, column_major(b16))}
     outs = {"fp32": torch.empty(n, n, device=ctx.device), "bf16": torch.empty(n, n, device=ctx.device, dtype=BF16)}
     libraries = {RUNGS[v].library for v in wanted} | {b for b in BASELINES if ctx.wants(b)}
-    layout = {"cublas_fp32": ("fp32", "row"), "cublas_bf16": ("bf16", "row"), "cublas_bf16_nt": ("bf16", "col")}
     refs = {p: (a32.double() @ b32.double()) if p == "fp32" else (a16.double() @ b16.double())
-            for p in sorted({layout[b][0] for b in libraries})}
+            for p in sorted({BASELINE_OPERANDS[b][0] for b in libraries})}
     here = {}
+
+    def timed(v: str, fn, check) -> dict:
+        w = matmul_work(v, n, n, n)
+        prec, b_layout, _ = operands_of(v)
+        return measure(ctx, v, {"m": n, "n": n, "k": n, "dtype": prec, "b_layout": b_layout}, fn=fn, check=check,
+                       flops=w.flops, bytes_moved=w.bytes, dtype=w.dtype, launches=w.launches)
+
     for base in BASELINES:
         if base not in libraries:
             continue
-        prec, b_layout = layout[base]
-        (x, y), o = inputs[layout[base]], outs[prec]
+        prec, b_layout, _ = BASELINE_OPERANDS[base]
+        (x, y), o = inputs[(prec, b_layout)], outs[prec]
 
         def fn(x=x, y=y, o=o):
             torch.matmul(x, y, out=o)
 
-        here[base] = measure(ctx, base, {"m": n, "n": n, "k": n, "dtype": prec, "b_layout": b_layout}, fn=fn,
-                             check=reference_check(ctx, o, fn, refs[prec], f"float64 matmul of the same {prec} inputs",
-                                                   prec),
-                             flops=2 * n**3, bytes_moved=n * n * (2 * x.element_size() + o.element_size()), dtype=prec)
+        here[base] = timed(base, fn, reference_check(ctx, o, fn, refs[prec], f"float64 matmul of the same {prec} inputs",
+                                                     prec))
     for v in wanted:
         rung = RUNGS[v]
         if v == "naive" and n > naive_max_n:
@@ -220,8 +256,7 @@ def one_size(ctx, n: int, wanted: list[str], irregular: dict, naive_max_n: int) 
             matmul(x, y, v, out)
 
         check = reference_check(ctx, out, fn, refs[rung.precision], WHAT[rung.precision], rung.precision)
-        here[v] = measure(ctx, v, size, fn=fn, check=_after_irregular(irregular[v], check), flops=2 * n**3,
-                          bytes_moved=n * n * (2 * x.element_size() + out.element_size()), dtype=rung.precision)
+        here[v] = timed(v, fn, _after_irregular(irregular[v], check))
     for base in BASELINES:
         against_baseline([here[v] for v in wanted if v in here and RUNGS[v].library == base], here.get(base),
                          "tflops", "pct_of_library")
@@ -265,7 +300,7 @@ EXERCISE = Exercise(
             "irregular_shape": Int([1000, 777, 555], min=1, max=INT32_MAX, length=3,
                                    unit="M, N, K of the bounds check (checked, not timed)")},
     cpu_params={}, quick_params={"sizes": [256], "irregular_shape": [100, 77, 55]},
-    variants=(*VARIANTS, *BASELINES), footprint_bytes=footprint_bytes)
+    variants=(*VARIANTS, *BASELINES), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,13 @@ import ctypes
 
 import torch
 
-from common.checks import CHECK_CHUNK, compare, poison
+from common.checks import BYTES_PER_ELEMENT, CHECK_CHUNK, compare, poison
 from common.errors import LabError
 from common.exercise import (
     Exercise,
     Needs,
     Result,
+    Work,
     against_baseline,
     measure,
     reference_check,
@@ -158,12 +159,50 @@ def applies(variant: str, cols: int, device) -> bool:
 def timed_at(variant: str, cols: int, dtype: torch.dtype, device) -> bool:
     """Is `variant` timed at this row length? Each kernel within its own range; warp_packed only where
     its layout differs from warp_row's (where the dispatcher picks it)."""
-    if not applies(variant, cols, device):
+    return _timed(variant, cols, has_clusters(device), lambda: chosen_kernel(cols, dtype, device))
+
+
+def _timed(variant: str, cols: int, clusters: bool, dispatched) -> bool:
+    """timed_at on a GPU with or without clusters; `dispatched()` is the `cuda` variant's kernel there."""
+    _, max_cols, needs_clusters = LAUNCHERS[variant]
+    if (max_cols is not None and cols > max_cols) or (needs_clusters and not clusters):
         return False
-    if variant == "warp_packed" and chosen_kernel(cols, dtype, device) != "warp_packed":
+    if variant == "warp_packed" and dispatched() != "warp_packed":
         return False
     lo, hi = TIMED_COLS.get(variant, (1, None))
     return cols >= lo and (hi is None or cols <= hi)
+
+
+# ------------------------------------------------------------------------------ the counts
+# The longest row DISPATCH in softmax.cu sends to warp_packed, per dtype (fewer than 32 lanes per row
+# up to there): what work() needs of the dispatcher without a GPU to ask. A test holds it to softmax_choose.
+PACKED_MAX_COLS = {"fp32": 128, "bf16": 256}
+
+
+def softmax_work(variant: str, rows: int, cols: int, dtype: str, group: str = "sweep") -> Work:
+    """One timed call on a rows x cols tensor of `dtype` (fp32 or bf16; y has x's dtype).
+    Fewest bytes, every variant and both baselines: x read once and y written once, each at the
+    dtype's itemsize: 2 x rows x cols x itemsize (8 bytes per element in fp32, 4 in bf16: bf16 in,
+    bf16 out). FLOPs: none for the copy, FLOPS_PER_ELEMENT per element for a softmax (torch's or
+    ours). One kernel per call: each launcher starts one (`cuda` the one it dispatches to, `online`
+    both of its passes in one kernel, stream_row's fallback one), torch.softmax one, the copy one.
+    The seed's case is timed as a CUDA-graph replay of GRAPH_REPS calls."""
+    n, itemsize = rows * cols, BYTES_PER_ELEMENT[dtype]
+    nbytes = 2 * n * itemsize
+    return Work(f"{variant} {rows}x{cols} {dtype}", 0 if variant == "copy" else FLOPS_PER_ELEMENT * n, nbytes,
+                None if variant == "copy" else dtype, working_set_bytes=nbytes,
+                graph_reps=GRAPH_REPS if group == "seed" else None, launches=1)
+
+
+def work(params) -> list[Work]:
+    """Every row run() times with these parameters on a GPU with thread-block clusters (sm_90, the
+    H200), in its order: per shape the copy, torch.softmax, then each variant where it is timed."""
+    out = []
+    for rows, cols, dtype, group in shapes(params):
+        short = "warp_packed" if cols <= PACKED_MAX_COLS[dtype] else "warp_row"    # all that _timed asks of it
+        out += [softmax_work(v, rows, cols, dtype, group) for v in (*BASELINES, *VARIANTS)
+                if v in BASELINES or _timed(v, cols, True, lambda short=short: short)]
+    return out
 
 
 # ------------------------------------------------------------------------------ reference and checks
@@ -258,10 +297,15 @@ def one_shape(ctx, rows: int, cols: int, dtype: str, group: str, wanted: list[st
     x = inputs(rows, cols, tdtype, ctx.device, seed=rows * 7919 + cols)
     out = torch.empty_like(x)
     ref = reference(x) if wanted or ctx.wants("torch") else None
-    n, seed = rows * cols, group == "seed"
-    fewest = 2 * n * x.element_size()                  # read x once, write y once
-    size = {"rows": rows, "cols": cols, "dtype": dtype, "group": group, "working_set_bytes": fewest}
+    seed = group == "seed"
+    size = {"rows": rows, "cols": cols, "dtype": dtype, "group": group,
+            "working_set_bytes": softmax_work("copy", rows, cols, dtype, group).working_set_bytes}
     what = "float64 torch.softmax of the same inputs"
+
+    def timed(variant: str, fn, check) -> dict:
+        w = softmax_work(variant, rows, cols, dtype, group)
+        return measure(ctx, variant, size, fn=fn, check=check, flops=w.flops, bytes_moved=w.bytes, dtype=w.dtype,
+                       timing={"graph_reps": w.graph_reps} if w.graph_reps else None, launches=w.launches)
 
     def gated(check):
         """A launch error is a failed check; the seed's case must also have every row sum to 1."""
@@ -272,22 +316,19 @@ def one_shape(ctx, rows: int, cols: int, dtype: str, group: str, wanted: list[st
 
     # The seed's case is a few microseconds of GPU work: timed call by call, the Python wrapper's own
     # time would leave the GPU idle between the events. Every row of it (ours and the baselines) is
-    # timed as a CUDA-graph replay of GRAPH_REPS calls, device time only.
-    timing = {"graph_reps": GRAPH_REPS} if seed else None
+    # timed as a CUDA-graph replay of GRAPH_REPS calls, device time only (softmax_work says so).
     here = []
     if wanted or ctx.wants("copy"):                    # the ceiling for every row of ours
         def copy():
             out.copy_(x)
 
-        here.append(measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, out, copy, x, "the source tensor"),
-                            flops=0, bytes_moved=fewest, dtype=None, timing=timing))
+        here.append(timed("copy", copy, reference_check(ctx, out, copy, x, "the source tensor")))
     if wanted or ctx.wants("torch"):                   # the library to beat
         def torch_softmax():
             out.copy_(torch.softmax(x, dim=1))
 
-        here.append(measure(ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1),
-                            check=gated(reference_check(ctx, out, torch_softmax, ref, what, dtype)),
-                            flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype, timing=timing))
+        here.append(timed("torch", lambda: torch.softmax(x, dim=1),
+                          gated(reference_check(ctx, out, torch_softmax, ref, what, dtype))))
     for v in wanted:
         if not timed_at(v, cols, tdtype, ctx.device):
             continue
@@ -297,8 +338,7 @@ def one_shape(ctx, rows: int, cols: int, dtype: str, group: str, wanted: list[st
 
         failed = first_failure(irregular[v])
         check = (lambda failed=failed: failed) if failed else gated(reference_check(ctx, out, fn, ref, what, dtype))
-        r = measure(ctx, v, size, fn=fn, check=check, flops=FLOPS_PER_ELEMENT * n, bytes_moved=fewest, dtype=dtype,
-                    timing=timing)
+        r = timed(v, fn, check)
         if v == "cuda":
             r["metrics"]["kernel"] = chosen_kernel(cols, tdtype, ctx.device)
         here.append(r)
@@ -366,7 +406,7 @@ EXERCISE = Exercise(
     cpu_params={},
     quick_params={"cols": [128, 4096, 65536], "total_elements": 2**20,
                   "irregular_shapes": [[77, 33], [3, 65537]]},
-    variants=(*BASELINES, *VARIANTS), footprint_bytes=footprint_bytes)
+    variants=(*BASELINES, *VARIANTS), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

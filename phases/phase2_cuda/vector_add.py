@@ -21,6 +21,7 @@ from common.exercise import (
     Exercise,
     Needs,
     Result,
+    Work,
     against_baseline,
     measure,
     reference_check,
@@ -86,22 +87,52 @@ def footprint_bytes(p: dict) -> int:
     return 4 * 4 * max(*p["sizes"], p["irregular_n"])
 
 
+# ------------------------------------------------------------------------------ the counts
+def graph_reps(n: int, params: dict) -> int | None:
+    """In L2 a call is a few microseconds of GPU work, less than the Python wrapper's own time: timed
+    call by call the GPU would idle between the events. Sizes up to `graph_below_n` (every row, the
+    copy too) are timed as a CUDA-graph replay of GRAPH_REPS calls: device time only."""
+    return GRAPH_REPS if n <= params["graph_below_n"] else None
+
+
+def copy_work(n: int, reps: int | None = None) -> Work:
+    """out = a (torch copy, one kernel): no FLOPs; read a, write out: 2 fp32 arrays, 8 n bytes."""
+    return Work(f"copy n={n}", 0, 2 * 4 * n, None, working_set_bytes=2 * 4 * n, graph_reps=reps, launches=1)
+
+
+def add_work(variant: str, n: int, reps: int | None = None) -> Work:
+    """c = a + b (one kernel, either launcher): 1 FLOP per element; read a and b, write c: 3 fp32
+    arrays, 12 n bytes."""
+    return Work(f"{variant} n={n}", n, 3 * 4 * n, "fp32", working_set_bytes=3 * 4 * n, graph_reps=reps, launches=1)
+
+
+def work(params) -> list[Work]:
+    """Every row run() times with these parameters, in its order: per size the copy, then each kernel."""
+    return [w for n in params["sizes"] for w in (copy_work(n, graph_reps(n, params)),
+                                                *(add_work(v, n, graph_reps(n, params)) for v in LAUNCHERS))]
+
+
+def _measure(ctx, variant: str, w: Work, n: int, fn, check, timing) -> dict:
+    """measure() with the row's counts taken from its Work (the one formula work() lists)."""
+    return measure(ctx, variant, {"n": n, "dtype": "fp32", "working_set_bytes": w.working_set_bytes, "threads": THREADS},
+                   fn=fn, check=check, flops=w.flops, bytes_moved=w.bytes, dtype=w.dtype, timing=timing,
+                   launches=w.launches)
+
+
+# ------------------------------------------------------------------------------ the exercise
 def one_size(ctx, n: int, irregular: dict, params: dict) -> list[dict]:
     """The copy, then each kernel, at n elements; every kernel's GB/s against the copy's."""
     a, b = inputs(n, ctx.device)
     out, expected = torch.empty_like(a), a + b
-    size = {"n": n, "dtype": "fp32", "working_set_bytes": 3 * n * 4, "threads": THREADS}
-    # In L2 a call is a few microseconds of GPU work, less than the Python wrapper's own time: timed
-    # call by call the GPU would idle between the events. Such sizes (every row, the copy too) are
-    # timed as a CUDA-graph replay of GRAPH_REPS calls: device time only.
-    timing = {"graph_reps": GRAPH_REPS} if n <= params["graph_below_n"] else None
+    reps = graph_reps(n, params)
+    timing = {"graph_reps": reps} if reps else None
     here = []
     if ctx.wants("copy"):
         def copy():
             out.copy_(a)
 
-        here.append(measure(ctx, "copy", size, fn=copy, check=reference_check(ctx, out, copy, a, "the source tensor"),
-                            flops=0, bytes_moved=2 * n * 4, dtype=None, timing=timing))
+        here.append(_measure(ctx, "copy", copy_work(n, reps), n, copy,
+                             reference_check(ctx, out, copy, a, "the source tensor"), timing))
     for v in LAUNCHERS:
         if not ctx.wants(v):
             continue
@@ -112,8 +143,7 @@ def one_size(ctx, n: int, irregular: dict, params: dict) -> list[dict]:
         check = reference_check(ctx, out, fn, expected, "torch a + b of the same inputs")
         if not irregular[v]["passed"]:                 # failed at the irregular n: that failure, not a timing
             check = _failed(irregular[v], f"n = {params['irregular_n']}")
-        here.append(measure(ctx, v, size, fn=fn, check=check, flops=n, bytes_moved=3 * n * 4, dtype="fp32",
-                            timing=timing))
+        here.append(_measure(ctx, v, add_work(v, n, reps), n, fn, check, timing))
     copy_row = next((r for r in here if r["variant"] == "copy"), None)
     return against_baseline(here, copy_row, "gbps", "pct_of_copy_bandwidth")
 
@@ -145,7 +175,7 @@ EXERCISE = Exercise(
             "irregular_n": Int(IRREGULAR_N, min=1, unit="fp32 elements (checked, not timed)"),
             "graph_below_n": Int(2**22, min=0, unit="elements; sizes up to this are timed as CUDA-graph replays")},
     cpu_params={}, quick_params={"sizes": [2**20], "irregular_n": 100_003},
-    variants=("copy", *LAUNCHERS), footprint_bytes=footprint_bytes)
+    variants=("copy", *LAUNCHERS), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":
