@@ -23,9 +23,8 @@ from common.records import SCHEMA_VERSION, problems
 from common.registry import all_exercises
 from common.spec import Plot
 from common.timing import summarize
-from phases.phase3_triton import _support, analysis
+from phases.phase3_triton import _support, analysis, counts
 from phases.phase3_triton import flash_attention as fa
-from phases.phase3_triton import flash_attention_bwd as fab
 from phases.phase3_triton import matmul as mm
 from phases.phase3_triton import softmax as sm
 from phases.phase3_triton import vector_add as va
@@ -76,19 +75,9 @@ def test_phase3_imports_and_lists_without_triton():
 
 
 # ------------------------------------------------------------------------------ bytes and FLOPs
-def test_bytes_and_flops_each_exercise_records():
-    assert va.bytes_moved(98432) == 3 * 98432 * 4
-    assert sm.bytes_fused(1024, 2048) == 2 * 1024 * 2048 * 4
-    assert sm.bytes_unfused(1024, 2048) == (8 * 1024 * 2048 + 4 * 1024) * 4
-    assert sm.bytes_unfused(1024, 2048) / sm.bytes_fused(1024, 2048) == pytest.approx(4, rel=1e-3)
-    assert (mm.flops(8192, 8192, 8192), mm.bytes_moved(8192, 8192, 8192, 2)) == (2 * 8192**3, 3 * 8192**2 * 2)
-    b, h, n, d = 2, 4, 4096, 64
-    assert fa.attention_flops(b, h, n, d, False) == 4 * b * h * n * n * d
-    assert fa.attention_flops(b, h, n, d, True) == 2 * b * h * n * n * d
-    assert fa.attention_bytes(b, h, n, d, 2) == 4 * b * h * n * d * 2
-    assert fa.naive_bytes(b, h, n, d, 4) == (4 * b * h * n * d + 4 * b * h * n * n) * 4
-    assert fab.backward_bytes(b, h, n, d, 2) == 8 * b * h * n * d * 2
-    # the seed's 537 MB attention matrix at N = 4096 (batch 2, 4 heads, fp32)
+# Every count, by hand and in the recorded rows: test_phase3_counts.py.
+def test_the_seeds_attention_matrix_is_537_mb():
+    b, h, n = 2, 4, 4096                    # the seed's N = 4096, batch 2, 4 heads, fp32
     assert b * h * n * n * 4 == 536_870_912
 
 
@@ -247,11 +236,14 @@ def synthetic_records() -> list[dict]:
         fused = sm.bytes_fused(m, n)
         here = [_row("copy", size, fused / 4200 / 1e6, 0, fused, None),
                 _row("torch", size, fused / (gb * 0.9) / 1e6, 5 * m * n, fused, "fp32"),
-                _row("unfused", size, sm.bytes_unfused(m, n) / 4000 / 1e6, 5 * m * n, sm.bytes_unfused(m, n), "fp32"),
+                _row("unfused", size, sm.bytes_unfused(m, n) / 4000 / 1e6, 5 * m * n, fused, "fp32"),
                 _row("triton", size, fused / gb / 1e6, 5 * m * n, fused, "fp32", config="kind=online CHUNK=4096",
                      kernel="softmax_online_kernel" if n > 32768 else "softmax_kernel")]
         for r in here:
             r["metrics"]["bytes_formula"] = sm.FORMULA[r["variant"]]
+            r["metrics"]["algorithm_bytes"] = sm.algorithm_bytes(r["variant"], m, n)
+            r["metrics"]["algorithm_bytes_formula"] = sm.ALGORITHM_FORMULA[r["variant"]]
+            r["metrics"]["algorithm_gbps"] = r["metrics"]["algorithm_bytes"] / (r["metrics"]["ms"] * 1e6)
             r["metrics"]["effective_gbps"] = fused / (r["metrics"]["ms"] * 1e6)
         against_baseline(here, here[0], "gbps", "pct_of_copy_bandwidth")
         against_baseline(here, here[0], "effective_gbps", "pct_of_copy_effective")
@@ -260,7 +252,8 @@ def synthetic_records() -> list[dict]:
     mat = []
     for n, dtype, cb, tr, tm in ((8192, "bf16", 770, 640, 700), (4096, "fp16", 700, 620, 660)):
         size = {"n": n, "dtype": dtype}
-        f, nb = mm.flops(n, n, n), mm.bytes_moved(n, n, n, 2)
+        c = counts.matmul_count(n, n, n, dtype)
+        f, nb = c.flops, c.bytes
         here = [_row("cublas", size, f / cb / 1e9, f, nb, dtype), _row("triton", size, f / tr / 1e9, f, nb, dtype, config="BLOCK_M=128"),
                 _row("triton_tma", size, f / tm / 1e9, f, nb, dtype, config="BLOCK_M=128 ws=True")]
         _support.compare_to_library(here, "triton", ("cublas",), "tflops")
@@ -271,11 +264,10 @@ def synthetic_records() -> list[dict]:
                        {"naive": 20, "sdpa_efficient": 60, "triton": 150}),
                       ({"group": "main", "n": 16384, "batch": 1, "heads": 16, "head_dim": 128, "dtype": "bf16", "causal": False},
                        {"sdpa_flash": 350, "sdpa_cudnn": 610, "sdpa_efficient": 175, "triton": 520})):
-        f = fa.attention_flops(p["batch"], p["heads"], p["n"], p["head_dim"], p["causal"])
         here = []
         for v, tf in speeds.items():
-            r = _row(v, p, f / tf / 1e9, f, fa.attention_bytes(p["batch"], p["heads"], p["n"], p["head_dim"], 2),
-                     "bf16" if p["dtype"] == "bf16" else "fp32", config="BLOCK_M=128")
+            c = counts.forward_count(v, p["batch"], p["heads"], p["n"], p["head_dim"], p["dtype"], p["causal"])
+            r = _row(v, p, c.flops / tf / 1e9, c.flops, c.bytes, c.dtype, config="BLOCK_M=128")
             r["metrics"]["attn_matrix_bytes"] = p["batch"] * p["heads"] * p["n"] ** 2 * 4
             here.append(r)
         if p["group"] == "main":
@@ -288,8 +280,8 @@ def synthetic_records() -> list[dict]:
         fwd += here
     bwd = []
     p = {"n": 16384, "batch": 1, "heads": 16, "head_dim": 128, "dtype": "bf16", "causal": False}
-    f = 2.5 * fa.attention_flops(1, 16, 16384, 128, False)
-    bwd = [_row(v, p, f / tf / 1e9, f, fab.backward_bytes(1, 16, 16384, 128, 2), "bf16", config="dkdv: x; dq: y")
+    c = counts.backward_count("triton", 1, 16, 16384, 128, "bf16", False)
+    bwd = [_row(v, p, c.flops / tf / 1e9, c.flops, c.bytes, c.dtype, config="dkdv: x; dq: y")
            for v, tf in (("sdpa_flash", 300), ("sdpa_cudnn", 450), ("triton", 330))]
     bwd.append(row("sdpa_efficient", p, "failed", "relative error 1e+00 > 2e-02", check={"passed": False}))
     _support.compare_to_library(bwd, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
@@ -389,7 +381,7 @@ def test_readme_holds_every_declared_block_once_and_no_typed_figures():
     from phases.phase3_triton.report import PHASE
     text = (REPO / "phases" / "phase3_triton" / "README.md").read_text()
     found = re.findall(r"<!-- lab:begin (phase3\.\w+) -->", text)
-    assert sorted(found) == sorted(PHASE.block_ids())
+    assert sorted(found) == sorted([*PHASE.block_ids(), "phase3.accuracy"])   # + the accuracy table common/report adds
     assert all(text.count(f"<!-- lab:end {b} -->") == 1 for b in found)
     assert len(text.splitlines()) <= 300
     prose = re.sub(r"<!-- lab:begin.*?lab:end [\w.]+ -->", "", text, flags=re.S).split("## What the original lab measured")[0]

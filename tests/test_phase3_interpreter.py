@@ -281,8 +281,12 @@ if INTERPRETED:
         res = sm.run(spec_ctx(), {"seed_shape": [20, 1537], "cols": [300], "total_elements": 3000})
         assert all(r["status"] == "ok" for r in res.rows), [(r["variant"], r["reason"]) for r in res.rows]
         unfused = next(r for r in res.rows if r["variant"] == "unfused" and r["params"]["cols"] == 1537)
-        assert unfused["prediction"]["bytes"] == (8 * 20 * 1537 + 4 * 20) * 4
-        assert unfused["metrics"]["bytes_over_fused"] == pytest.approx(unfused["prediction"]["bytes"] / (2 * 20 * 1537 * 4))
+        assert unfused["prediction"]["bytes"] == 2 * 20 * 1537 * 4 and unfused["prediction"]["launches"] == 5   # the problem's
+        assert unfused["metrics"]["algorithm_bytes"] == (8 * 20 * 1537 + 4 * 20) * 4 + 8 * 20                    # the chain's own
+        assert unfused["metrics"]["bytes_over_fused"] == pytest.approx(unfused["metrics"]["algorithm_bytes"] / (2 * 20 * 1537 * 4))
+        for r in res.rows:                          # the split kernel's memset is a second launch
+            if r["variant"] == "triton":
+                assert r["prediction"]["launches"] == (2 if r["metrics"]["kernel"] == "softmax_split_kernel" else 1)
         assert res.summary["tuning"] and all("pct_of_copy_effective" in r["metrics"] for r in res.rows if r["variant"] != "copy")
         res = mm.run(spec_ctx(), {"sizes": [200], "dtypes": ["fp16"], "warp_specialize": True})
         assert [r["status"] for r in res.rows] == ["ok"] * 3 and "pct_of_library" in res.rows[-1]["metrics"]
@@ -292,6 +296,12 @@ if INTERPRETED:
         ours = [r for r in res.rows if r["variant"] in ("naive", "triton")]
         assert ours and all(r["status"] == "ok" for r in ours), [(r["variant"], r["reason"]) for r in ours]
         assert "speedup_vs_naive" in ours[1]["metrics"]
+        naive, triton_fwd = ours[:2]                # the seed's problem: the same counts; naive starts 4 kernels
+        assert [(r["prediction"]["bytes"], r["prediction"]["dtype"]) for r in ours[:2]] == [(4 * 2 * 96 * 32 * 4, "tf32")] * 2
+        assert (naive["prediction"]["launches"], triton_fwd["prediction"]["launches"]) == (4, 1)
+        assert naive["metrics"]["algorithm_bytes"] == (4 * 2 * 96 * 32 + 6 * 2 * 96 * 96) * 4
         res = fab.run(spec_ctx(), {"sizes": [96], "dtypes": ["fp16"], "head_dims": [32], "causal": [True], "tokens": 96,
                                    "model_dim": 64})
-        assert [r["status"] for r in res.rows if r["variant"] == "triton"] == ["ok"]
+        [bwd] = [r for r in res.rows if r["variant"] == "triton"]
+        assert bwd["status"] == "ok" and bwd["prediction"]["launches"] == 3
+        assert bwd["prediction"]["bytes"] == 8 * 2 * 96 * 32 * 2 + 2 * 96 * 4

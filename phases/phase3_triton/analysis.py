@@ -15,3 +15,18 @@ def fusion_cost(unfused_bytes, unfused_ms, fused_bytes, fused_ms) -> dict:
     """What the unfused chain costs against the fused kernel on the same shape: the bytes it moves
     and the time it takes, each as a multiple of the fused kernel's."""
     return {"bytes_over_fused": unfused_bytes / fused_bytes, "time_over_fused": unfused_ms / fused_ms}
+
+
+OWN = {"bytes": ("metrics.algorithm_bytes", "prediction.bytes"), "gbps": ("metrics.algorithm_gbps", "metrics.gbps"),
+       "bytes_formula": ("metrics.algorithm_bytes_formula", "metrics.bytes_formula")}
+
+
+def own(r, what: str):
+    """A row's own traffic ('bytes', 'gbps', 'bytes_formula'): what its algorithm moves (the unfused
+    chain's intermediates, naive attention's N x N passes), where the row records it apart from the
+    problem's bytes; else the row's bytes, which records before issue 19 stored as the algorithm's."""
+    for key in OWN[what]:
+        v = r.get(key) if hasattr(r, "get") else None
+        if v is not None and not (isinstance(v, float) and v != v):
+            return v
+    return None

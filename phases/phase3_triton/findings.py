@@ -26,11 +26,11 @@ def _softmax(rows) -> list[str]:
     tr, un, th = (find(seed, v) for v in ("triton", "unfused", "torch"))
     out = []
     if tr is not None and un is not None:
-        cost = analysis.fusion_cost(un["prediction.bytes"], un["metrics.ms"], tr["prediction.bytes"], tr["metrics.ms"])
+        cost = analysis.fusion_cost(analysis.own(un, "bytes"), un["metrics.ms"], analysis.own(tr, "bytes"), tr["metrics.ms"])
         out.append(f"**Why fusion wins.** On the seed's {num(tr['params.rows'])} x {num(tr['params.cols'])} softmax the "
-                   f"five-kernel chain moved {size_bytes(un['prediction.bytes'])} against the fused kernel's "
-                   f"{size_bytes(tr['prediction.bytes'])} ({num(cost['bytes_over_fused'])}x) and took "
-                   f"{num(cost['time_over_fused'])}x as long: the chain itself ran at {num(un['metrics.gbps'])} GB/s of its "
+                   f"five-kernel chain moved {size_bytes(analysis.own(un, 'bytes'))} against the fused kernel's "
+                   f"{size_bytes(analysis.own(tr, 'bytes'))} ({num(cost['bytes_over_fused'])}x) and took "
+                   f"{num(cost['time_over_fused'])}x as long: the chain itself ran at {num(analysis.own(un, 'gbps'))} GB/s of its "
                    f"own traffic, so it is not slow arithmetic but {num(cost['bytes_over_fused'], 2)}x the bytes."
                    + (f" torch.softmax, one fused kernel too, took {num(th['metrics.ms'] * 1000)} µs against Triton's "
                       f"{num(tr['metrics.ms'] * 1000)} µs." if th is not None else ""))

@@ -3,11 +3,13 @@
     lab run phase3.flash_attention [--param sizes=[16384] --param dtypes=[bf16] --param head_dims=[128]]
 
 O = softmax(Q K^T / sqrt(D)) V. Naive attention writes the B·H·N² scores and probabilities and
-reads them back, so the N² traffic sets its time. Flash attention never writes them: a program
+reads them back (six N² passes in its four kernels), so the N² traffic sets its time. Flash attention never writes them: a program
 keeps BLOCK_M query rows on chip and walks the keys in BLOCK_N blocks with the online softmax (a
 running row max m and sum l; when the max grows, what came before is rescaled by exp(m_old - m_new)).
 HBM then sees Q, K, V read and O written (4·B·H·N·D elements) for 4·B·H·N²·D FLOPs, halved when
-causal: compute-bound, the matmul question of exercise 3.3 with a softmax between two dots.
+causal: compute-bound, the matmul question of exercise 3.3 with a softmax between two dots. Those
+are every variant's counts (one problem); naive's N² traffic and the LSE our kernel stores for the
+backward are `algorithm_bytes`; fp32 inputs make a tf32 problem (counts.py).
 Choices: exp2 with log2(e) folded into the score scale; causal in two stages (unmasked blocks left
 of the diagonal, masked ones on it, longest rows launched first); TMA or pointer loads; masks only
 when N is not a multiple of the blocks. The backward (FlashAttention-2's scheme) recomputes P from
@@ -20,10 +22,11 @@ import warnings
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
-from common.exercise import Exercise, Needs, Result, measure
+from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
+from . import counts
 from ._support import (
     LOG2E_VALUE,
     attempt,
@@ -522,18 +525,9 @@ PRECISION = {torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16
 DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def attention_flops(b, h, n, d, causal: bool) -> float:
-    return 4 * b * h * n * n * d * (0.5 if causal else 1.0)    # two matmuls of 2·N²·D per head
-
-
-def attention_bytes(b, h, n, d, itemsize: int) -> int:
-    return 4 * b * h * n * d * itemsize                          # Q, K, V read and O written once
-
-
-def naive_bytes(b, h, n, d, itemsize: int) -> int:
-    """Q, K, V, O once, plus the N x N scores written then read by softmax, and the probabilities
-    written then read by the second matmul."""
-    return (4 * b * h * n * d + 4 * b * h * n * n) * itemsize
+attention_flops = counts.attention_flops          # 4·B·H·N²·D, halved when causal
+attention_bytes = counts.attention_bytes          # Q, K, V read and O written once: the problem's bytes
+naive_bytes = counts.naive_bytes                  # what naive attention itself moves (its N x N passes)
 
 
 # ------------------------------------------------------------------------------ the exercise
@@ -548,6 +542,23 @@ def problems(params) -> list[dict]:
                     out.append({"group": "main", "n": n, "batch": max(1, params["tokens"] // n),
                                 "heads": max(1, params["model_dim"] // d), "head_dim": d, "dtype": dtype,
                                 "causal": causal})
+    return out
+
+
+def variants_of(p: dict) -> list[str]:
+    """The variants run() times for a problem: naive for the seed's fp32 case only."""
+    return (["naive"] if p["group"] == "seed" else []) + [*SDPA_BACKENDS, "triton"]
+
+
+def work(params) -> list[Work]:
+    """Every row run() would time (an SDPA backend that refuses the inputs is skipped at run time):
+    one problem per shape, dtype and causality, the same FLOPs, bytes and dtype for every variant."""
+    out = []
+    for p in problems(params):
+        for variant in variants_of(p):
+            c = counts.forward_count(variant, p["batch"], p["heads"], p["n"], p["head_dim"], p["dtype"], p["causal"])
+            out.append(Work(f"{variant} {p['dtype']} d={p['head_dim']} causal={p['causal']} n={p['n']} "
+                            f"{p['batch']}x{p['heads']}", c.flops, c.bytes, c.dtype, launches=c.launches))
     return out
 
 
@@ -581,7 +592,19 @@ def run(ctx, params):
         precision = PRECISION[t]
         heads = check_heads(b, h)
         ref = reference_forward(q, k, v, causal, sm_scale, heads)
-        cost = {"flops": attention_flops(b, h, n, d, causal), "dtype": "tf32" if t == torch.float32 else p["dtype"]}
+
+        def cost(variant):                        # one problem: the same FLOPs, bytes and dtype for every variant
+            c = counts.forward_count(variant, b, h, n, d, p["dtype"], causal)
+            return {"flops": c.flops, "bytes_moved": c.bytes, "dtype": c.dtype, "launches": c.launches}
+
+        def own_bytes(r):                         # the algorithm's traffic where it is not the problem's
+            extra = counts.forward_algorithm_bytes(r["variant"], b, h, n, d, t.itemsize)
+            if extra is not None:
+                r["metrics"]["algorithm_bytes"] = extra
+                if r["status"] == "ok":
+                    r["metrics"]["algorithm_gbps"] = extra / (r["metrics"]["ms"] * 1e6)
+            return r
+
         here = []
         timing = None if ctx.quick else {"target_ms": 100.0}   # many rows: 100 ms of samples each
 
@@ -594,12 +617,12 @@ def run(ctx, params):
             try:
                 r = measure(ctx, "naive", p, fn=lambda: naive_attention(q, k, v, causal, sm_scale),
                             check=lambda: check(lambda o: o.copy_(naive_attention(q, k, v, causal, sm_scale)), "fp32"),
-                            flops=cost["flops"], bytes_moved=naive_bytes(b, h, n, d, t.itemsize), dtype="fp32",
-                            timing=timing)
+                            timing=timing, **cost("naive"))
             finally:
                 torch.set_float32_matmul_precision(before)
-            r["metrics"]["bytes_formula"] = ("(4·B·H·N·D + 4·B·H·N²)·bytes (Q, K, V, O; scores and probabilities "
-                                             "written and read)")
+            r["metrics"]["algorithm_bytes_formula"] = ("(4·B·H·N·D + 6·B·H·N²)·bytes (Q, K, V, O; S written by Q K^T, "
+                                                       "read and written by the scale, read by softmax; P written and read)")
+            r["metrics"]["matmul_precision"] = "highest (strict fp32): a slower variant of the tf32 problem"
             return r
 
         def sdpa_row(variant):
@@ -610,7 +633,7 @@ def run(ctx, params):
                 with sdpa_context(variant):
                     return measure(ctx, variant, p, fn=lambda: sdpa(q, k, v, causal),
                                    check=lambda: check(lambda o: o.copy_(sdpa(q, k, v, causal))),
-                                   bytes_moved=attention_bytes(b, h, n, d, t.itemsize), timing=timing, **cost)
+                                   timing=timing, **cost(variant))
             except RuntimeError as exc:               # a library path that refuses this size: not our failure
                 return skipped(variant, p, f"{SDPA_BACKENDS[variant]} raised: {str(exc).splitlines()[0][:160]}")
 
@@ -645,23 +668,26 @@ def run(ctx, params):
                 _WINNERS[key] = cfg
             tuning[f"{p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
             r = measure(ctx, "triton", p, fn=lambda: attention_forward(q, k, v, causal, sm_scale, cfg),
-                        check=lambda: check_both(cfg), bytes_moved=attention_bytes(b, h, n, d, t.itemsize),
-                        timing=timing, **cost)
+                        check=lambda: check_both(cfg), timing=timing, **cost("triton"))
+            r["metrics"]["algorithm_bytes_formula"] = "4·B·H·N·D·bytes + 4·B·H·N (also writes the fp32 LSE for the backward)"
             r["metrics"]["config"] = label(cfg)
             r["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize     # what naive would write
             return r
 
-        if p["group"] == "seed" and ctx.wants("naive"):
-            here.append(attempt("naive", p, naive_row))
-            here[-1]["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize
-        for variant in SDPA_BACKENDS:
-            if ctx.wants(variant):
+        for variant in variants_of(p):
+            if not ctx.wants(variant):
+                continue
+            if variant == "naive":
+                here.append(attempt("naive", p, naive_row))
+                here[-1]["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize
+            elif variant == "triton":
+                here.append(attempt("triton", p, triton_row))
+            else:
                 here.append(attempt(variant, p, lambda variant=variant: sdpa_row(variant)))
-        if ctx.wants("triton"):
-            here.append(attempt("triton", p, triton_row))
         for r in here:
+            own_bytes(r)
             r["metrics"]["flops_formula"] = "4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
-            r["metrics"].setdefault("bytes_formula", "4·B·H·N·D·bytes (Q, K, V read, O written)")
+            r["metrics"]["bytes_formula"] = "4·B·H·N·D·bytes (Q, K, V read, O written)"
         compare_to_library(here, "triton", tuple(SDPA_BACKENDS), "tflops")
         naive = next((r for r in here if r["variant"] == "naive" and r["status"] == "ok"), None)
         ours = next((r for r in here if r["variant"] == "triton" and r["status"] == "ok"), None)
@@ -669,8 +695,10 @@ def run(ctx, params):
             ours["metrics"]["speedup_vs_naive"] = naive["metrics"]["ms"] / ours["metrics"]["ms"]
         rows += here
     return Result(rows, {"tuning": tuning, "flops_convention": "4·B·H·N²·D per forward (two N² matmuls), halved when causal",
-                  "naive_matmul_precision": "highest (strict fp32, no TF32)",
-                  "triton_fp32_dots": "tf32 (tl.dot's default input precision)"})
+                         "bytes_convention": "the problem's: Q, K, V read and O written once, every variant alike; "
+                                             "naive's N x N traffic and our LSE are metrics.algorithm_bytes",
+                         "naive_matmul_precision": "highest (strict fp32, no TF32)",
+                         "triton_fp32_dots": "tf32 (tl.dot's default input precision)"})
 
 
 EXERCISE = Exercise(
@@ -694,7 +722,8 @@ EXERCISE = Exercise(
                 "tokens": 512, "model_dim": 128},
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
                   "tokens": 2048, "model_dim": 256},
-    variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)
+    variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes,
+    work=work)
 
 
 if __name__ == "__main__":

@@ -9,18 +9,21 @@ over keys. Both recompute P from the forward's saved row statistics: no N x N ma
 FLOPs by the usual convention: five N² matmuls, 2.5x the forward's 4·B·H·N²·D (halved when causal).
 These kernels do seven (S and dP recomputed in both, which avoids atomic adds on dQ), so our TFLOP/s
 is comparable with published figures and understates the arithmetic done. Bytes: Q, K, V, O, dO
-read and dQ, dK, dV written, 8·B·H·N·D elements. The check compares dQ, dK and dV of the first and
-last head with float64 autograd on the same inputs and dO, and reports the worst of the three.
+and the forward's fp32 LSE read, dQ, dK, dV written, 8·B·H·N·D elements + 4·B·H·N bytes, the same
+for every variant. Launches: our backward is 3 kernels; SDPA's are counted from their sources
+(counts.py). The check compares dQ, dK and dV of the first and last head with float64 autograd on
+the same inputs and dO, and reports the worst of the three.
 """
 import math
 
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
-from common.exercise import Exercise, Needs, Result, measure
+from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
+from . import counts
 from . import flash_attention as fa
 from ._support import (
     attempt,
@@ -64,8 +67,8 @@ def check_grads(fill, shape_like, ref: dict, heads, precision: str, which=("dq",
     return out
 
 
-def backward_bytes(b, h, n, d, itemsize: int) -> int:
-    return 8 * b * h * n * d * itemsize
+backward_bytes = counts.backward_bytes           # Q, K, V, O, dO, LSE read; dQ, dK, dV written
+VARIANTS = (*fa.SDPA_BACKENDS, "triton")
 
 
 def problems(params) -> list[dict]:
@@ -73,6 +76,14 @@ def problems(params) -> list[dict]:
              "head_dim": d, "dtype": dtype, "causal": causal}
             for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
             for n in params["sizes"]]
+
+
+def work(params) -> list[Work]:
+    """Every row run() would time (an SDPA backend that refuses the inputs is skipped at run time)."""
+    return [Work(f"{variant} {p['dtype']} d={p['head_dim']} causal={p['causal']} n={p['n']} {p['batch']}x{p['heads']}",
+                 c.flops, c.bytes, c.dtype, launches=c.launches)
+            for p in problems(params) for variant in VARIANTS
+            for c in [counts.backward_count(variant, p["batch"], p["heads"], p["n"], p["head_dim"], p["dtype"], p["causal"])]]
 
 
 def problem_footprint(p: dict) -> int:
@@ -102,8 +113,10 @@ def run(ctx, params):
         heads = fa.check_heads(b, h)
         ref = reference_grads(q, k, v, do, causal, sm_scale, heads)
         precision = fa.PRECISION[t]
-        cost = {"flops": 2.5 * fa.attention_flops(b, h, n, d, causal),
-                "bytes_moved": backward_bytes(b, h, n, d, t.itemsize), "dtype": p["dtype"]}
+        def cost(variant):                        # one problem: the same FLOPs, bytes and dtype for every variant
+            c = counts.backward_count(variant, b, h, n, d, p["dtype"], causal)
+            return {"flops": c.flops, "bytes_moved": c.bytes, "dtype": c.dtype, "launches": c.launches}
+
         here = []
         timing = None if ctx.quick else {"target_ms": 100.0}   # many rows: 100 ms of samples each
 
@@ -128,7 +141,7 @@ def run(ctx, params):
 
                 try:
                     return measure(ctx, variant, p, fn=grad, check=lambda: check_grads(fill, q, ref, heads, precision),
-                                   timing=timing, **cost)
+                                   timing=timing, **cost(variant))
                 except RuntimeError as exc:           # a library path that refuses this size: not our failure
                     return skipped(variant, p, f"{fa.SDPA_BACKENDS[variant]} raised: {str(exc).splitlines()[0][:160]}")
 
@@ -158,7 +171,7 @@ def run(ctx, params):
                         check=lambda: check_grads(
                             lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg,
                                                                      grads=(dq, dk, dv)),
-                            q, ref, heads, precision), timing=timing, **cost)
+                            q, ref, heads, precision), timing=timing, **cost("triton"))
             r["metrics"]["config"] = f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}"
             return r
 
@@ -169,11 +182,12 @@ def run(ctx, params):
             here.append(attempt("triton", p, triton_row))
         for r in here:
             r["metrics"]["flops_formula"] = "2.5 · 4·B·H·N²·D" + (" / 2 (causal)" if causal else "")
-            r["metrics"]["bytes_formula"] = "8·B·H·N·D·bytes (Q, K, V, O, dO read; dQ, dK, dV written)"
+            r["metrics"]["bytes_formula"] = "8·B·H·N·D·bytes + 4·B·H·N (Q, K, V, O, dO, fp32 LSE read; dQ, dK, dV written)"
         compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
         rows += here
     return Result(rows, {"tuning": tuning,
-                         "flops_convention": "2.5 x the forward's 4·B·H·N²·D (five N² matmuls), halved when causal"})
+                         "flops_convention": "2.5 x the forward's 4·B·H·N²·D (five N² matmuls), halved when causal",
+                         "launches": {v: counts.backward_launches(v) for v in VARIANTS}})
 
 
 EXERCISE = Exercise(
@@ -189,7 +203,7 @@ EXERCISE = Exercise(
     cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
-    variants=("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ Both kernels are autotuned in the run (_support.tune); the record keeps every ca
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES
-from common.exercise import Exercise, Needs, Result, measure, reference_check
+from common.exercise import Exercise, Needs, Result, Work, measure, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
+from . import counts
 from ._support import (
     attempt,
     compare_to_library,
@@ -183,12 +184,14 @@ def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 REFERENCE = "float64 matmul of the same inputs"
 
 
-def flops(m: int, n: int, k: int) -> int:
-    return 2 * m * n * k
+VARIANTS = ("cublas", "triton", "triton_tma")
 
 
-def bytes_moved(m: int, n: int, k: int, itemsize: int) -> int:
-    return (m * k + k * n + m * n) * itemsize       # read A and B, write C, once each
+def work(params) -> list[Work]:
+    """Every row run() times: per dtype and N, cuBLAS and the two Triton kernels, one problem each."""
+    return [Work(f"{variant} {dtype} n={n}", c.flops, c.bytes, c.dtype, launches=c.launches)
+            for dtype in params["dtypes"] for n in params["sizes"] for c in [counts.matmul_count(n, n, n, dtype)]
+            for variant in VARIANTS]
 
 
 # ------------------------------------------------------------------------------ the exercise
@@ -213,7 +216,8 @@ def run(ctx, params):
         c = torch.empty(n, n, device=ctx.device, dtype=t)
         ref = a.double() @ b.double()
         size = {"n": n, "dtype": dtype}
-        cost = {"flops": flops(n, n, n), "bytes_moved": bytes_moved(n, n, n, t.itemsize), "dtype": dtype}
+        mc = counts.matmul_count(n, n, n, dtype)      # one problem, one kernel per call, whatever the variant
+        cost = {"flops": mc.flops, "bytes_moved": mc.bytes, "dtype": mc.dtype, "launches": mc.launches}
         here = []
 
         def check(fill):
@@ -254,7 +258,7 @@ EXERCISE = Exercise(
             "warp_specialize": Bool(True, help="also tune the warp-specialized TMA configs")},
     cpu_params={"sizes": [256], "dtypes": ["fp16"]},
     quick_params={"sizes": [256], "dtypes": ["bf16"]},
-    variants=("cublas", "triton", "triton_tma"), footprint_bytes=footprint_bytes)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

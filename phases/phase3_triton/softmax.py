@@ -3,9 +3,12 @@ chain, which moves four times the bytes, and torch.softmax.
 
     lab run phase3.softmax [--param cols=[2048,65536]]
 
-Unfused (max, subtract, exp, sum, divide) is five kernels: 5 reads and 3 writes of M x N plus 4 row
-vectors, (8·M·N + 4·M) x 4 bytes. Fused keeps the row on chip: 2·M·N x 4 bytes. At ~0.6 FLOP/byte
-both are memory-bound, so the roofline predicts fused = 4x faster than unfused = a copy's speed.
+The problem moves 2·M·N x 4 bytes (read x, write y) for 5·M·N FLOPs (max, subtract, exp, sum,
+divide), whatever the variant: that is every row's `bytes_moved`. Fused keeps the row on chip and
+moves just that. Unfused (the same five operations) is five kernels, 5 reads and 3 writes of M x N
+plus the row vectors, about 4x the problem's bytes: its own traffic is the row's `algorithm_bytes`,
+and its 5 launches are counted. At ~0.6 FLOP/byte both are memory-bound, so the roofline predicts
+fused = a copy's speed and unfused ~4x slower. (Counts: counts.py.)
 Three kernels cover every row length (the tuner times them all and keeps the fastest correct one):
 * `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
@@ -20,6 +23,7 @@ from common.exercise import (
     Exercise,
     Needs,
     Result,
+    Work,
     against_baseline,
     measure,
     reference_check,
@@ -27,7 +31,7 @@ from common.exercise import (
 from common.params import Int
 from common.standalone import run_alone
 
-from . import analysis
+from . import analysis, counts
 from ._support import (
     LOG2E,
     attempt,
@@ -303,17 +307,17 @@ def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
     return e / s
 
 
-def bytes_fused(m: int, n: int, itemsize: int = 4) -> int:
-    return 2 * m * n * itemsize                    # read x, write y
+bytes_fused = counts.softmax_bytes                # the problem's bytes: read x, write y
+bytes_unfused = counts.unfused_bytes              # what the five-kernel chain itself moves
 
-
-def bytes_unfused(m: int, n: int, itemsize: int = 4) -> int:
-    return (8 * m * n + 4 * m) * itemsize          # 5 reads + 3 writes of M·N, 4 row vectors
-
-
-FORMULA = {"triton": "2·M·N·4 (read x, write y)", "torch": "2·M·N·4 (read x, write y)",
-           "unfused": "(8·M·N + 4·M)·4 (5 kernels: 5 reads and 3 writes of M·N, 4 row vectors)",
+FORMULA = {"triton": counts.SOFTMAX_FORMULA, "torch": counts.SOFTMAX_FORMULA, "unfused": counts.SOFTMAX_FORMULA,
            "copy": "2·M·N·4 (read x, write a copy)"}
+ALGORITHM_FORMULA = {**FORMULA, "unfused": counts.UNFUSED_FORMULA}
+
+
+def algorithm_bytes(variant: str, m: int, n: int) -> int:
+    """The bytes the variant's own kernels move: the chain's intermediates for unfused, else the problem's."""
+    return bytes_unfused(m, n) if variant == "unfused" else bytes_fused(m, n)
 
 
 REFERENCE = "float64 torch.softmax of the same inputs"
@@ -324,6 +328,22 @@ def shapes(params) -> list[tuple[int, int, str]]:
     out = [(*params["seed_shape"], "seed")]
     for n in params["cols"]:
         out.append((max(1, params["total_elements"] // n), n, "sweep"))
+    return out
+
+
+def work(params) -> list[Work]:
+    """Every row run() times: per shape the copy (once per tensor size), torch.softmax, the unfused
+    chain and the Triton kernel (its launches assume a one-kernel config; the split kernel adds one)."""
+    out, seen = [], set()
+    for m, n, group in shapes(params):
+        for variant in ("copy", "torch", "unfused", "triton"):
+            if variant == "copy":
+                if m * n in seen:
+                    continue
+                seen.add(m * n)
+            c = counts.softmax_count(m, n, variant)
+            out.append(Work(f"{variant} {group} {m}x{n}", c.flops, c.bytes, c.dtype, working_set_bytes=bytes_fused(m, n),
+                            launches=c.launches))
     return out
 
 
@@ -341,7 +361,11 @@ def run(ctx, params):
         out = torch.empty_like(x)
         ref = reference(x)
         size = {"rows": m, "cols": n, "dtype": "fp32", "group": group, "working_set_bytes": bytes_fused(m, n)}
-        flops = 5 * m * n                          # max, subtract, exp, add, divide per element
+
+        def cost(variant, kind=None):              # one problem: the same FLOPs and bytes for every variant
+            c = counts.softmax_count(m, n, variant, kind)
+            return {"flops": c.flops, "bytes_moved": c.bytes, "dtype": c.dtype, "launches": c.launches}
+
         here = []
 
         def check(fill):
@@ -350,17 +374,16 @@ def run(ctx, params):
         if ctx.wants("copy") and m * n not in copies:    # the ceiling, once per tensor size
             copies[m * n] = measure(ctx, "copy", size, fn=lambda: out.copy_(x),
                                     check=reference_check(ctx, out, lambda: out.copy_(x), x, "the source tensor"),
-                                    flops=0, bytes_moved=bytes_fused(m, n), dtype=None)
+                                    **cost("copy"))
             here.append(copies[m * n])
         if ctx.wants("torch"):
             here.append(attempt("torch", size, lambda: measure(
                 ctx, "torch", size, fn=lambda: torch.softmax(x, dim=1),
-                check=check(lambda: out.copy_(torch.softmax(x, dim=1))),
-                flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")))
+                check=check(lambda: out.copy_(torch.softmax(x, dim=1))), **cost("torch"))))
         if ctx.wants("unfused"):
             here.append(attempt("unfused", size, lambda: measure(
                 ctx, "unfused", size, fn=lambda: softmax_unfused(x), check=check(lambda: out.copy_(softmax_unfused(x))),
-                flops=flops, bytes_moved=bytes_unfused(m, n), dtype="fp32")))
+                **cost("unfused"))))
 
         def triton_row():
             cands = interpreter_configs(n) if interpreting() else candidates(n)
@@ -368,7 +391,7 @@ def run(ctx, params):
                                check=lambda c: check(lambda: softmax(x, out, c))())
             tuning[f"{m}x{n}"] = tuning_summary(trials)
             r = measure(ctx, "triton", size, fn=lambda: softmax(x, out, cfg), check=check(lambda: softmax(x, out, cfg)),
-                        flops=flops, bytes_moved=bytes_fused(m, n), dtype="fp32")
+                        **cost("triton", cfg["kind"]))
             r["metrics"]["config"] = label(cfg)
             r["metrics"]["kernel"] = {"rows": "softmax_kernel", "online": "softmax_online_kernel",
                                       "split": "softmax_split_kernel"}[cfg["kind"]]
@@ -378,16 +401,20 @@ def run(ctx, params):
             here.append(attempt("triton", size, triton_row))
         for r in here:
             r["metrics"]["bytes_formula"] = FORMULA[r["variant"]]
+            r["metrics"]["flops_formula"] = "0 (a copy)" if r["variant"] == "copy" else "5·M·N (max, subtract, exp, sum, divide)"
+            r["metrics"]["algorithm_bytes"] = algorithm_bytes(r["variant"], m, n)
+            r["metrics"]["algorithm_bytes_formula"] = ALGORITHM_FORMULA[r["variant"]]
             if r["status"] == "ok":                # every variant against the fewest bytes: 2·M·N·4
                 r["metrics"]["effective_gbps"] = bytes_fused(m, n) / (r["metrics"]["ms"] * 1e6)
+                r["metrics"]["algorithm_gbps"] = r["metrics"]["algorithm_bytes"] / (r["metrics"]["ms"] * 1e6)
         against_baseline(here, copies.get(m * n), "gbps", "pct_of_copy_bandwidth")
         against_baseline(here, copies.get(m * n), "effective_gbps", "pct_of_copy_effective")
         compare_to_library(here, "triton", ("torch",), "gbps")
         fused, unfused = (next((r for r in here if r["variant"] == v and r["status"] == "ok"), None)
                           for v in ("triton", "unfused"))
         if fused and unfused:
-            unfused["metrics"].update(analysis.fusion_cost(unfused["prediction"]["bytes"], unfused["metrics"]["ms"],
-                                                           fused["prediction"]["bytes"], fused["metrics"]["ms"]))
+            unfused["metrics"].update(analysis.fusion_cost(unfused["metrics"]["algorithm_bytes"], unfused["metrics"]["ms"],
+                                                           fused["metrics"]["algorithm_bytes"], fused["metrics"]["ms"]))
         rows += here
     return Result(rows, {"tuning": tuning})
 
@@ -401,7 +428,7 @@ EXERCISE = Exercise(
             "total_elements": Int(2**27, min=1, unit="fp32 elements per tensor (rows = this // cols)")},
     cpu_params={"cols": [128, 4096], "total_elements": 2**20},
     quick_params={"seed_shape": [64, 2048], "cols": [1537], "total_elements": 2**14},
-    variants=("copy", "torch", "unfused", "triton"), footprint_bytes=footprint_bytes)
+    variants=("copy", "torch", "unfused", "triton"), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

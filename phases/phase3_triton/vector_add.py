@@ -18,6 +18,7 @@ from common.exercise import (
     Exercise,
     Needs,
     Result,
+    Work,
     against_baseline,
     measure,
     measure_copy_gbps,
@@ -26,7 +27,7 @@ from common.exercise import (
 from common.params import Int
 from common.standalone import run_alone
 
-from . import analysis
+from . import analysis, counts
 from ._support import (
     attempt,
     compare_to_library,
@@ -73,8 +74,20 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None, confi
 REFERENCE = "torch x + y of the same inputs"          # an fp32 add has one right answer: checked bit for bit
 
 
-def bytes_moved(n: int, itemsize: int = 4) -> int:
-    return 3 * n * itemsize                       # read x, read y, write out
+def bytes_moved(n: int) -> int:
+    """The add's bytes, which is also each size's working set: read x, read y, write out."""
+    return counts.add_count(n).bytes
+
+
+def work(params) -> list[Work]:
+    """Every row run() times: per size the copy, torch.add and the Triton kernel (counts.py)."""
+    out = []
+    for n in params["sizes"]:
+        for variant in ("copy", "torch", "triton"):
+            c = counts.copy_count(n) if variant == "copy" else counts.add_count(n)
+            out.append(Work(f"{variant} n={n}", c.flops, c.bytes, c.dtype, working_set_bytes=bytes_moved(n),
+                            launches=c.launches))
+    return out
 
 
 # ------------------------------------------------------------------------------ the exercise
@@ -99,14 +112,17 @@ def run(ctx, params):
         def check(fill):
             return reference_check(ctx, out, fill, ref, REFERENCE)
 
+        copy_cost, add_cost = counts.copy_count(n), counts.add_count(n)
+        cost = {"flops": add_cost.flops, "bytes_moved": add_cost.bytes, "dtype": add_cost.dtype,
+                "launches": add_cost.launches}
         if ctx.wants("copy"):                     # the ceiling: 8 bytes per element, no FLOPs
             here.append(measure(ctx, "copy", size, fn=lambda: out.copy_(x),
                                 check=reference_check(ctx, out, lambda: out.copy_(x), x, "the source tensor"),
-                                flops=0, bytes_moved=2 * n * 4, dtype=None))
+                                flops=copy_cost.flops, bytes_moved=copy_cost.bytes, dtype=copy_cost.dtype,
+                                launches=copy_cost.launches))
         if ctx.wants("torch"):
             here.append(measure(ctx, "torch", size, fn=lambda: torch.add(x, y, out=out),
-                                check=check(lambda: torch.add(x, y, out=out)),
-                                flops=n, bytes_moved=bytes_moved(n), dtype="fp32"))
+                                check=check(lambda: torch.add(x, y, out=out)), **cost))
 
         def triton_row():
             candidates = [INTERPRETER_CONFIG] if interpreting() else CONFIGS
@@ -114,7 +130,7 @@ def run(ctx, params):
                                launch=lambda c: add(x, y, out, c), check=lambda c: check(lambda: add(x, y, out, c))())
             tuning[str(n)] = tuning_summary(trials)
             r = measure(ctx, "triton", size, fn=lambda: add(x, y, out, cfg), check=check(lambda: add(x, y, out, cfg)),
-                        flops=n, bytes_moved=bytes_moved(n), dtype="fp32")
+                        **cost)
             r["metrics"]["config"] = label(cfg)
             return r
 
@@ -144,7 +160,7 @@ EXERCISE = Exercise(
                               unit="bytes per buffer of the summary's large copy (null: none; GPU only)")},
     cpu_params={"sizes": [98432, 2**20], "copy_bytes": None},
     quick_params={"sizes": [98432, 100003], "copy_bytes": None},
-    variants=("copy", "torch", "triton"), footprint_bytes=footprint_bytes)
+    variants=("copy", "torch", "triton"), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":
