@@ -22,6 +22,7 @@ launch = importlib.import_module("phases.phase4_distributed.launch")
 ring = importlib.import_module("phases.phase4_distributed.ring_allreduce")
 ddp = importlib.import_module("phases.phase4_distributed.ddp")
 sweep = importlib.import_module("phases.phase4_distributed.interconnect")
+cal = importlib.import_module("phases.phase4_distributed.calibration")
 report = importlib.import_module("phases.phase4_distributed.report")
 
 ROOFS = roofline.Roofs(bandwidth_gbps=10.0, peak_tflops={"fp32": 1.0}, source="test roofs")
@@ -51,7 +52,7 @@ def test_lab_run_4_over_gloo_exits_0_with_valid_records(gloo_run):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(r["exercise"]["id"] for r in gloo_run["records"]) == \
-        ["phase4.ddp", "phase4.interconnect", "phase4.ring_allreduce"]
+        ["phase4.ddp", "phase4.interconnect", "phase4.link_ceilings", "phase4.ring_allreduce"]
     for rec in gloo_run["records"]:
         path = rec.pop("_path")
         assert problems(rec) == [], path
@@ -60,8 +61,48 @@ def test_lab_run_4_over_gloo_exits_0_with_valid_records(gloo_run):
         assert rec["summary"]["backend"] == "gloo" and rec["summary"]["world_sizes"] == [2]
 
 
+def test_link_ceilings_measure_alpha_and_beta_of_every_collective(gloo_run):
+    rec = _rec(gloo_run, "phase4.link_ceilings")
+    ceil = rec["summary"]["link_ceilings"]
+    assert sorted(ceil) == sorted(col.OPS)
+    for op, per_n in ceil.items():
+        c = per_n["2"]
+        assert c["alpha_us"] > 0 and c["beta_busbw_gbps"] > 0 and c["busbw_factor"] == cal.FACTOR_RULES[op]
+        small = [r for r in rec["rows"] if r["params"]["op"] == op and r["params"]["role"] == "alpha"]
+        large = [r for r in rec["rows"] if r["params"]["op"] == op and r["params"]["role"] == "beta"]
+        assert len(small) == len(large) == 2                      # the quick sizes: 2 small, 2 large
+        assert c["beta_busbw_gbps"] == max(r["metrics"]["busbw_gbps"] for r in large)
+    assert all(r["prediction"]["excluded"].startswith("calibration: ") for r in rec["rows"])
+
+
+def test_the_sweep_and_the_ring_are_predicted_from_the_link_ceilings(gloo_run):
+    """Run after phase4.link_ceilings, every timed collective row carries the alpha-beta prediction,
+    and the report's calibrator (the same function) gives the same numbers from the records."""
+    from common.frame import Frame
+    ceil = _rec(gloo_run, "phase4.link_ceilings")
+    constants = ceil["summary"]["link_ceilings"]
+    timed = [(ex, r) for ex in ("phase4.interconnect", "phase4.ring_allreduce") for r in _rec(gloo_run, ex)["rows"]
+             if r["status"] == "ok" and r.get("timing")]
+    assert len(timed) > 10
+    for ex, r in timed:
+        c = r["prediction"]["calibrated"]
+        k = constants[cal.model_op(r["params"].get("op", "all_reduce"))]["2"]
+        want = roofline.alpha_beta_ms(r["params"]["size_bytes"], col.busbw_factor(r["params"].get("op", "all_reduce"), 2),
+                                      k["alpha_us"], k["beta_busbw_gbps"])
+        assert c["predicted_ms"] == pytest.approx(want) and c["computed"].startswith("at run time")
+        assert c["ceilings_record"] == f"results/{ceil['_path']}" and c["bound"] in ("latency", "communication")
+        assert c["measured_over_predicted"] == pytest.approx(r["metrics"]["ms"] / want)
+    df = Frame.of(gloo_run["records"]).df
+    sweep_rows = df[(df["exercise"] == "phase4.interconnect") & (df["status"] == "ok")]
+    for (_, fr), (_, r) in zip(sweep_rows.iterrows(), [t for t in timed if t[0] == "phase4.interconnect"]):
+        again = cal.calibrator(fr, gloo_run["records"])
+        assert again["predicted_ms"] == pytest.approx(r["prediction"]["calibrated"]["predicted_ms"])
+        assert again["computed"].startswith("at report time")
+
+
 def test_naive_blocking_order_deadlocks_and_is_killed(gloo_run):
     [r] = [r for r in _rec(gloo_run, "phase4.ring_allreduce")["rows"] if r["variant"] == "naive_blocking"]
+    assert r["prediction"]["excluded"].startswith("lesson: ")
     m = r["metrics"]
     assert m["deadlocked"] and m["killed"] and m["ranks_returned"] == 0
     assert m["outcome"].startswith("deadlocked as predicted after ")
@@ -127,7 +168,7 @@ def test_report_and_plot_from_gloo_records(gloo_run, tmp_path):
         [r for r in _rec(gloo_run, "phase4.interconnect")["rows"] if r["params"].get("world_size") == 2])
 
 
-@pytest.mark.parametrize("module", ["ring_allreduce", "interconnect", "ddp"])
+@pytest.mark.parametrize("module", ["link_ceilings", "ring_allreduce", "interconnect", "ddp"])
 def test_each_exercise_runs_alone_on_two_cpu_ranks(module):
     """`python -m phases.phase4_distributed.<module>`: gloo, 2 ranks, small irregular sizes, a table."""
     import subprocess
@@ -229,9 +270,9 @@ def test_no_gpu_and_no_gloo_is_a_clear_skip(lab, tmp_path):
     assert rc == 3
     assert [ln for ln in err.splitlines() if ln.strip()] == \
         ["lab: nothing ran: every selected exercise was skipped (reasons above)"]
-    for ex in ("phase4.ddp", "phase4.ring_allreduce", "phase4.interconnect"):
+    for ex in ("phase4.link_ceilings", "phase4.ddp", "phase4.ring_allreduce", "phase4.interconnect"):
         assert f"skip {ex}: no GPU in this run" in out
-    assert len(json_files(tmp_path)) == 3                  # skipped records, saying why
+    assert len(json_files(tmp_path)) == 4                  # skipped records, saying why
     rc, out, _ = lab("run", "phase4.ring_allreduce", "--param", "backend=nccl", "--results", tmp_path)
     assert rc == 3 and "needs CUDA GPUs" in out
     assert os.environ.get("LAB_PHASE4_FAULT") is None

@@ -23,7 +23,9 @@ from common.params import ParamError
 ring = importlib.import_module("phases.phase4_distributed.ring_allreduce")
 ddp = importlib.import_module("phases.phase4_distributed.ddp")
 sweep = importlib.import_module("phases.phase4_distributed.interconnect")
-MODULES = {"phase4.ring_allreduce": ring, "phase4.interconnect": sweep, "phase4.ddp": ddp}
+link = importlib.import_module("phases.phase4_distributed.link_ceilings")
+MODULES = {"phase4.ring_allreduce": ring, "phase4.interconnect": sweep, "phase4.ddp": ddp,
+           "phase4.link_ceilings": link}
 
 
 # ------------------------------------------------------------------------------ declared parameters
@@ -106,11 +108,22 @@ def test_a_size_too_small_to_split_is_refused_before_launching(spec_ctx, monkeyp
         sweep.run(spec_ctx(), params)
 
 
+def test_link_ceilings_refuse_bad_sizes_before_launching(spec_ctx, monkeypatch):
+    monkeypatch.setattr(link, "launch", lambda *a, **k: pytest.fail("launched"))
+    params = link.EXERCISE.resolve_params(True, True, {"backend": "gloo", "world_sizes": [4], "small_sizes_bytes": [8]})
+    with pytest.raises(LabError, match=r"--param small_sizes_bytes: 8 bytes is too small for all_gather on 4 ranks"):
+        link.run(spec_ctx(), params)
+    params = link.EXERCISE.resolve_params(True, True, {"backend": "gloo", "large_sizes_bytes": [2**15]})
+    with pytest.raises(LabError, match=r"small_sizes_bytes must all be below large_sizes_bytes: 65536 bytes"):
+        link.run(spec_ctx(), params)
+
+
 def test_footprints_at_gpu_defaults():
     gib = 2**30
     got = {ex_id: mod.EXERCISE.footprint_bytes(mod.EXERCISE.resolve_params(False, False, {})) / gib
            for ex_id, mod in MODULES.items()}
     assert 9 < got["phase4.interconnect"] < 12          # 4 GiB sendrecv: 8 GiB of buffers + the check's scratch
+    assert got["phase4.link_ceilings"] == got["phase4.interconnect"]     # the same largest message
     assert 3 < got["phase4.ring_allreduce"] < 5         # 1 GiB buffer, its scratch, the check's scratch
     assert 8 < got["phase4.ddp"] < 14                   # 201M fp32 weights x ~7.5 + activations
     # with gloo every rank is a process on this host: the footprint counts them all

@@ -39,5 +39,5 @@ def test_readme_holds_every_declared_block_once():
     from phases.phase4_distributed import report
     text = (REPO / "phases/phase4_distributed/README.md").read_text()
     found = re.findall(r"<!-- lab:begin ([\w.]+) -->", text)
-    assert sorted(found) == sorted(report.PHASE.block_ids())
+    assert sorted(found) == sorted(report.PHASE.block_ids() + ["phase4.accuracy"])    # the lab adds its accuracy
     assert len(text.splitlines()) <= 300

@@ -16,6 +16,9 @@ import torch
 
 from common.params import Int
 
+# one formula, torch-free: the report's alpha-beta model (calibration.py) uses it too
+from .calibration import busbw_factor
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 CHUNK_ELEMENTS = 1 << 26            # checks walk big tensors 64 Mi elements (256 MiB of fp32) at a time
 # pattern() and pattern_sum() hold ~40 bytes of int64 and fp32 temporaries per element of one chunk:
@@ -38,17 +41,6 @@ def timing_params(warmup: int, min_iters: int, max_iters: int, iter_bytes: int) 
 
 
 # ------------------------------------------------------------------------------ bandwidth arithmetic
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor for `op` on n ranks ('ring_allreduce' is an all-reduce)."""
-    if op in ("all_reduce", "ring_allreduce"):
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "sendrecv":
-        return 1.0
-    raise ValueError(f"unknown collective '{op}'")
-
-
 def algbw_gbps(size_bytes: float, ms: float) -> float:
     return size_bytes / (ms * 1e6)
 
@@ -70,6 +62,21 @@ def elements_for(op: str, size_bytes: int, n: int, itemsize: int = 4) -> tuple[i
         per_rank = numel // n
         return per_rank * n, per_rank
     return numel, numel
+
+
+def measured_size(op: str, size_bytes: int, n: int) -> int:
+    """The size a row records for nccl-tests size `size_bytes`: whole fp32 elements, a multiple of n
+    of them for all_gather / reduce_scatter."""
+    return elements_for(op, size_bytes, n)[0] * 4
+
+
+def collective_work(op: str, size_bytes: int, n: int, label: str | None = None):
+    """A timed collective row's roofline inputs: no FLOPs counted (the adds of a reduction are
+    never the limit), bytes = the bytes each rank's link carries (wire_bytes of the measured size).
+    The bandwidth that bounds them is the link's, not HBM's (launch.link_roofs)."""
+    from common.exercise import Work
+    size = measured_size(op, size_bytes, n)
+    return Work(label or f"{op} {size} B on {n} ranks (bytes on each rank's link)", 0, wire_bytes(op, size, n), None)
 
 
 # ------------------------------------------------------------------------------ data and #wrong

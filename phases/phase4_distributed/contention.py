@@ -15,10 +15,32 @@ import torch
 import torch.distributed as dist
 
 PIECE_BYTES = 32 << 20
+# the transfers a kernel is timed under (copy_engine only where the GPUs reach each other's memory)
+BACKGROUNDS = ("nccl_all_reduce", "copy_engine")
+
+
+def kernel_counts(tokens: int, d: int) -> dict:
+    """name -> (FLOPs, bytes, dtype, kernels per call) of each probed kernel at T tokens, width d
+    (h = 4d). Bytes: each input read once, each output written once.
+      matmul [T, d] @ [d, h] bf16: 2Tdh FLOPs; reads both operands, writes [T, h].
+      layer_norm_backward fp32 (dx, dgamma, dbeta): reads dy and x [T, d], mean and rstd [T]
+        and gamma [d]; writes dx [T, d], dgamma and dbeta [d]. 8 FLOPs per element (a convention:
+        normalise, scale, two row sums, combine). Two kernels: dx, then dgamma and dbeta
+        together (PyTorch's CUDA path up to 64K rows).
+      gelu_backward bf16: reads dy and x [T, h], writes dx [T, h]; 10 FLOPs per element (erf and
+        exp of the exact GELU's derivative, by convention).
+      bias_grad bf16 (dy.sum(0)): reads [T, h], writes [h]; one add per element read."""
+    t, h = tokens, 4 * d
+    return {
+        "matmul": (2 * t * d * h, 2 * (t * d + h * d + t * h), "bf16", 1),
+        "layer_norm_backward": (8 * t * d, 4 * (3 * t * d + 2 * t + 3 * d), "fp32", 2),
+        "gelu_backward": (10 * t * h, 2 * 3 * t * h, "bf16", 1),
+        "bias_grad": (t * h, 2 * (t * h + h), "bf16", 1),
+    }
 
 
 def kernels(tokens: int, d: int, device) -> dict:
-    """name -> (fn, flops, bytes, dtype): the probed kernels, inputs made once."""
+    """name -> (fn, flops, bytes, dtype, launches): the probed kernels, inputs made once."""
     t, h = tokens, 4 * d
     x32, g32 = torch.randn(t, d, device=device), torch.randn(t, d, device=device)
     w, b = torch.ones(d, device=device), torch.zeros(d, device=device)
@@ -26,13 +48,14 @@ def kernels(tokens: int, d: int, device) -> dict:
     a16 = torch.randn(t, d, device=device, dtype=torch.bfloat16)
     w16 = torch.randn(h, d, device=device, dtype=torch.bfloat16)
     x16, g16 = (torch.randn(t, h, device=device, dtype=torch.bfloat16) for _ in range(2))
-    return {
-        "matmul": (lambda: a16 @ w16.t(), 2 * t * d * h, 2 * (t * d + h * d + t * h), "bf16"),
-        "layer_norm_backward": (lambda: torch.ops.aten.native_layer_norm_backward(
-            g32, x32, [d], mean, rstd, w, b, [True, True, True])[0], 8 * t * d, 12 * t * d, "fp32"),
-        "gelu_backward": (lambda: torch.ops.aten.gelu_backward(g16, x16), 10 * t * h, 6 * t * h, "bf16"),
-        "bias_grad": (lambda: g16.sum(0), t * h, 2 * t * h, "bf16"),
+    fns = {
+        "matmul": lambda: a16 @ w16.t(),
+        "layer_norm_backward": lambda: torch.ops.aten.native_layer_norm_backward(
+            g32, x32, [d], mean, rstd, w, b, [True, True, True])[0],
+        "gelu_backward": lambda: torch.ops.aten.gelu_backward(g16, x16),
+        "bias_grad": lambda: g16.sum(0),
     }
+    return {name: (fns[name], *counts) for name, counts in kernel_counts(tokens, d).items()}
 
 
 class _SideStream:
@@ -112,10 +135,11 @@ def probe(me, tokens: int, d: int, grad_bytes: int, repeats: int = 5) -> dict:
         _background_ms(me, start)                            # warm: NCCL's first call, the peer mapping
         bg_ms[name] = statistics.median([_background_ms(me, start) for _ in range(repeats)])
     out = {"background_ms": bg_ms, "kernels": {}}
-    for name, (fn, flops, nbytes, dtype) in kernels(tokens, d, me.device).items():
+    for name, (fn, flops, nbytes, dtype, launches) in kernels(tokens, d, me.device).items():
         reference = fn().clone()
         one = _timed(me, fn, 10)
-        entry = {"flops": flops, "bytes": nbytes, "dtype": dtype, "under_ms": {}, "matches": {}, "reps": {}}
+        entry = {"flops": flops, "bytes": nbytes, "dtype": dtype, "launches": launches,
+                 "under_ms": {}, "matches": {}, "reps": {}}
         entry["alone_ms"] = statistics.median([_timed(me, fn, 10) for _ in range(repeats)])
         for bg, start in bgs.items():
             reps = max(1, int(0.8 * bg_ms[bg] / one))
@@ -138,6 +162,7 @@ def slowdowns(per_rank: list[dict]) -> list[dict]:
             slow = [u / a - 1 for u, a in zip(under, alone)]
             worst = max(range(len(slow)), key=slow.__getitem__)
             out.append({"background": bg, "kernel": name, "flops": k["flops"], "bytes": k["bytes"], "dtype": k["dtype"],
+                        "launches": k.get("launches", 1),
                         "background_ms": [r["background_ms"][bg] for r in per_rank],
                         "alone_ms": alone, "under_ms": under, "slowdown": slow,
                         "slowest_rank": worst, "max_slowdown": slow[worst],

@@ -31,9 +31,17 @@ from common.params import Bool, Choice, Float, Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from . import analysis, contention, copy_engine
+from . import analysis, calibration, contention, copy_engine
 from . import collectives as col
-from .launch import alone, launch, launch_params, link_roofs, plan, ranks_sharing_memory
+from .launch import (
+    alone,
+    launch,
+    launch_params,
+    link_roofs,
+    plan,
+    ranks_sharing_memory,
+    work_world_sizes,
+)
 
 
 # ------------------------------------------------------------------------------ the model
@@ -52,6 +60,12 @@ def make_model(d_model: int, n_layers: int) -> nn.Module:
 
 def matmul_params(d_model: int, n_layers: int) -> int:
     return n_layers * 8 * d_model * d_model
+
+
+def param_count(d_model: int, n_layers: int) -> int:
+    """Every parameter of make_model: per block a LayerNorm (weight and bias, d each), Linear d->4d
+    (4d^2 + 4d) and Linear 4d->d (4d^2 + d): 8d^2 + 7d. DDP all-reduces 4 bytes (fp32) of gradient each."""
+    return n_layers * (8 * d_model * d_model + 7 * d_model)
 
 
 def step_flops(d_model: int, n_layers: int, tokens: int) -> int:
@@ -293,9 +307,10 @@ def _hook_check(res: dict, hook: str, chk: dict) -> dict:
             "rel_l2_error": None, "max_abs_error": err, "passed": reason is None, "reason": reason}
 
 
-def _contention_row(c: dict, base: dict, hbm_roofs) -> dict:
+def _contention_row(c: dict, base: dict, hbm_roofs, ctx=None) -> dict:
     """One probed kernel under one background transfer: timed (slowest rank's slowdown), predicted
-    alone from the HBM roofline, and checked (its output under the transfer equals its output alone)."""
+    alone from the HBM roofline (with ctx: ctx.predict, so the calibrated model comes with it), and
+    checked (its output under the transfer equals its output alone)."""
     k = c["slowest_rank"]
     check = {"reference": "the same kernel's output computed with no transfer in flight", "metric": "exact",
              "precision": c["dtype"], "tolerance": 0.0, "rel_l2_error": None, "max_abs_error": None,
@@ -308,8 +323,13 @@ def _contention_row(c: dict, base: dict, hbm_roofs) -> dict:
                "slowdown": c["max_slowdown"], "slowest_rank": k, "per_rank_alone_ms": c["alone_ms"],
                "per_rank_under_ms": c["under_ms"], "per_rank_slowdown": c["slowdown"],
                "background_ms": c["background_ms"], "calls_per_repeat": c["reps"]}
-    return row(variant, p, "ok", None, check=check, metrics=metrics,
-               prediction=roofline.predict(c["flops"], c["bytes"], hbm_roofs, c["dtype"], c["alone_ms"][k]))
+    alone, launches = c["alone_ms"][k], c.get("launches", 1)
+    if ctx is not None:            # back-to-back calls, caches warm: timed as the harness times a warm kernel
+        t = summarize([alone], "CUDA events around back-to-back calls; median of repeats", 0, flush_l2=False)
+        prediction = ctx.predict(c["flops"], c["bytes"], c["dtype"], t, launches=launches, measured_ms=alone)
+    else:
+        prediction = {**roofline.predict(c["flops"], c["bytes"], hbm_roofs, c["dtype"], alone), "launches": launches}
+    return row(variant, p, "ok", None, check=check, metrics=metrics, prediction=prediction)
 
 
 def _bucket_variant(cap_mb, hook: str) -> str:
@@ -317,7 +337,7 @@ def _bucket_variant(cap_mb, hook: str) -> str:
 
 
 def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dict | None,
-              hbm_roofs=None) -> list[dict]:
+              hbm_roofs=None, ctx=None) -> list[dict]:
     base = {"world_size": n, "backend": backend, "d_model": params["d_model"], "n_layers": params["n_layers"],
             "tokens_per_rank": params["tokens_per_rank"], "dtype": params["dtype"]}
     rows = []
@@ -380,10 +400,11 @@ def rows_from(res: dict, n: int, backend: str, params: dict, roofs, ceiling: dic
                    "mfu_vs_phase1_ceiling": tflops / ceiling["tflops"] if ceiling else None}
         # perfect overlap: the step takes max(FLOPs / peak, gradient wire bytes / link)
         wire = col.wire_bytes("all_reduce", grad_bytes, n)
-        rows.append(row(name, p, "ok", None, check=hook_chk, timing=med["ddp"],
-                        metrics=metrics, prediction=roofline.predict(flops, wire, roofs, params["dtype"], d_ms)))
+        rows.append(row(name, p, "ok", None, check=hook_chk, timing=med["ddp"], metrics=metrics,
+                        prediction={**roofline.predict(flops, wire, roofs, params["dtype"], d_ms),
+                                    "excluded": calibration.STEP_EXCLUDED}))
     for c in contention.slowdowns(res["contention"]) if res.get("contention") else []:
-        rows.append(_contention_row(c, base, hbm_roofs))
+        rows.append(_contention_row(c, base, hbm_roofs, ctx))
     w = res["wall"]
     for variant, local, ddp_ms, straggle in (("per_rank_steps", w["local"], w["ddp"], 0.0),
                                              ("per_rank_steps_straggler", w["local_straggler"], w["ddp_straggler"],
@@ -415,8 +436,7 @@ def run(ctx, params):
     # choice), putting NCCL's stream at high priority (its CTAs are scheduled before queued
     # compute CTAs, so a bucket's all-reduce starts as soon as it is ready instead of after the
     # matmul in flight), and an SM carve-out (cuBLAS leaves that many SMs out of every matmul).
-    settings = [(ch, hp, sm) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]
-                for sm in params["sm_carveouts"]] if pl.backend == "nccl" else [(None, False, None)]
+    settings = launch_settings(params, pl.backend)
     for n in ctx.track(pl.world_sizes, "DDP world sizes"):
         timed = []
         hooks, why_not = _hooks_for(params["comm_hooks"], pl.backend, n)
@@ -424,11 +444,9 @@ def run(ctx, params):
                                                             "bucket_cap_mb": cap, "comm_hook": "copy_engine"},
                      "skipped", why_not) for cap in params["bucket_caps_mb"] if why_not]
         for ch, hp, sm in settings:
-            # the copy-engine hook sends no gradient through NCCL, so NCCL's channel cap cannot change
-            # it: it runs in the launches of the first cap only (a repeat would only be a second sample)
-            launch_hooks = hooks if ch == settings[0][0] else [h for h in hooks if h != "copy_engine"]
+            launch_hooks = hooks_in_launch(hooks, ch, settings)
             env = {"NCCL_MAX_NCHANNELS": str(ch)} if ch else None
-            tag = "".join([f"_ch{ch}" if ch else "", "_hp" if hp else "", f"_sm{sm}" if sm else ""])
+            tag = setting_tag(ch, hp, sm)
             what = ", ".join(([f"NCCL_MAX_NCHANNELS={ch}"] if ch else []) + (["high-priority NCCL stream"] if hp else [])
                              + ([f"matmuls leave {sm} SMs free"] if sm else []))
             res = launch("ddp", n, pl.backend, {**params, "high_priority_stream": hp, "sm_carveout": sm,
@@ -437,7 +455,7 @@ def run(ctx, params):
                          f"phase4.ddp on {n} ranks" + (f" ({what})" if what else ""), extra_env=env)
             summary["launch_s"][f"{n}{tag}"] = res["_launch_s"]
             summary["params_count"] = res["params"]
-            new = rows_from(res, n, pl.backend, params, roofs, ceiling, hbm_roofs)
+            new = rows_from(res, n, pl.backend, params, roofs, ceiling, hbm_roofs, ctx)
             per_setting = [r for r in new if r["variant"].startswith(("bucket_", "contention_"))]
             for r in new:
                 r["params"]["nccl_max_channels"] = ch
@@ -456,6 +474,50 @@ def run(ctx, params):
     return Result(rows, summary)
 
 
+def launch_settings(params: dict, backend: str) -> list[tuple]:
+    """(NCCL_MAX_NCHANNELS, high-priority stream, SM carve-out) of each launch: every combination on
+    NCCL, one plain launch on gloo."""
+    return [(ch, hp, sm) for ch in params["nccl_max_channels"] for hp in params["nccl_high_priority"]
+            for sm in params["sm_carveouts"]] if backend == "nccl" else [(None, False, None)]
+
+
+def hooks_in_launch(hooks: list[str], ch, settings: list[tuple]) -> list[str]:
+    """The copy-engine hook sends no gradient through NCCL, so NCCL's channel cap cannot change it:
+    it runs in the launches of the first cap only (a repeat would only be a second sample)."""
+    return hooks if ch == settings[0][0] else [h for h in hooks if h != "copy_engine"]
+
+
+def setting_tag(ch, hp, sm) -> str:
+    return "".join([f"_ch{ch}" if ch else "", "_hp" if hp else "", f"_sm{sm}" if sm else ""])
+
+
+def work(params: dict) -> list:
+    """Every row phase4.ddp times, per world size and launch setting (as on GPUs with NCCL unless
+    --param backend=gloo): a DDP step per comm hook x bucket cap (model FLOPs; bytes = the gradient
+    bytes each rank's link carries; excluded from the accuracy: a whole step, see calibration.STEP_EXCLUDED) and
+    each contention kernel per background (its FLOPs and HBM bytes, timed alone; GPUs only)."""
+    from common.exercise import Work
+    backend = "gloo" if params.get("backend") == "gloo" else "nccl"
+    d, layers, tokens = params["d_model"], params["n_layers"], params["tokens_per_rank"]
+    flops = step_flops(d, layers, tokens)
+    grads = 4 * param_count(d, layers)
+    kernels = contention.kernel_counts(tokens, d)
+    settings = launch_settings(params, backend)
+    out = []
+    for n in work_world_sizes(params):
+        hooks = [h for h in params["comm_hooks"] if backend == "nccl" or h != "copy_engine"]
+        for ch, hp, sm in settings:
+            tag = setting_tag(ch, hp, sm)
+            for hook in hooks_in_launch(hooks, ch, settings):
+                for cap in params["bucket_caps_mb"]:
+                    out.append(Work(f"{_bucket_variant(cap, hook)}{tag} on {n} ranks (a whole step: not counted)",
+                                    flops, col.wire_bytes("all_reduce", grads, n), params["dtype"]))
+            if backend == "nccl" and params["contention"]:
+                out += [Work(f"contention_{bg}_{name}{tag} on {n} ranks (the kernel alone)", f, b, dt, launches=k)
+                        for bg in contention.BACKGROUNDS for name, (f, b, dt, k) in kernels.items()]
+    return out
+
+
 def _hooks_for(hooks: list[str], backend: str, n: int) -> tuple[list[str], str | None]:
     """The comm hooks this world size runs, and why the copy-engine hook is left out (None if it is not)."""
     if "copy_engine" not in hooks:
@@ -468,7 +530,7 @@ def _hooks_for(hooks: list[str], backend: str, n: int) -> tuple[list[str], str |
 def footprint_bytes(p: dict) -> float:
     """Per rank: fp32 weights x ~7-8.5 (copies, grad buckets, comm buffers, copy-engine workspace) + one step's activations."""
     d, layers, tokens = p["d_model"], p["n_layers"], p["tokens_per_rank"]
-    weights = 4 * layers * (8 * d * d + 7 * d)            # fp32: two Linears with biases and a LayerNorm per block
+    weights = 4 * param_count(d, layers)                  # fp32: two Linears with biases and a LayerNorm per block
     grads = 1 if p["gradient_as_bucket_view"] else 2      # the buckets, and .grad unless it is a view into them
     # at a bucket step: tr.model and a second copy that stays from the checksum step's DDP; ddp and
     # quiet, each weights + buckets; the comm buffers
@@ -508,7 +570,7 @@ EXERCISE = Exercise(
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
                 "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"n_layers": 2, "bucket_caps_mb": [0.01, 1], "iters": 3, "warmup_iters": 1, "wall_steps": 3},
-    footprint_bytes=footprint_bytes,
+    footprint_bytes=footprint_bytes, work=work,
 )
 
 

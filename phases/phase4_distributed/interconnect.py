@@ -8,7 +8,8 @@ all-gather, reduce-scatter, a send/recv ring shift, and our ring all-reduce from
 every rank fills its inputs with the integer pattern, runs once and counts #wrong against exact
 expected values (a row with #wrong > 0 is failed, not timed), then times warm-up + timed calls back
 to back; a row's time is the slowest rank's median. Rows carry algbw, busbw, % of the one-way link
-(hardware.yaml) and the link roofline's prediction. NCCL's chosen algorithm is read from its own
+(hardware.yaml) and the link roofline's prediction, and the alpha-beta one (calibration.py) when
+phase4.link_ceilings has run on this machine (else the report adds it). NCCL's chosen algorithm is read from its own
 TUNING log in a separate untimed probe job (logging would slow the timed calls); nothing here
 overrides NCCL's choice. Our ring runs in a job of its own when its sends use their own
 NCCL_P2P_NVL_CHUNKSIZE, so the NCCL rows keep every default.
@@ -23,9 +24,17 @@ from common.exercise import Exercise, Result
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
-from . import analysis
+from . import analysis, calibration
 from . import collectives as col
-from .launch import alone, launch, launch_params, link_roofs, plan, ranks_sharing_memory
+from .launch import (
+    alone,
+    launch,
+    launch_params,
+    link_roofs,
+    plan,
+    ranks_sharing_memory,
+    work_world_sizes,
+)
 from .ring_allreduce import Config, lane_groups, p2p_env
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -100,7 +109,7 @@ def worker_task(me, params: dict) -> dict:
             me.stage(f"{op} {size} bytes")
             call, check, numel = _setup(me, op, size, params, lanes)
             wrong = sum(me.gather(check()))
-            entry = {"op": op, "size_bytes": col.elements_for(op, size, me.world)[0] * 4, "wrong": wrong,
+            entry = {"op": op, "size_bytes": col.measured_size(op, size, me.world), "wrong": wrong,
                      "elements": numel * (1 if op in ("all_gather", "reduce_scatter") else me.world)}
             if wrong == 0:                      # the same total on every rank: all time, or none
                 warmup, iters = col.iterations(size, params)
@@ -109,6 +118,8 @@ def worker_task(me, params: dict) -> dict:
             del call, check
         if me.device.type == "cuda":
             torch.cuda.empty_cache()
+    if not params["ours"]:                   # (phase4.link_ceilings runs NCCL's collectives only)
+        return {"rows": out}
     cfg = ring_config(params, me.device.type)
     return {"rows": out, "ring": {"lanes": cfg.lanes, "directions": cfg.directions, "depth": cfg.depth,
                                   "graph": cfg.graph, "min_subchunk_bytes": params["ring_min_subchunk_bytes"],
@@ -211,6 +222,7 @@ def run(ctx, params):
                "nccl_env": {k: os.environ.get(k) for k in ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE",
                                                            "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
                "algo_probe": {}, "analysis": {}}
+    found = calibration.run_time_index(ctx)      # the alpha-beta constants, if phase4.link_ceilings ran here
     for n in ctx.track(pl.world_sizes, "interconnect world sizes"):
         label = f"phase4.interconnect on {n} ranks"
         algos = None
@@ -229,7 +241,7 @@ def run(ctx, params):
                           label + " (our ring, " + ", ".join(f"{k}={v}" for k, v in env.items()) + ")", extra_env=env)
             summary["launch_s"][f"{n}_ours"] = ours["_launch_s"]
             res = {"rows": res["rows"] + ours["rows"], "ring": ours["ring"]}
-        new = rows_from(res, n, pl.backend, roofs, algos)
+        new = calibration.attach(EXERCISE.id, rows_from(res, n, pl.backend, roofs, algos), found, ctx.hardware_key)
         summary["goals"].append(verdict(new, n))
         summary["analysis"][str(n)] = analysis.sweep_facts(new)
         rows += new
@@ -248,6 +260,15 @@ def footprint_bytes(p: dict) -> float:
     ops = list(p["ops"]) + (["ring_allreduce"] if p["ours"] else [])
     per_rank = max(BUFFERS[op] for op in ops) * size + col.check_scratch_bytes(size)
     return per_rank * ranks_sharing_memory(p)
+
+
+def work(params: dict) -> list:
+    """Every row the sweep times: each size x collective (and our ring) x world size, with the
+    bytes each rank's link carries (the link, not HBM, bounds them: `lab predict` shows the spec
+    sheet's HBM figure beside them; the rows' own prediction uses the link)."""
+    ops = list(params["ops"]) + (["ring_allreduce"] if params["ours"] else [])
+    return [col.collective_work(op, size, n) for n in work_world_sizes(params)
+            for size in params["sizes_bytes"] for op in ops]
 
 
 SIZES_GPU = [2**k for k in range(15, 33)]            # 32 KiB ... 4 GiB
@@ -273,7 +294,7 @@ EXERCISE = Exercise(
                 "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"sizes_bytes": [2**15 + 12, 2**17], "warmup_iters": 1, "min_iters": 3, "max_iters": 3},
-    footprint_bytes=footprint_bytes,
+    footprint_bytes=footprint_bytes, work=work,
 )
 
 

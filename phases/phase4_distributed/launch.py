@@ -55,6 +55,19 @@ def alone(params: dict) -> dict:
     return {"backend": "auto" if torch.cuda.device_count() >= 2 else "gloo", "world_sizes": [2], **params}
 
 
+def work_world_sizes(params: dict) -> list[int]:
+    """The world sizes `lab predict` lists rows for (before any launch): those asked for; for
+    'auto', [2, 4] with gloo, else 2 and every GPU this machine has (2 where it has none: pass
+    --param world_sizes=[2,8] to see others)."""
+    sizes = params.get("world_sizes", "auto")
+    if sizes != "auto":
+        return sorted(set([sizes] if isinstance(sizes, int) else sizes))
+    if params.get("backend") == "gloo":
+        return [2, 4]
+    import torch
+    return sorted({2, max(2, torch.cuda.device_count())})
+
+
 def ranks_sharing_memory(params: dict) -> int:
     """How many ranks share the memory a footprint is compared with: with gloo every rank is a CPU
     process on this host (the largest world size; auto: 4); with NCCL each rank has its own GPU."""

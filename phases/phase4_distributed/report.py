@@ -8,7 +8,7 @@ from common.formats import missing, num, pct, size_bytes
 from common.frame import value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
-from . import analysis, plots
+from . import analysis, calibration, plots
 from .findings import findings
 from .groups import (
     BACKGROUND,
@@ -222,7 +222,18 @@ def headline(view) -> list[str]:
 PLOT = Plot("phase4.plots", "phase4_busbw", (EX_SWEEP,), lambda v, hw, path: plots.busbw(groups(v, EX_SWEEP), hw, path),
             "Bus bandwidth against size on the {name}: NCCL's collectives and our ring, one panel per GPU count")
 
-PHASE = Phase(4, "Distributed primitives", "phase4_distributed", headline=headline, blocks=(
+# Rows recorded before they carried prediction.excluded: the deadlock demo (a lesson) and every DDP
+# step (no test of a model), by the variant names the committed records use (caps x hooks x launch settings).
+EXCLUDED = {(EX_RING, "naive_blocking"): calibration.NAIVE_LESSON,
+            **{(EX_DDP, f"bucket_{cap}mb{hook}{ch}{hp}{sm}"): calibration.STEP_EXCLUDED
+               for cap in (1, 5, 25, 50, 100, 400) for hook in ("", "_avg", "_copy_engine")
+               for ch in ("", "_ch8", "_ch16") for hp in ("", "_hp") for sm in ("", "_sm32")}}
+# Collectives are predicted by alpha-beta from phase4.link_ceilings, not by the roofline's terms
+CALIBRATORS = {calibration.EXERCISE: calibration.calibrator, EX_SWEEP: calibration.calibrator,
+               EX_RING: calibration.calibrator}
+
+PHASE = Phase(4, "Distributed primitives", "phase4_distributed", headline=headline,
+              excluded=EXCLUDED, calibrators=CALIBRATORS, blocks=(
     GOALS,
     PLOT, SWEEP, Text("phase4.findings", findings, "_No phase 4 GPU records yet._"), RING, RING_CHECKS, DEADLOCK,
     DDP_CHECKS, DDP, CONTENTION, PER_RANK))

@@ -12,7 +12,9 @@ ring replayed as one CUDA graph) and `p2p_chunk_bytes` (NCCL_P2P_NVL_CHUNKSIZE: 
 a send gets) are the answers to one NCCL send being slower than the link; all are crossed.
 Correctness gates timing: every configuration is checked against dist.all_reduce on irregular
 sizes (integer data exactly, random fp32 within tolerance) before any is timed. The naive blocking
-order (send, then receive) is run in its own job and killed once every rank is stuck in its send.
+order (send, then receive) is run in its own job and killed once every rank is stuck in its send:
+a lesson, never timed. Timed rows are predicted by the link roofline and, from a phase4.link_ceilings
+record of this machine, by NCCL all-reduce's alpha and beta (calibration.py).
 """
 import subprocess
 import time
@@ -27,7 +29,7 @@ from common.exercise import Exercise, Result, row
 from common.params import Bool, Float, Int
 from common.standalone import run_alone
 
-from . import analysis
+from . import analysis, calibration
 from . import collectives as col
 from .launch import (
     Job,
@@ -37,6 +39,7 @@ from .launch import (
     link_roofs,
     plan,
     ranks_sharing_memory,
+    work_world_sizes,
 )
 
 
@@ -409,10 +412,10 @@ def deadlock_demo(n: int, backend: str, params: dict) -> dict:
             waited = time.monotonic() - t0
             returned = len(job.markers("returned"))
             job.stop()                          # deadlocked ranks have nothing to finish
-            return row("naive_blocking", p, "ok", None, metrics={
+            return row("naive_blocking", p, "ok", None, prediction={"excluded": calibration.NAIVE_LESSON}, metrics={
                 "outcome": f"deadlocked as predicted after {waited:.1f} s",
                 "deadlocked": True, "waited_s": waited, "ranks_returned": returned, "killed": True})
-        return row("naive_blocking", p, "ok", None, metrics={
+        return row("naive_blocking", p, "ok", None, prediction={"excluded": calibration.NAIVE_LESSON}, metrics={
             "outcome": "completed: this transport let every send finish before its receive was posted",
             "deadlocked": False, "waited_s": time.monotonic() - t0,
             "ranks_returned": len(job.markers("returned")), "killed": False})
@@ -426,12 +429,13 @@ def run(ctx, params):
     if not pl.world_sizes:
         return Result(rows, {"backend": pl.backend})
     roofs = link_roofs(ctx, pl.backend)
+    found = calibration.run_time_index(ctx)      # the alpha-beta constants, if phase4.link_ceilings ran here
     launches = {}
     for n in ctx.track(pl.world_sizes, "ring all-reduce world sizes"):
         res = launch("ring", n, pl.backend, params, params["timeout_s"], f"phase4.ring_allreduce on {n} ranks",
                      extra_env=p2p_env(params["p2p_chunk_bytes"], pl.backend))
         launches[str(n)] = res["_launch_s"]
-        rows += rows_from(res, n, pl.backend, roofs, params)
+        rows += calibration.attach(EXERCISE.id, rows_from(res, n, pl.backend, roofs, params), found, ctx.hardware_key)
     if params["deadlock_demo"]:
         # On GPUs the demo runs over NCCL and over gloo: whether the naive order hangs depends on
         # whether a send can finish before its receive is posted, and the two transports differ.
@@ -441,6 +445,14 @@ def run(ctx, params):
                          "link_roof": {"gbps": roofs.bandwidth_gbps, "source": roofs.source},
                          "goal": [verdict(rows, n) for n in pl.world_sizes],
                          "p2p_env": p2p_env(params["p2p_chunk_bytes"], pl.backend)})
+
+
+def work(params: dict) -> list:
+    """Every timed row: NCCL's all-reduce and each ring configuration (as on GPUs: graphs included)
+    at each size and world size. Both move the same bytes on each rank's link: 2(n-1)/n x size."""
+    names = ["nccl"] + [cfg.name for cfg in configs(params, "cuda")]
+    return [col.collective_work("all_reduce", size, n, f"{name} {size} B on {n} ranks (bytes on each rank's link)")
+            for n in work_world_sizes(params) for size in params["sizes_bytes"] for name in names]
 
 
 def footprint_bytes(p: dict) -> float:
@@ -482,7 +494,7 @@ EXERCISE = Exercise(
     quick_params={"lanes": [1, 2], "directions": [2], "depths": [1, 3], "check_numels": [1, 5, 1031],
                   "sizes_bytes": [2**18],
                   "min_iters": 3, "max_iters": 3, "warmup_iters": 1, "deadlock_wait_s": 1.5},
-    footprint_bytes=footprint_bytes,
+    footprint_bytes=footprint_bytes, work=work,
 )
 
 
