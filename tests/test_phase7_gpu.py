@@ -53,3 +53,18 @@ def test_compiled_training_on_cuda_is_reproducible_and_does_not_recompile(splits
     assert all(ms > 0 for ms in a["step_ms"]) and len(a["breakdown"]) == 2
     eager = TR.train(cfg, replace(tc, compile=False), splits, torch.device("cuda"))
     assert abs(eager["loss"][20] - a["loss"][20]) < 0.1
+
+
+def test_kernel_estimate_is_near_the_profilers_count(splits):
+    """cost.step_kernels (the calibrated prediction's launches) against torch.profiler's count of one
+    warm training step, eager and compiled: an estimate, so within a factor of 2 (the message has both)."""
+    from phases.phase7_gpt import train as TR
+    from phases.phase7_gpt.gpt import GPTConfig
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, vocab_multiple=64)
+    for compile in (False, True):
+        tc = TR.TrainConfig(batch_size=16, max_iters=12, stop_at=12, eval_every=12, eval_tokens=2048,
+                            compile=compile, timing_warmup=3, profile_steps=2)
+        res = TR.train(cfg, tc, splits, torch.device("cuda"))
+        estimate = TR.train_cost(cfg, tc, "bf16", compiled=res["compile_error"] is None and compile)["launches_parts"]
+        assert res["kernels_counted"] is not None, res["kernels_counted_error"]
+        assert 0.5 <= res["kernels_counted"] / estimate["total"] <= 2.0, (compile, res["kernels_counted"], estimate)

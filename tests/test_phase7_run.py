@@ -80,6 +80,29 @@ def test_model_record_matches_the_seeds_counts(quick7):
     assert {rows["sdpa_flash"]["status"], rows["sdpa_math"]["status"]} <= {"ok", "skipped"}
 
 
+def test_timed_rows_record_the_cost_models_counts(quick7):
+    """Every timed row's FLOPs, bytes and launches are cost.step_cost's for the row's parameters (a CPU:
+    fp32 activations, eager), and its prediction carries the launches."""
+    from phases.phase7_gpt.cost import GPTConfig, step_cost
+    _, _, records = quick7
+    timed = 0
+    for ex in EXS[1:]:
+        for r in _rec(records, ex)["rows"]:
+            if r["status"] != "ok" or not r["timing"]:
+                continue
+            cfg, p = GPTConfig(**r["params"]["model"]), r["prediction"]
+            if ex == "phase7.model":
+                c = step_cost(cfg, r["params"]["batch"][0], "fp32", optimizer=False, data=False,
+                              attention="flash" if r["variant"] == "sdpa_flash" else "math")
+            else:
+                tc = r["params"]["train"]
+                c = step_cost(cfg, tc["batch_size"], "fp32", compiled=False, clip=tc["grad_clip"] > 0)
+                assert r["metrics"]["bytes_per_step_parts"]["total"] == c["bytes"]
+            assert (p["flops"], p["bytes"], p["launches"], p["dtype"]) == (c["flops"], c["bytes"], c["launches"], "fp32")
+            timed += 1
+    assert timed >= 5 + 4 + 9
+
+
 BLOCKS = [b.id for b in PHASE.blocks]
 README = "# Phase 7\n\n" + "\n\n".join(f"<!-- lab:begin {b} -->\nold\n<!-- lab:end {b} -->" for b in BLOCKS) + "\n"
 
@@ -135,7 +158,7 @@ def test_blocks_render_without_records():
 def test_the_phase_readme_holds_every_block_once():
     text = (REPO / "phases" / "phase7_gpt" / "README.md").read_text()
     used = re.findall(r"<!-- lab:begin ([\w.]+) -->", text)
-    assert sorted(used) == sorted(BLOCKS)
+    assert sorted(used) == sorted(BLOCKS + ["phase7.accuracy"])            # the lab adds its accuracy table
 
 
 def test_the_report_renders_the_committed_records_without_torch():

@@ -15,7 +15,7 @@ A NaN or a frozen loss is this exercise's *result*: such rows are `ok`, and thei
 """
 import torch
 
-from common.exercise import Exercise, Result
+from common.exercise import Exercise, Result, Work
 from common.params import Bool, Float, Int
 from common.standalone import run_alone
 
@@ -29,6 +29,7 @@ from .train import (
     model_config,
     residual_stream_rms,
     setup,
+    step_work,
     train,
     train_config,
     training_row,
@@ -47,16 +48,27 @@ CONFIGS = {  # variant: (model switches, training overrides as functions of para
 }
 
 
+def plan(params: dict, variant: str) -> tuple:
+    """(model config, training config) of one variant's run: what run() trains and work() lists."""
+    switches, overrides = CONFIGS[variant]
+    cfg = model_config(params["model"], params["block_size"], params["vocab_multiple"], **switches)
+    return cfg, train_config(params, **{"warmup_iters": params["warmup_full"],
+                                        **{k: f(params) for k, f in overrides.items()}})
+
+
+def work(params: dict) -> list[Work]:
+    """One training step of each variant on a GPU (bf16 autocast), as train.step_work counts it: the
+    switches change the parameters (LayerNorm), the kernels (LayerNorm, residual adds, clipping)."""
+    return [step_work(v, *plan(params, v), "bf16") for v in CONFIGS]
+
+
 def run(ctx, params):
     data_dir, splits, ceiling = setup(ctx, params)
     rows, control = [], None
     probe = torch.from_numpy(splits[1][: 4 * params["block_size"]].astype("int64")).view(4, -1).to(ctx.device)
     todo = [v for v in CONFIGS if ctx.wants(v)]
     for variant in ctx.track(todo, "failure modes"):
-        switches, overrides = CONFIGS[variant]
-        cfg = model_config(params["model"], params["block_size"], params["vocab_multiple"], **switches)
-        tc = train_config(params, **{"warmup_iters": params["warmup_full"],
-                                     **{k: f(params) for k, f in overrides.items()}})
+        cfg, tc = plan(params, variant)
         torch.manual_seed(tc.seed)
         rms = residual_stream_rms(GPT(cfg).to(ctx.device), probe)      # the same init train() builds
         res = train(cfg, tc, splits, ctx.device)
@@ -95,7 +107,7 @@ EXERCISE = Exercise(
     quick_params={"model": {"n_layer": 3, "n_head": 1, "n_embd": 8}, "block_size": 16, "batch_size": 4,
                   "max_iters": 8, "warmup_full": 4, "warmup_short": 1, "eval_every": 4, "eval_tokens": 128,
                   "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2},
-    variants=tuple(CONFIGS), footprint_bytes=footprint_bytes)
+    variants=tuple(CONFIGS), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -11,35 +11,16 @@ total only adds up with a *tied* head, so tying is the default (`tie_weights=Fal
 Two switches break the model on purpose (exercise 7.5), each really removing its part:
 `residual=False` drops the `x +` of both sublayers; `layernorm=False` replaces every LayerNorm
 by the identity. Per block (d = n_embd): attention 4 d^2, MLP 8 d^2, two LayerNorms 4 d
-(`param_formula`); FLOPs and bytes per training step: `flops_per_token`, `bytes_per_step`.
+(`param_formula`); FLOPs, bytes and kernels per training step: cost.py.
 """
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 50257
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    tie_weights: bool = True
-    residual: bool = True
-    layernorm: bool = True
-    vocab_multiple: int = 1      # pad the embedding/logit rows to a multiple of this (64: faster matmuls)
-
-    @property
-    def padded_vocab(self) -> int:
-        m = max(1, self.vocab_multiple)
-        return -(-self.vocab_size // m) * m
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+# the config and every count live in cost.py (torch-free, so the report can use them); re-exported here
+from .cost import GPTConfig, bytes_per_step, flops_per_token, param_formula, step_bytes, step_cost  # noqa: F401
 
 
 def _norm(cfg: GPTConfig) -> nn.Module:
@@ -153,43 +134,3 @@ def param_breakdown(model: GPT) -> dict:
     out["non_embedding"] = out["blocks"] + out["ln_f"]
     out["layernorm"] = sum(m.weight.numel() + m.bias.numel() for m in model.modules() if isinstance(m, nn.LayerNorm))
     return out
-
-
-def param_formula(cfg: GPTConfig) -> dict:
-    """The same counts in closed form."""
-    d, V = cfg.n_embd, cfg.padded_vocab
-    ln = 2 * d if cfg.layernorm else 0                  # one LayerNorm: weight + bias
-    per_block = 12 * d * d + 2 * ln                     # 4d^2 attention + 8d^2 MLP + two LayerNorms
-    out = {"wte": V * d, "wpe": cfg.block_size * d, "blocks": cfg.n_layer * per_block, "ln_f": ln,
-           "lm_head": 0 if cfg.tie_weights else V * d}
-    out["total"] = sum(out.values())
-    out["non_embedding"] = out["blocks"] + out["ln_f"]
-    out["layernorm"] = (2 * cfg.n_layer + 1) * ln
-    return out
-
-
-def flops_per_token(cfg: GPTConfig) -> dict:
-    """Training FLOPs per token, forward + backward (the PaLM paper's appendix B convention):
-
-        6 N        every non-embedding weight: a multiply-add (2 FLOPs) forward, two backward
-      + 12 L d T   attention scores and weighted values: 2 matmuls x 2T d FLOPs per token per layer
-                   forward, x3 with backward; counted for the full T x T window, as PaLM does,
-                   though causal flash attention skips the masked half
-      + 6 d V      the lm head, d x V (the real vocabulary, not the padded rows)
-
-    The embedding lookups are gathers, not matmuls: no FLOPs."""
-    d, L, T, V = cfg.n_embd, cfg.n_layer, cfg.block_size, cfg.vocab_size
-    n = param_formula(cfg)["non_embedding"]
-    out = {"non_embedding": 6 * n, "attention": 12 * L * d * T, "lm_head": 6 * d * V}
-    out["total"] = sum(out.values())
-    return out
-
-
-def bytes_per_step(cfg: GPTConfig, tokens: int) -> int:
-    """The fewest bytes one training step must move through device memory, activations excluded:
-    fp32 master weights read in the forward and again in the backward (8 B/param), gradients
-    written (4), AdamW reading weight, grad, m, v (16) and writing weight, m, v (12): 40 B/param;
-    plus the batch's int64 inputs and targets (16 B/token). Activations (the logits alone are
-    tokens x V x 2 bytes) are left out: they are what a fused kernel could keep on chip, and the
-    measured step time over this prediction shows how much they cost."""
-    return 40 * param_formula(cfg)["total"] + 16 * tokens

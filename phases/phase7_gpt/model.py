@@ -10,7 +10,8 @@
                           ln(vocabulary), its logits must be (B, T, vocabulary)
   sdpa_flash, sdpa_math   one forward + backward with attention forced onto the flash kernel,
                           then onto the math path that writes the T x T scores to memory; each
-                          backend first checked against float64 attention
+                          backend first checked against float64 attention. One problem: the same
+                          FLOPs and fewest bytes (sdpa_cost); the kernels differ
 
 Also the shared declarations of the training exercises: shapes, the data folder, memory estimates.
 """
@@ -20,14 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import roofline
-from common.exercise import Exercise, Result, reference_check, row, throughput_metrics
+from common.exercise import Exercise, Result, Work, reference_check, row, throughput_metrics
 from common.params import Folder, Int, Record
 from common.standalone import run_alone
 
 from . import seed
-from .gpt import GPT, GPTConfig, flops_per_token, param_breakdown, param_formula
-from .train import autocast, clean, setup
+from .gpt import GPT, GPTConfig, param_breakdown, param_formula, step_cost
+from .train import autocast, clean, count_kernels, setup
 
 # ------------------------------------------------------------------------------ declarations
 SHAPE = {"n_layer": Int(None, min=1, max=96, unit="layers"),       # a model shape: every key required
@@ -91,6 +91,29 @@ def _count_row(variant: str, cfg: GPTConfig, compare_seed: bool) -> dict:
                check=check, metrics=metrics)
 
 
+ATTENTION = {"sdpa_flash": (SDPBackend.FLASH_ATTENTION, "flash"), "sdpa_math": (SDPBackend.MATH, "math")}
+
+
+def run_config(params: dict) -> GPTConfig:
+    """The model that runs here: model_run (the 30M shape on a GPU, a small one on a CPU)."""
+    return GPTConfig(block_size=params["block_size"], vocab_multiple=params["vocab_multiple"], **params["model_run"])
+
+
+def sdpa_cost(cfg: GPTConfig, batch: int, dtype: str, variant: str) -> dict:
+    """One sdpa_* call: forward + backward of `batch` windows, no optimizer and no batch sampling
+    (cost.step_cost: 6N + attention + head FLOPs per token; 12 bytes per parameter, the saved
+    activations and the ids; the eager kernels of that attention path). Flash and math are one
+    problem: the same FLOPs and the same fewest bytes; the math path's T x T scores are its excess."""
+    return step_cost(cfg, batch, dtype, optimizer=False, data=False, attention=ATTENTION[variant][1])
+
+
+def work(params: dict) -> list[Work]:
+    """The two timed rows on a GPU (bf16 autocast), per call, timed without an L2 flush."""
+    cfg, B = run_config(params), params["sdpa_batch"]
+    return [Work(f"{v} {B} x {cfg.block_size} tokens", c["flops"], c["bytes"], "bf16", warm=True, launches=c["launches"])
+            for v in ATTENTION for c in [sdpa_cost(cfg, B, "bf16", v)]]
+
+
 def _attention_check(ctx, backend, shape, dtype) -> dict:
     """The backend's causal attention against float64 math on the same random q, k, v."""
     g = torch.Generator(device=ctx.device).manual_seed(7)
@@ -122,7 +145,7 @@ def run(ctx, params):
             rows.append(_count_row(variant, cfg, cmp))
 
     # The model that runs here: the 30M shape on a GPU, a small one on a CPU.
-    cfg = GPTConfig(block_size=bs, vocab_multiple=params["vocab_multiple"], **params["model_run"])
+    cfg = run_config(params)
     torch.manual_seed(params["seed"])
     model = GPT(cfg).to(ctx.device)
     val = torch.from_numpy(splits[1].astype("int64")).to(ctx.device)
@@ -152,9 +175,7 @@ def run(ctx, params):
     B = params["sdpa_batch"]
     x = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(bs, device=ctx.device)]
     y = val[torch.arange(B, device=ctx.device)[:, None] * bs + torch.arange(1, bs + 1, device=ctx.device)]
-    fpt = flops_per_token(cfg)
-    n_params = param_breakdown(model)["total"]
-    for variant, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_math", SDPBackend.MATH)):
+    for variant, (backend, _) in ATTENTION.items():
         if not ctx.wants(variant):
             continue
         p = {"model": cfg.as_dict(), "batch": [B, bs], "backend": backend.name, "dtype": dtype}
@@ -174,15 +195,17 @@ def run(ctx, params):
             loss.backward()
 
         t = ctx.time(step, flush_l2=False)
-        # forward + backward FLOPs of B x T tokens; bytes: fp32 weights read twice, grads written
-        # once (12 B/param) plus the int64 batch; activations excluded, as in every phase 7 row
-        flops, nbytes = fpt["total"] * B * bs, 12 * n_params + 16 * B * bs
+        cost = sdpa_cost(cfg, B, dtype, variant)
+        flops, nbytes = cost["flops"], cost["bytes"]
         roofs = ctx.roofs(dtype)
         m = throughput_metrics(t.median_ms, flops, nbytes, roofs, dtype, t.min_ms)
         m["tokens_per_s"] = B * bs / (t.median_ms / 1e3)
         m["attention_scores_bytes_if_materialized"] = B * cfg.n_head * bs * bs * (2 if dtype == "bf16" else 4)
+        m["bytes_parts"], m["kernels_parts"] = cost["bytes_parts"], cost["launches_parts"]
+        counted = count_kernels(step, ctx.device)                  # after timing: a warm call
+        m["kernels_counted"], m["kernels_counted_error"] = counted.n, counted.error
         rows.append(row(variant, p, "ok", None, check=verdict, timing=t, metrics=m,
-                        prediction=roofline.predict(flops, nbytes, roofs, dtype, t.median_ms)))
+                        prediction=ctx.predict(flops, nbytes, dtype, t, launches=cost["launches"])))
     model.zero_grad(set_to_none=True)
     flash = [r for r in rows if r["variant"] == "sdpa_flash" and r["status"] == "ok"]
     math_ = [r for r in rows if r["variant"] == "sdpa_math" and r["status"] == "ok"]
@@ -212,7 +235,7 @@ EXERCISE = Exercise(
     quick_params={"model_run": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "block_size": 32,
                   "init_batch": [2, 16], "sdpa_batch": 2},
     variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"),
-    footprint_bytes=footprint_bytes)
+    footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,14 @@
                     must agree within `repro_tolerance`
 
 MFU = gpt.flops_per_token x tokens/s, over the spec sheet's dense BF16 peak and over the best
-matmul rate phase 1 measured on this GPU. Ratios and verdicts: analysis.py.
+matmul rate phase 1 measured on this GPU. Ratios and verdicts: analysis.py. Every timed row is one
+training step: its FLOPs, fewest bytes and kernels come from cost.step_cost (train.train_cost), the
+same call `lab predict phase7.overfit` lists (`work`); throughput and throughput_eager are one problem
+(the same FLOPs and bytes), and only their kernel counts differ.
 """
 from dataclasses import replace
 
-from common.exercise import Exercise, Result, row
+from common.exercise import Exercise, Result, Work, row
 from common.params import Bool, Float, Int
 from common.standalone import run_alone
 
@@ -33,12 +36,35 @@ from .model import (
     Shape,
     training_bytes,
 )
-from .train import clean, model_config, sample, setup, train, train_config, training_row
+from .train import clean, model_config, sample, setup, step_work, train, train_config, training_row
+
+VARIANTS = ("throughput", "throughput_eager", "large", "small", "reproducibility")
 
 
-def _run(ctx, params, splits, shape, **overrides):
-    cfg = model_config(shape, params["block_size"], params["vocab_multiple"])
-    tc = train_config(params, **overrides)
+def plan(params: dict, variant: str) -> tuple:
+    """(model config, training config) of one variant's run: what run() trains and work() lists."""
+    if variant.startswith("throughput"):
+        steps = params["throughput_steps"]
+        shape, overrides = params["model_large"], dict(
+            stop_at=steps, eval_every=steps, eval_tokens=params["throughput_eval_tokens"],
+            batch_size=params["throughput_batch_size"] or params["batch_size"],
+            compile=params["compile"] and variant == "throughput")
+    elif variant in ("large", "small"):
+        shape, overrides = params["model_large" if variant == "large" else "model_small"], {}
+    else:                                                   # reproducibility: two runs to repro_step
+        k = params["repro_step"]
+        shape, overrides = params["model_large"], dict(stop_at=k + 1, eval_every=k + 1,
+                                                       eval_tokens=params["throughput_eval_tokens"])
+    return model_config(shape, params["block_size"], params["vocab_multiple"]), train_config(params, **overrides)
+
+
+def work(params: dict) -> list[Work]:
+    """One training step of each variant on a GPU (bf16 autocast), as train.step_work counts it."""
+    return [step_work(v, *plan(params, v), "bf16") for v in VARIANTS]
+
+
+def _run(ctx, params, splits, variant):
+    cfg, tc = plan(params, variant)
     return cfg, tc, train(cfg, tc, splits, ctx.device, keep_model=True)
 
 
@@ -47,19 +73,15 @@ def run(ctx, params):
     unique_tokens = len(splits[0])
     rows, summary = [], {"seed": {"tokens_per_s": seed.TOKENS_PER_S, "overfit_30m": seed.OVERFIT_30M,
                                   "val_floor_7m": seed.OVERFIT_7M_VAL_FLOOR}, "seed_citation": seed.CITATION}
-    todo = [v for v in ("throughput", "throughput_eager", "large", "small", "reproducibility") if ctx.wants(v)]
+    todo = [v for v in VARIANTS if ctx.wants(v)]
     for variant in ctx.track(todo, "phase 7.3 runs"):
         if variant.startswith("throughput"):
-            steps = params["throughput_steps"]
-            cfg, tc, res = _run(ctx, params, splits, params["model_large"], stop_at=steps, eval_every=steps,
-                                eval_tokens=params["throughput_eval_tokens"],
-                                batch_size=params["throughput_batch_size"] or params["batch_size"],
-                                compile=params["compile"] and variant == "throughput")
+            cfg, tc, res = _run(ctx, params, splits, variant)
             res.pop("model")
             rows.append(training_row(ctx, variant, cfg, tc, res, ceiling=ceiling))
         elif variant in ("large", "small"):
             shape = params["model_large" if variant == "large" else "model_small"]
-            cfg, tc, res = _run(ctx, params, splits, shape)
+            cfg, tc, res = _run(ctx, params, splits, variant)
             model = res.pop("model")
             n_real = param_formula(model_config(shape, params["block_size"]))["total"]
             extra = {"sample": sample(model, data_dir, ctx.device, new_tokens=params["sample_tokens"],
@@ -75,8 +97,7 @@ def run(ctx, params):
             rows.append(r)
         else:
             k = params["repro_step"]
-            runs = [_run(ctx, params, splits, params["model_large"], stop_at=k + 1, eval_every=k + 1,
-                         eval_tokens=params["throughput_eval_tokens"]) for _ in range(2)]
+            runs = [_run(ctx, params, splits, variant) for _ in range(2)]
             cfg, tc, first = runs[0]
             for _, _, r in runs:
                 r.pop("model")
@@ -147,8 +168,7 @@ EXERCISE = Exercise(
                   "max_iters": 12, "warmup_iters": 2, "eval_every": 4, "eval_tokens": 256, "compile": False,
                   "throughput_steps": 10, "throughput_eval_tokens": 64, "repro_step": 6, "sample_tokens": 12,
                   "timing_warmup": 1, "profile_steps": 2, "vocab_multiple": 1},
-    variants=("throughput", "throughput_eager", "large", "small", "reproducibility"),
-    footprint_bytes=footprint_bytes)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ non-embedding parameters (Kaplan et al.'s choice), with a bootstrap interval for
 Tokens per parameter against Chinchilla's ~20: unique (training tokens / N), seen (steps to the
 best point x tokens per step / N), and the seed's "x underfed" (20 N_non_embedding / tokens).
 """
-from common.exercise import Exercise, Result
+from common.exercise import Exercise, Result, Work
 from common.params import Bool, Int, Text
 from common.standalone import run_alone
 
@@ -20,7 +20,18 @@ from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
 from .gpt import param_formula
 from .model import SHAPE, Shape, training_bytes
 from .overfit import COMMON
-from .train import clean, model_config, setup, train, train_config, training_row
+from .train import clean, model_config, setup, step_work, train, train_config, training_row
+
+
+def plan(params: dict, size: dict) -> tuple:
+    """(model config, training config) of one size's run: what run() trains and work() lists."""
+    shape = {k: size[k] for k in SHAPE}
+    return model_config(shape, params["block_size"], params["vocab_multiple"]), train_config(params)
+
+
+def work(params: dict) -> list[Work]:
+    """One training step of each size on a GPU (bf16 autocast), as train.step_work counts it."""
+    return [step_work(size["name"], *plan(params, size), "bf16") for size in params["sizes"]]
 
 
 def run(ctx, params):
@@ -29,9 +40,8 @@ def run(ctx, params):
     rows = []
     sizes = [s for s in params["sizes"] if ctx.wants(s["name"])]
     for size in ctx.track(sizes, "scaling-law sizes"):
-        shape = {k: size[k] for k in ("n_layer", "n_head", "n_embd")}
-        cfg = model_config(shape, params["block_size"], params["vocab_multiple"])
-        tc = train_config(params)
+        shape = {k: size[k] for k in SHAPE}
+        cfg, tc = plan(params, size)
         res = train(cfg, tc, splits, ctx.device)
         counts = param_formula(model_config(shape, params["block_size"]))     # the real vocabulary, unpadded
         n_total, n_ne = counts["total"], counts["non_embedding"]
@@ -102,7 +112,7 @@ EXERCISE = Exercise(
                   "block_size": 16, "batch_size": 4, "max_iters": 8, "warmup_iters": 2, "eval_every": 4,
                   "patience": 2, "eval_tokens": 128, "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2,
                   "bootstrap_resamples": 200},
-    variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes)
+    variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,15 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from common import roofline
-from common.exercise import row, throughput_metrics
+from common.exercise import Work, row, throughput_metrics
 from common.timing import summarize
 
 from . import analysis
 from . import data as D
+from .cost import step_cost
 from .gpt import (
     GPT,
     GPTConfig,
-    bytes_per_step,
     flops_per_token,
     param_breakdown,
     param_formula,
@@ -112,6 +111,48 @@ def evaluate(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> f
     return float(total / n)
 
 
+# ------------------------------------------------------------------------------ kernels, counted
+class KernelCount:
+    """The device activities (kernels, memsets, copies) launched between start() and stop() on a
+    CUDA GPU, counted by torch.profiler: what the cost model's kernel estimate (cost.step_kernels)
+    is checked against. `n` stays None on a CPU, or where the profiler cannot see the device."""
+
+    def __init__(self, device: torch.device):
+        self.n, self.error, self._prof = None, None, None
+        if device.type != "cuda":
+            return
+        try:
+            from torch.profiler import ProfilerActivity, profile
+            torch.cuda.synchronize()
+            self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self._prof.start()
+        except Exception as exc:  # noqa: BLE001 - a count is a bonus: say why there is none
+            self._prof, self.error = None, f"{type(exc).__name__}: {exc}"[:200]
+
+    def stop(self) -> "KernelCount":
+        if self._prof is None:
+            return self
+        try:
+            torch.cuda.synchronize()
+            self._prof.stop()
+            device = torch.autograd.DeviceType.CUDA
+            self.n = sum(1 for e in self._prof.events() if e.device_type == device) or None
+            if self.n is None:
+                self.error = "the profiler recorded no device activity"
+        except Exception as exc:  # noqa: BLE001
+            self.error = f"{type(exc).__name__}: {exc}"[:200]
+        self._prof = None
+        return self
+
+
+def count_kernels(fn, device: torch.device) -> KernelCount:
+    """One call of fn under the profiler (call it warm: a first call also counts one-time work)."""
+    counter = KernelCount(device)
+    if device.type == "cuda":
+        fn()
+    return counter.stop()
+
+
 # ------------------------------------------------------------------------------ the loop
 def _grad_norm(params, clip: float):
     if clip and clip > 0:
@@ -177,6 +218,10 @@ def train(cfg: GPTConfig, tc: TrainConfig, splits, device: torch.device, *, keep
         norms = torch.full((n_steps,), float("nan"), device=device)
         marks = []                                            # (step, start, end)
         profiled = set(range(tc.timing_warmup, tc.timing_warmup + tc.profile_steps)) if n_steps > tc.timing_warmup + tc.profile_steps + 2 else set()
+        # the last warm-up step (left out of the timing statistics; not step 0, which also builds AdamW's
+        # state) runs under the profiler: its kernels counted
+        count_at = tc.timing_warmup - 1 if cuda and tc.timing_warmup >= 2 and n_steps > tc.timing_warmup else None
+        counted = None
         breakdown = []
         evals, best, best_step, bad, stopped, first_nan = [], math.inf, None, 0, None, None
         zero_grad_fraction = None
@@ -203,6 +248,7 @@ def train(cfg: GPTConfig, tc: TrainConfig, splits, device: torch.device, *, keep
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, tc)
             prof = step in profiled
+            counter = KernelCount(device) if step == count_at else None
             if prof:
                 if cuda:
                     torch.cuda.synchronize()
@@ -229,6 +275,8 @@ def train(cfg: GPTConfig, tc: TrainConfig, splits, device: torch.device, *, keep
             opt.zero_grad(set_to_none=True)
             losses[step] = loss.detach()
             norms[step] = gn.detach()
+            if counter is not None:
+                counted = counter.stop()
             if prof:
                 ev.append(clock.mark()); h.append(time.perf_counter())
                 if cuda:
@@ -270,6 +318,7 @@ def train(cfg: GPTConfig, tc: TrainConfig, splits, device: torch.device, *, keep
         "wall_s": wall_s, "eval_s": eval_s, "zero_grad_fraction_step0": zero_grad_fraction,
         # counted with the real vocabulary; the padded rows (never a target) are only allocated
         "params": param_formula(replace(cfg, vocab_multiple=1)), "params_allocated": param_breakdown(model)["total"],
+        "kernels_counted": counted.n if counted else None, "kernels_counted_error": counted.error if counted else None,
     })
     if keep_model:
         out["model"] = model
@@ -386,12 +435,26 @@ def init_gate(loss0: float | None, vocab: int, tolerance: float = 0.3, precision
             "reason": None if ok else f"initial loss {loss0} is not within {tolerance} of ln({vocab})"}
 
 
+def train_cost(cfg: GPTConfig, tc: TrainConfig, dtype: str, compiled: bool | None = None) -> dict:
+    """One training step of `train()` as the roofline sees it: cost.step_cost with this run's batch,
+    compilation (default: what tc asks for) and clipping."""
+    return step_cost(cfg, tc.batch_size, dtype, compiled=tc.compile if compiled is None else compiled,
+                     clip=bool(tc.grad_clip and tc.grad_clip > 0))
+
+
+def step_work(label: str, cfg: GPTConfig, tc: TrainConfig, dtype: str, compiled: bool | None = None) -> Work:
+    """The row `lab predict` lists for a training run: train_cost, timed per step without an L2 flush."""
+    c = train_cost(cfg, tc, dtype, compiled)
+    return Work(label, c["flops"], c["bytes"], dtype, warm=True, launches=c["launches"])
+
+
 def run_metrics(ctx, cfg: GPTConfig, tc: TrainConfig, res: dict, dtype: str, ceiling: dict) -> tuple:
     """(timing, metrics, prediction) of one training run."""
     tokens = res["tokens_per_step"]
     fpt = flops_per_token(cfg)
-    flops_step = fpt["total"] * tokens
-    bytes_step = bytes_per_step(cfg, tokens)
+    compiled = analysis.compiled(tc.as_dict(), res["compile_error"])       # a failed compile ran eagerly
+    cost = train_cost(cfg, tc, dtype, compiled)
+    flops_step, bytes_step = cost["flops"], cost["bytes"]
     method = "cuda events per training step" if ctx.is_cuda else "cpu perf_counter per training step"
     samples = res["step_ms"] or [float("nan")]
     timing = summarize(samples, method, warmup_calls=tc.timing_warmup, flush_l2=False)
@@ -412,7 +475,9 @@ def run_metrics(ctx, cfg: GPTConfig, tc: TrainConfig, res: dict, dtype: str, cei
         "flops_convention": "6 N_non_embedding + 12 n_layer n_embd block_size + 6 n_embd vocab (PaLM app. B, plus lm head)",
         "tokens_per_step": tokens, "steps": res["steps"], "tokens_trained": tokens * res["steps"],
         "wall_s": res["wall_s"], "eval_s": res["eval_s"], "compile_s": res["compile_s"],
-        "compile_error": res["compile_error"], "compiled": analysis.compiled(tc.as_dict(), res["compile_error"]),
+        "compile_error": res["compile_error"], "compiled": compiled,
+        "bytes_per_step_parts": cost["bytes_parts"], "kernels_per_step_parts": cost["launches_parts"],
+        "kernels_counted": res.get("kernels_counted"), "kernels_counted_error": res.get("kernels_counted_error"),
         "params_total": res["params"]["total"], "params_non_embedding": res["params"]["non_embedding"],
         "params": res["params"], "params_allocated": res.get("params_allocated"),
     })
@@ -426,7 +491,7 @@ def run_metrics(ctx, cfg: GPTConfig, tc: TrainConfig, res: dict, dtype: str, cei
         mean.update({f"{p}_pct": 100 * mean[f"{p}_ms"] / total if total else None for p in parts})
         mean["profiled_steps"] = len(res["breakdown"])
         m["step_breakdown"] = mean
-    prediction = roofline.predict(flops_step, bytes_step, roofs, dtype, timing.median_ms)
+    prediction = ctx.predict(flops_step, bytes_step, dtype, timing, launches=cost["launches"])
     return timing, m, prediction
 
 
