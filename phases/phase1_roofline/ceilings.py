@@ -68,9 +68,10 @@ def _launch_rows(ctx) -> list[dict]:
             t0 = time.perf_counter()
             torch.cuda.synchronize(ctx.device)
             samples.append((time.perf_counter() - t0) * 1e3)
-        rows.append(row("synchronize", {"kernel": "none: an idle stream"},
-                        timing=summarize(sorted(samples), "perf_counter around torch.cuda.synchronize()", 0, False),
-                        metrics={"ms": sorted(samples)[len(samples) // 2]}))
+        t = summarize(sorted(samples), "perf_counter around torch.cuda.synchronize()", 0, False)
+        rows.append(row("synchronize", {"kernel": "none: an idle stream"}, timing=t, metrics={"ms": t.median_ms},
+                        prediction={"excluded": EXCLUDED, "predicted_ms": None, "bound": None,
+                                    "measured_over_predicted": None, "model": "none: a floor, not a prediction"}))
     return rows
 
 
