@@ -161,15 +161,16 @@ class Context:
 
     def ceilings(self) -> dict | None:
         """The newest measured phase1.ceilings summary for this hardware in this run's results
-        folder, with `record` (its path), for the calibrated prediction; None if none exists yet."""
-        if not hasattr(self, "_ceilings"):
+        folder, with `record` (its path), for the calibrated prediction; None if none exists yet.
+        Only a found record is kept: `lab run phase1.ceilings 1` writes it mid-run, and the
+        exercises after it must see it."""
+        if getattr(self, "_ceilings", None) is None:
+            from .calibration import ceilings_by_hardware
             from .paths import results_dir
             from .records import load_records
-            recs = [r for r in load_records(results_dir(self.results), exercise="phase1.ceilings",
-                                            hardware=self.hardware_key)
-                    if r.get("source", {}).get("kind", "measured") == "measured" and r.get("status") != "skipped"
-                    and (r.get("summary") or {}).get("ceilings", {}).get("hbm_gbps")]
-            self._ceilings = {**recs[-1]["summary"]["ceilings"], "record": f"results/{recs[-1]['_path']}"} if recs else None
+            found = ceilings_by_hardware(load_records(results_dir(self.results), exercise="phase1.ceilings",
+                                                      hardware=self.hardware_key))
+            self._ceilings = found.get(self.hardware_key)
         return self._ceilings
 
     def predict(self, flops: float, bytes_moved: float, dtype: str | None, timing: Timing, *, launches: int = 1,

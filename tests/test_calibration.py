@@ -127,3 +127,17 @@ def test_older_rows_are_calibrated_at_report_time_and_lessons_stay_out(cpu_ceili
     assert mine.loc["good", "calibrated.computed"].startswith("at report time")
     assert mine.loc["good", "calibrated.ceilings_record"] == ceilings_by_hardware(records)["cpu"]["record"]
     assert mine.loc["wrong_on_purpose", "excluded"] == "lesson: a test" and pd.isna(mine.loc["good", "excluded"])
+
+
+def test_exercises_after_the_ceilings_in_one_run_are_calibrated_at_run_time(tmp_path, spec_ctx_module):
+    """One context for the whole `lab run phase1.ceilings 1`: the ceilings record written mid-run
+    must reach the exercises after it (a context that remembered 'no ceilings' missed it)."""
+    ctx = spec_ctx_module(tmp_path)
+    [ceilings, elementwise] = select(["phase1.ceilings", "phase1.elementwise"])
+    for ex, overrides in ((ceilings, {"hbm_bytes": 2**24, "matmul_sizes": [128], "dtypes": ["fp32"]}),
+                          (elementwise, {"sizes": [100003]})):
+        params = checked_params([ex], ctx, overrides)[ex.id]
+        write_record(run_one(ex, ctx, params, ctx._static, None, None), tmp_path)
+    [rec] = load_records(tmp_path, exercise="phase1.elementwise")
+    cal = [r["prediction"]["calibrated"] for r in rec["rows"]]
+    assert all(c["computed"] == "at run time" and c["ceilings_record"].startswith("results/") for c in cal)
