@@ -10,7 +10,7 @@ import pandas as pd
 
 from . import roofline
 
-NEEDED = ("status", "hardware", "source", "prediction.measured_ms", "metrics.ms", "prediction.flops", "prediction.bytes",
+NEEDED = ("exercise", "status", "hardware", "source", "prediction.measured_ms", "metrics.ms", "prediction.flops", "prediction.bytes",
           "prediction.dtype", "prediction.launches", "timing.flush_l2", "timing.graph_reps", "params.working_set_bytes")
 COLUMNS = ("predicted_ms", "bound", "measured_over_predicted", "ceilings_record", "computed")
 
@@ -61,11 +61,16 @@ def add_columns(df: pd.DataFrame, records: list[dict], excluded: dict | None = N
     own = df["exercise"].isin(list(calibrators))
     narrow = df[[c for c in NEEDED if c in df]].to_dict("records")     # iterating the wide frame is slow
     values = []
+    whole = {}                                       # the full rows an own calibrator reads, per exercise
+    for ex in calibrators:
+        sub = df[df["exercise"] == ex]
+        whole.update(zip(sub.index, sub.dropna(axis=1, how="all").to_dict("records")))
     for (i, r), cal, mine, skip in zip(enumerate(narrow), stored, own, why):
         if isinstance(cal, dict):
             values.append(cal)
         elif mine:
-            values.append(calibrators[df["exercise"].iat[i]](df.iloc[i], records) if r["status"] == "ok" else None)
+            values.append(calibrators[r["exercise"]](pd.Series(whole[df.index[i]]), records)
+                          if r["status"] == "ok" else None)
         elif r["status"] == "ok" and r["hardware"] in ceilings and r["source"] == "measured" and not skip:
             values.append(_at_report_time(r, ceilings[r["hardware"]]))
         else:

@@ -39,6 +39,8 @@ URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"]*", re.IGNORECASE)
 
 def absolute_paths(text: str) -> list[str]:
     """The absolute paths a string holds (URLs other than file:// are not paths)."""
+    if "/" not in text and "\\" not in text:          # no separator, no path (most strings: fast)
+        return []
     found = ABSOLUTE_PATH.findall(URL.sub(lambda m: m.group(0) if m.group(0).startswith("file:") else "", text))
     return [f for f in found if f not in ("/",)]
 

@@ -33,16 +33,21 @@ SECRET_PATTERNS = [re.compile(p) for p in (r"gsk_[A-Za-z0-9]{20,}", r"sk-[A-Za-z
 SECRET_KEYS = re.compile(r"(api_?key|token|secret|password)$", re.IGNORECASE)
 
 
-def _walk(value, where="record"):
-    """Yield (where, key, value) for every leaf."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _walk(v, f"{where}.{k}")
+def _walk(value, where=("record",)):
+    """Yield (where, key, value) for every key and item, `where` the path to its container as a
+    tuple (spelled out by _where only for a problem: building every path string is the slow part)."""
+    stack = [(where, value)]
+    while stack:
+        where, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            if isinstance(v, (dict, list)):
+                stack.append(((*where, k), v))
             yield where, k, v
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _walk(v, f"{where}[{i}]")
-            yield where, i, v
+
+
+def _where(path: tuple) -> str:
+    return "".join(p if i == 0 else (f"[{p}]" if isinstance(p, int) else f".{p}") for i, p in enumerate(path))
 
 
 def problems(record: dict) -> list[str]:
@@ -82,18 +87,18 @@ def problems(record: dict) -> list[str]:
     commit = record["provenance"].get("commit")
     if record["schema_version"] >= 2 and commit is not None and not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit)):
         out.append(f"provenance.commit '{commit}' is not a full 40-character commit id")
-    for where, key, value in _walk(record):
+    for path, key, value in _walk(record):
         if isinstance(key, str) and absolute_paths(key):
-            out.append(f"{where} has a key holding an absolute path")
+            out.append(f"{_where(path)} has a key holding an absolute path")
         if isinstance(value, str):
             if value == "":
-                out.append(f"{where}.{key} is an empty string (use null)")
+                out.append(f"{_where((*path, key))} is an empty string (use null)")
             elif absolute_paths(value):
-                out.append(f"{where}.{key} holds an absolute path")
+                out.append(f"{_where((*path, key))} holds an absolute path")
             elif any(p.search(value) for p in SECRET_PATTERNS):
-                out.append(f"{where}.{key} looks like a secret")
+                out.append(f"{_where((*path, key))} looks like a secret")
             if SECRET_KEYS.search(str(key)) and value:
-                out.append(f"{where}.{key} may hold a secret")
+                out.append(f"{_where((*path, key))} may hold a secret")
     return out
 
 

@@ -51,12 +51,14 @@ class View:
 
 def prediction_cells(r) -> list[str]:
     """Both predictions beside each other: the spec sheet's roofline, then the one from this
-    machine's measured ceilings (its bound, which may be latency). A lesson row says so."""
+    machine's measured ceilings (its bound, which may be latency); † marks a calibrated prediction
+    computed at report time (the row predates its ceilings record). A lesson row says so."""
     cal = value(r, "calibrated.predicted_ms")
     ratio = f"{num(value(r, 'prediction.measured_over_predicted'))} / {num(value(r, 'calibrated.measured_over_predicted'))}"
     if value(r, "excluded", "").startswith("lesson"):
         ratio += " (lesson)"
-    return [f"{num(value(r, 'prediction.predicted_ms'))} / {num(cal)}",
+    late = "†" if str(value(r, "calibrated.computed", "")).startswith("at report time") else ""
+    return [f"{num(value(r, 'prediction.predicted_ms'))} / {num(cal)}{late}",
             value(r, "calibrated.bound") or value(r, "prediction.bound", "-"), ratio]
 
 
@@ -66,6 +68,14 @@ def _cell(column, r) -> str:
 
 
 def table_rows(view: View, spec: Table) -> pd.DataFrame:
+    """The rows a table shows (cached per frame: the README and the CSV read the same rows)."""
+    cache = view.frame.__dict__.setdefault("_table_rows", {})
+    if spec.id not in cache:
+        cache[spec.id] = _table_rows(view, spec)
+    return cache[spec.id]
+
+
+def _table_rows(view: View, spec: Table) -> pd.DataFrame:
     rows = spec.rows(view) if spec.rows else view.latest(spec.exercise, since_version=spec.since_version)
     if len(rows) and spec.where is not None:
         rows = spec.where(rows)
@@ -105,13 +115,24 @@ def table(view: View, spec: Table) -> str:
     return out
 
 
+class _Row(dict):
+    """A row as a dict of its non-missing values; a column it lacks reads as NaN, as in the frame."""
+    def __missing__(self, key):
+        return float("nan")
+
+
+def _narrow(rows: pd.DataFrame) -> list:
+    """Rows without the frame's hundreds of empty columns (iterating the wide frame is the slow part)."""
+    return [_Row(r) for r in rows.dropna(axis=1, how="all").to_dict("records")]
+
+
 def _lines(view: View, spec: Table, rows: pd.DataFrame, link: bool = True,
            columns: tuple = ()) -> tuple[list[str], list[list[str]]]:
     columns = columns or spec.columns
     header = ["hardware", *(c.header for c in columns), *(PREDICTION_HEADER if spec.prediction else []),
               "run" if link else "record"]
     lines = []
-    for _, r in rows.iterrows():
+    for r in _narrow(rows):
         if r["status"] == "ok":
             cells = [_cell(c, r) for c in columns]
             pred = prediction_cells(r) if spec.prediction else []

@@ -57,6 +57,7 @@ def blocks() -> dict:
     """Block id -> spec: every phase's, each phase's accuracy table, and the top README's phase
     table, lab-wide accuracy and its goals."""
     out = {"phases": Text("phases", phase_table), "accuracy": Text("accuracy", accuracy.table),
+           "accuracy.misses": Text("accuracy.misses", accuracy.misses),
            "accuracy.goals": accuracy_goals.GOALS}
     for p in phases():
         out[f"phase{p.number}.accuracy"] = Text(f"phase{p.number}.accuracy",

@@ -55,7 +55,12 @@ def _bought(r) -> str:
     return f"{ratio(r['ladder.factor'])} over {base}" if base else "(first rung)"
 
 
-LADDER = Table("phase2.ladder", MM, rows=ladder_rows, prediction=False, columns=(
+def largest_size(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU, the ladder at its largest size (the CSV has both sizes)."""
+    return pd.concat([g[g["params.n"] == g["params.n"].max()] for _, g in rows.groupby("hardware", sort=True)])
+
+
+LADDER = Table("phase2.ladder", MM, rows=ladder_rows, prediction=False, brief=largest_size, columns=(
     ident("N", "params.n", num), ident("rung", "variant"), ident("dtype", "params.dtype"),
     col("TFLOP/s", "metrics.tflops", num), col("what it bought", _bought),
     col("% of cuBLAS (same run)", _of_library)))
@@ -74,13 +79,15 @@ def closest_to_library(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.loc[keep]
 
 
-MATMUL = Table("phase2.matmul", MM, brief=closest_to_library, columns=(
+MATMUL = Table("phase2.matmul", MM, brief=lambda rows: closest_to_library(rows[rows["params.n"] == rows["params.n"].max()]),
+               columns=(
     ident("variant", "variant"), ident("N", "params.n", num), ident("dtype", "params.dtype"),
     ident("B stored", lambda r: "column-major" if value(r, "params.b_layout") == "col" else "row-major"),
     col("ms", "metrics.ms", num4), col("TFLOP/s", "metrics.tflops", num),
     col("% of cuBLAS (same run)", _of_library)))
 
-SOFTMAX = Table("phase2.softmax", SM, brief=lambda rows: rows[rows["variant"] == "cuda"], columns=(
+SOFTMAX = Table("phase2.softmax", SM, brief=lambda rows: rows[(rows["variant"] == "cuda") & (rows["params.dtype"] == "fp32")],
+                columns=(
     ident("dtype", "params.dtype"), ident("rows x cols", lambda r: f"{num(r['params.rows'])} x {num(r['params.cols'])}"),
     ident("variant (kernel)", lambda r: f"{r['variant']} ({r['metrics.kernel']})" if value(r, "metrics.kernel") else r["variant"]),
     col("ms", "metrics.ms", num4), col("GB/s", "metrics.gbps", num),
@@ -128,7 +135,12 @@ def build_rows(view) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-BUILD = Table("phase2.build", MM, rows=build_rows, prediction=False, columns=(
+def newest_build(rows: pd.DataFrame) -> pd.DataFrame:
+    """The newest build only: every GPU here runs the same sm_90a binary (the CSV has each GPU's)."""
+    return rows[rows["path"] == rows.sort_values("started")["path"].iloc[-1]] if len(rows) else rows
+
+
+BUILD = Table("phase2.build", MM, rows=build_rows, prediction=False, brief=newest_build, columns=(
     ident("kernel", "variant"), col("arch", "build.arch"), col("registers", "build.registers", num),
     col("shared memory bytes", "build.smem_bytes", num), col("spill stores bytes", "build.spill_stores_bytes", num),
     col("spill loads bytes", "build.spill_loads_bytes", num)))

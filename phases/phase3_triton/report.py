@@ -1,5 +1,7 @@
 """Phase 3's README blocks, declared (rendered by common/render.py): each Triton kernel's table
 beside the same run's library rows, the goals, two plots, the findings and the headline."""
+import pandas as pd
+
 from common.formats import elements, missing, num, pct, ratio, size_bytes
 from common.frame import by_hardware, value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
@@ -59,8 +61,17 @@ def batch_heads(r) -> str:
 
 
 CONFIG = col("config", "metrics.config")
+def per_gpu(keep):
+    """A brief (the CSV keeps every row): `keep(rows of one GPU)` for each GPU."""
+    return lambda rows: pd.concat([keep(g) for _, g in rows.groupby("hardware", sort=True)]) if len(rows) else rows
+
+
+def _largest(k: int, key: str):
+    return per_gpu(lambda g: g[g[key].isin(sorted(set(g[key]))[-k:])])
+
+
 VECTOR_ADD = Table(ADD, ADD, rows=beside(ADD, ("triton",), ("copy:metrics.gbps", "torch:metrics.gbps"), ["params.n"],
-                                         sort=["params.n"]), note=not_timed, columns=(
+                                         sort=["params.n"]), note=not_timed, brief=_largest(3, "params.n"), columns=(
     ident("elements", "params.n", elements), ident("working set", "params.working_set_bytes", size_bytes),
     col("copy GB/s", "copy:metrics.gbps", num), col("torch.add GB/s", "torch:metrics.gbps", num),
     col("Triton GB/s", "metrics.gbps", num), col("% of copy", "metrics.pct_of_copy_bandwidth", pct),
@@ -73,7 +84,8 @@ SOFTMAX_SEED = Table("phase3.softmax_seed", SOFTMAX, where=group("seed"), column
     col("time (µs)", lambda r: 1000 * r["metrics.ms"], num), col("GB/s (its own bytes)", lambda r: analysis.own(r, "gbps"), num),
     col("effective GB/s", "metrics.effective_gbps", num), col("% of copy (effective)", "metrics.pct_of_copy_effective", pct)))
 
-SOFTMAX_SWEEP = Table(SOFTMAX, SOFTMAX, where=group("sweep"), note=not_timed, rows=beside(
+SOFTMAX_SWEEP = Table(SOFTMAX, SOFTMAX, where=group("sweep"), note=not_timed,
+                      brief=per_gpu(lambda g: g[g["params.cols"].isin([32, 512, 8192, 65536])]), rows=beside(
     SOFTMAX, ("triton",), ("torch:metrics.gbps", "unfused:metrics.effective_gbps"), ["params.rows", "params.cols"]), columns=(
     ident("row length", "params.cols", num), ident("rows", "params.rows", num),
     col("torch.softmax GB/s", "torch:metrics.gbps", num), col("unfused GB/s (effective)", "unfused:metrics.effective_gbps", num),
@@ -82,7 +94,8 @@ SOFTMAX_SWEEP = Table(SOFTMAX, SOFTMAX, where=group("sweep"), note=not_timed, ro
     col("kernel: config", lambda r: f"{value(r, 'metrics.kernel', '-')}: {value(r, 'metrics.config', '-')}")))
 
 MATMUL_TABLE = Table(MATMUL, MATMUL, rows=beside(MATMUL, ("triton", "triton_tma"), ("cublas:metrics.tflops",),
-                                                 ["params.n", "params.dtype"]), note=not_timed, columns=(
+                                                 ["params.n", "params.dtype"]), note=not_timed,
+                     brief=_largest(1, "params.n"), columns=(
     ident("dtype", "params.dtype"), ident("N", "params.n", num), ident("variant", "variant"),
     col("TFLOP/s", "metrics.tflops", num), col("cuBLAS TFLOP/s", "cublas:metrics.tflops", num),
     col("% of cuBLAS", "metrics.pct_of_library", pct), col("% of peak", "metrics.pct_of_peak_tflops", pct), CONFIG))
@@ -103,8 +116,10 @@ ATTN_COLUMNS = (
     col("% of fastest", "metrics.pct_of_library", pct), CONFIG)
 FWD_MAIN = Table(FWD, FWD, where=group("main"), note=not_timed, columns=ATTN_COLUMNS,
                  rows=beside(FWD, ("triton",), SDPA, ["params.group", *ATTN_KEYS]),
-                 brief=lambda rows: rows[rows["params.dtype"] == "bf16"])
-BWD_TABLE = Table(BWD, BWD, note=not_timed, columns=ATTN_COLUMNS, rows=beside(BWD, ("triton",), SDPA, ATTN_KEYS))
+                 brief=lambda rows: rows[(rows["params.dtype"] == "bf16") & (rows["params.head_dim"] == 128)
+                                         & ~rows["params.causal"].astype(bool)])
+BWD_TABLE = Table(BWD, BWD, note=not_timed, columns=ATTN_COLUMNS, rows=beside(BWD, ("triton",), SDPA, ATTN_KEYS),
+                  brief=lambda rows: rows[rows["params.head_dim"] == 128])
 
 
 # ------------------------------------------------------------------------------ goals

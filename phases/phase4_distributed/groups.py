@@ -46,6 +46,14 @@ def _label(rec: dict, n: int, machine: int) -> str:
 
 
 def groups(view, exercise: str, since: int = 1) -> pd.DataFrame:
+    """Cached per frame (tables, goals and findings ask for the same groups many times)."""
+    cache = view.frame.__dict__.setdefault("_phase4_groups", {})
+    if (exercise, since) not in cache:
+        cache[(exercise, since)] = _groups(view, exercise, since)
+    return cache[(exercise, since)]
+
+
+def _groups(view, exercise: str, since: int = 1) -> pd.DataFrame:
     """Measured rows of `exercise`, newest record per (hardware, machine GPUs, ranks), labelled;
     `preferred` marks per (hardware, ranks) the exact-fit machine, else the newest record. Derived
     metrics older records lack are filled by the function the exercise stores them with."""
