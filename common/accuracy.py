@@ -22,11 +22,21 @@ HEADER = ["hardware", "rows", "bound", "spec: median", "spec: p10 - p90", "calib
 
 def counted(view, phases: tuple[int, ...] | None = None) -> pd.DataFrame:
     """The fastest non-excluded ok row of every problem in the newest measured record of each
-    exercise and GPU (phases limited to `phases` when given)."""
+    exercise and GPU (phases limited to `phases` when given). Cached on the frame."""
+    cache = view.frame.__dict__.setdefault("_counted", {})
+    if None not in cache:
+        cache[None] = _counted(view)
+    if phases not in cache:
+        every = cache[None]
+        cache[phases] = every[every["phase"].isin(phases)] if len(every) else every
+    return cache[phases]
+
+
+def _counted(view):
     df = view.frame.df
     if not len(df) or "calibrated.measured_over_predicted" not in df:
         return df.iloc[0:0]
-    exercises = sorted(set(df["exercise"][df["phase"].isin(phases)] if phases else df["exercise"]))
+    exercises = sorted(set(df["exercise"]))
     parts = [view.latest(ex, measured_only=True) for ex in exercises]
     rows = pd.concat([p for p in parts if len(p)]) if any(len(p) for p in parts) else df.iloc[0:0]
     if not len(rows):
@@ -37,8 +47,8 @@ def counted(view, phases: tuple[int, ...] | None = None) -> pd.DataFrame:
         return rows
     ms = rows["prediction.measured_ms"].fillna(rows["metrics.ms"]) if "prediction.measured_ms" in rows else rows["metrics.ms"]
     flops, nbytes = rows["prediction.flops"].fillna(0).astype(float), rows["prediction.bytes"].fillna(0).astype(float)
-    what = rows[[c for c in WHAT if c in rows]].astype(str).agg("|".join, axis=1) if any(c in rows for c in WHAT) else ""
-    rows = rows.assign(_ms=ms.astype(float), _size=flops.where(flops > 0, -nbytes), _what=what,
+    what = rows[[c for c in WHAT if c in rows]].map(str).agg("|".join, axis=1) if any(c in rows for c in WHAT) else ""
+    rows = rows.copy().assign(_ms=ms.astype(float), _size=flops.where(flops > 0, -nbytes), _what=what,
                        **{"prediction.dtype": rows["prediction.dtype"].fillna("-")})
     fastest = rows.loc[rows.groupby(KEY, dropna=False)["_ms"].idxmin()]
     return fastest.sort_values(["hardware", "phase", "exercise"], kind="stable")
@@ -85,3 +95,48 @@ def goal_rows(view, phases: tuple[int, ...], bounds: tuple[str, ...], label: str
                     "metrics.worst_ratio": float(mine["calibrated.measured_over_predicted"].astype(float).map(
                         lambda x: max(x, 1 / x)).max())})
     return pd.DataFrame(out)
+
+
+SHAPE_KEYS = ("m", "n", "k", "rows", "cols", "batch", "heads", "head_dim", "causal", "model", "kernel", "size_bytes")
+
+
+def _reached(r) -> str:
+    """What the row reached against the ceiling its bound names, from the record's own numbers."""
+    bound, ms = r["calibrated.bound"], float(r["_ms"])
+    if bound == "compute" and r.get("metrics.tflops") == r.get("metrics.tflops") and r.get("metrics.tflops"):
+        ceiling = float(r["calibrated.predicted_ms"]) and r["prediction.flops"] / (1e9 * float(r["calibrated.predicted_ms"]))
+        return f"{num(r['metrics.tflops'])} TFLOP/s where the model allowed {num(ceiling)} ({r['prediction.dtype']} matmul ceiling)"
+    if bound == "memory" and r.get("prediction.bytes"):
+        return f"{num(r['prediction.bytes'] / (ms * 1e6))} GB/s of counted bytes"
+    launches = r.get("prediction.launches")
+    return f"{num(ms * 1e3)} µs against a floor of {num(1e3 * float(r['calibrated.predicted_ms']))} µs" + (
+        f" ({int(launches)} launches)" if launches == launches and launches else "")
+
+
+def _scalar(v):
+    """A parameter as a short word, or None (missing, or a structure such as a model's shape)."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) and v == v:
+        return num(v)
+    return None
+
+
+def misses(view, worst: int = 5) -> str:
+    """Per GPU, the counted rows the calibrated model misses most, with what each reached."""
+    rows = counted(view)
+    if not len(rows):
+        return "_No calibrated predictions yet._"
+    lines = []
+    for _, mine in rows.groupby("hardware", sort=True):
+        err = mine["calibrated.measured_over_predicted"].astype(float).map(lambda x: max(x, 1 / x))
+        for _, r in mine.loc[err.sort_values(ascending=False).index[:worst]].iterrows():
+            shape = ", ".join(f"{k}={_scalar(r[f'params.{k}'])}" for k in SHAPE_KEYS
+                              if f"params.{k}" in r and _scalar(r[f"params.{k}"]) is not None)
+            lines.append([r["hardware_name"], r["exercise"], r["variant"], shape or "-", r["calibrated.bound"],
+                          num(r["_ms"]), num(r["calibrated.predicted_ms"]), num(r["calibrated.measured_over_predicted"]),
+                          _reached(r)])
+    return markdown(lines, ["hardware", "exercise", "variant", "shape", "bound", "measured ms", "calibrated ms",
+                            "measured/calibrated", "what it reached"])
