@@ -11,6 +11,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 ROW_BLOCKS = ("params", "metrics", "prediction", "timing")
+# Columns every exercise's rows keep even when empty (the rest of a wide frame is dropped per exercise).
+ALWAYS = {"order", "exercise", "phase", "bench_version", "hardware", "hardware_name", "source", "citation", "started",
+          "commit", "path", "record_status", "variant", "status", "reason", "excluded", "metrics.ms",
+          "prediction.predicted_ms", "prediction.bound", "prediction.measured_over_predicted", "prediction.flops",
+          "prediction.bytes", "prediction.dtype", "prediction.measured_ms", "prediction.launches"}
 
 
 def _meta(order: int, rec: dict) -> dict:
@@ -59,9 +64,12 @@ class Frame:
         self._latest: dict = {}
 
     def rows_of(self, exercise: str) -> pd.DataFrame:
-        """Every row of one exercise (split once: filtering the whole, wide frame is the slow part)."""
-        if self._exercise_rows is None:
-            self._exercise_rows = dict(tuple(self.df.groupby("exercise", sort=False))) if len(self.df) else {}
+        """Every row of one exercise, with the columns it has (split once: filtering the whole, wide
+        frame is the slow part). A column no row of the exercise holds is absent, not NaN."""
+        if self._exercise_rows is None:             # each exercise's columns only: the frame has hundreds
+            self._exercise_rows = {ex: rows[[c for c in rows if c in ALWAYS or c.startswith("calibrated.")
+                                             or rows[c].notna().any()]]
+                                   for ex, rows in self.df.groupby("exercise", sort=False)} if len(self.df) else {}
         return self._exercise_rows.get(exercise, self.df.iloc[0:0])
 
     @classmethod

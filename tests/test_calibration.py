@@ -76,7 +76,8 @@ def test_the_ceilings_record_holds_every_ceiling(cpu_ceilings):
 
 def test_a_copy_is_predicted_within_tolerance_on_a_cpu(cpu_ceilings, spec_ctx_module):
     """A copy of a size the ceilings never timed (far beyond any CPU cache), predicted from the
-    ceilings record alone: within 40% of what it measures."""
+    ceilings record alone: within 40% of what it measures. A shared CI machine can be busy during
+    one measurement, so the copy gets three tries; each try is a full check-then-time."""
     results, _ = cpu_ceilings
     ctx = spec_ctx_module(results)
     n = (2**28 + 4 * 12345) // 4
@@ -85,11 +86,16 @@ def test_a_copy_is_predicted_within_tolerance_on_a_cpu(cpu_ceilings, spec_ctx_mo
     def copy():
         dst.copy_(src)
 
-    r = measure(ctx, "copy", {"n": n}, fn=copy, check=reference_check(ctx, dst, copy, src, "source"),
-                flops=0, bytes_moved=8 * n, dtype=None)
-    cal = r["prediction"]["calibrated"]
-    assert cal["bound"] == "memory" and cal["computed"] == "at run time"
-    assert 0.6 <= cal["measured_over_predicted"] <= 1.4, cal
+    ratios = []
+    for _ in range(3):
+        r = measure(ctx, "copy", {"n": n}, fn=copy, check=reference_check(ctx, dst, copy, src, "source"),
+                    flops=0, bytes_moved=8 * n, dtype=None)
+        cal = r["prediction"]["calibrated"]
+        assert cal["bound"] == "memory" and cal["computed"] == "at run time"
+        ratios.append(cal["measured_over_predicted"])
+        if 0.6 <= ratios[-1] <= 1.4:
+            return
+    pytest.fail(f"measured/calibrated of a copy outside 0.6-1.4 in three tries: {ratios}")
 
 
 def test_a_latency_bound_op_is_predicted_within_2x_on_a_cpu(cpu_ceilings, spec_ctx_module):
@@ -100,10 +106,16 @@ def test_a_latency_bound_op_is_predicted_within_2x_on_a_cpu(cpu_ceilings, spec_c
     def tiny():
         x.add_(1.0)
 
-    r = measure(ctx, "tiny", {}, fn=tiny, check=lambda: {"passed": True, "reason": None},
-                flops=3, bytes_moved=24, dtype="fp32")
-    cal = r["prediction"]["calibrated"]
-    assert cal["bound"] == "latency" and 0.5 <= cal["measured_over_predicted"] <= 2.0, cal
+    ratios = []
+    for _ in range(3):                              # three tries, as for the copy
+        r = measure(ctx, "tiny", {}, fn=tiny, check=lambda: {"passed": True, "reason": None},
+                    flops=3, bytes_moved=24, dtype="fp32")
+        cal = r["prediction"]["calibrated"]
+        assert cal["bound"] == "latency"
+        ratios.append(cal["measured_over_predicted"])
+        if 0.5 <= ratios[-1] <= 2.0:
+            return
+    pytest.fail(f"measured/calibrated of a tiny op outside 0.5-2 in three tries: {ratios}")
 
 
 def test_older_rows_are_calibrated_at_report_time_and_lessons_stay_out(cpu_ceilings, spec_ctx_module, tmp_path):
