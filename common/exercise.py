@@ -162,16 +162,18 @@ class Context:
     def ceilings(self) -> dict | None:
         """The newest measured phase1.ceilings summary for this hardware in this run's results
         folder, with `record` (its path), for the calibrated prediction; None if none exists yet.
-        Only a found record is kept: `lab run phase1.ceilings 1` writes it mid-run, and the
-        exercises after it must see it."""
-        if getattr(self, "_ceilings", None) is None:
+        Looked up again whenever the folder's newest ceilings file changes, so `lab run
+        phase1.ceilings 1` predicts the exercises after the ceilings from the record it just wrote."""
+        from .paths import results_dir
+        folder = results_dir(self.results) / "phase1" / "ceilings" / self.hardware_key
+        newest = max((p.name for p in folder.glob("*.json")), default=None) if folder.is_dir() else None
+        if newest != getattr(self, "_ceilings_file", None):
             from .calibration import ceilings_by_hardware
-            from .paths import results_dir
             from .records import load_records
             found = ceilings_by_hardware(load_records(results_dir(self.results), exercise="phase1.ceilings",
                                                       hardware=self.hardware_key))
-            self._ceilings = found.get(self.hardware_key)
-        return self._ceilings
+            self._ceilings, self._ceilings_file = found.get(self.hardware_key), newest
+        return getattr(self, "_ceilings", None)
 
     def predict(self, flops: float, bytes_moved: float, dtype: str | None, timing: Timing, *, launches: int = 1,
                 working_set_bytes: float | None = None, measured_ms: float | None = None) -> dict:

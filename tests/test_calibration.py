@@ -151,5 +151,36 @@ def test_exercises_after_the_ceilings_in_one_run_are_calibrated_at_run_time(tmp_
         params = checked_params([ex], ctx, overrides)[ex.id]
         write_record(run_one(ex, ctx, params, ctx._static, None, None), tmp_path)
     [rec] = load_records(tmp_path, exercise="phase1.elementwise")
+    [ceilings_rec] = load_records(tmp_path, exercise="phase1.ceilings")
     cal = [r["prediction"]["calibrated"] for r in rec["rows"]]
-    assert all(c["computed"] == "at run time" and c["ceilings_record"].startswith("results/") for c in cal)
+    assert all(c["computed"] == "at run time" and c["ceilings_record"] == f"results/{ceilings_rec['_path']}" for c in cal)
+
+
+def test_a_newer_ceilings_record_replaces_an_older_one_mid_run(tmp_path, spec_ctx_module):
+    """With an older ceilings record already in results/, the one a run writes is the one the
+    exercises after it name (a context that kept the first record it found named the old one)."""
+    ctx = spec_ctx_module(tmp_path)
+    [ceilings, elementwise] = select(["phase1.ceilings", "phase1.elementwise"])
+    small = {"hbm_bytes": 2**24, "matmul_sizes": [128], "dtypes": ["fp32"]}
+    for ex, overrides in ((ceilings, small), (ceilings, small), (elementwise, {"sizes": [100003]})):
+        params = checked_params([ex], ctx, overrides)[ex.id]
+        write_record(run_one(ex, ctx, params, ctx._static, None, None), tmp_path)
+    newest = load_records(tmp_path, exercise="phase1.ceilings")[-1]
+    [rec] = load_records(tmp_path, exercise="phase1.elementwise")
+    assert {r["prediction"]["calibrated"]["ceilings_record"] for r in rec["rows"]} == {f"results/{newest['_path']}"}
+
+
+def test_a_row_is_predicted_from_the_ceilings_of_its_own_session():
+    """Report time: the newest ceilings record of the same hardware started no later than the row,
+    else the oldest after it; a later ceilings run does not move an older row's prediction."""
+    from common.calibration import ceilings_for
+
+    def rec(started, hbm, hw="h200_sxm"):
+        return {"exercise": {"id": "phase1.ceilings"}, "status": "ok", "hardware": {"key": hw},
+                "provenance": {"started_utc": started}, "_path": f"c/{started}.json",
+                "summary": {"ceilings": {"hbm_gbps": hbm}}}
+    records = [rec("2026-11-24T10:00:00Z", 1.0), rec("2026-11-24T12:00:00Z", 2.0), rec("2026-11-24T11:00:00Z", 9.0, "x")]
+    assert ceilings_for(records, "h200_sxm", "2026-11-24T11:30:00Z")["hbm_gbps"] == 1.0
+    assert ceilings_for(records, "h200_sxm", "2026-11-24T12:00:00Z")["hbm_gbps"] == 2.0
+    assert ceilings_for(records, "h200_sxm", "2026-11-20T00:00:00Z")["hbm_gbps"] == 1.0      # before any: the oldest
+    assert ceilings_for(records, "h100_sxm", "2026-11-24T12:00:00Z") is None
