@@ -2,7 +2,7 @@
 
 A row recorded after its machine's `phase1.ceilings` record carries `prediction.calibrated` from
 run time. An older row gets the same model at report time, from its stored FLOPs, bytes, dtype and
-timing and the newest ceilings record of the same hardware; `calibrated.computed` says which. Rows
+timing and the ceilings record of the same hardware nearest before it (`ceilings_for`); `calibrated.computed` says which. Rows
 that exist as lessons or that measure a ceiling carry `prediction.excluded` (older records: the
 phase's `Phase.excluded`), stay out of the accuracy figures and get no report-time prediction.
 """
@@ -10,7 +10,7 @@ import pandas as pd
 
 from . import roofline
 
-NEEDED = ("exercise", "status", "hardware", "source", "prediction.measured_ms", "metrics.ms", "prediction.flops", "prediction.bytes",
+NEEDED = ("exercise", "started", "status", "hardware", "source", "prediction.measured_ms", "metrics.ms", "prediction.flops", "prediction.bytes",
           "prediction.dtype", "prediction.launches", "timing.flush_l2", "timing.graph_reps", "params.working_set_bytes")
 COLUMNS = ("predicted_ms", "bound", "measured_over_predicted", "ceilings_record", "computed")
 
@@ -24,6 +24,34 @@ def ceilings_by_hardware(records: list[dict]) -> dict:
                 and rec.get("source", {}).get("kind", "measured") == "measured":
             out[rec["hardware"]["key"]] = {**c, "record": f"results/{rec['_path']}"}
     return out
+
+
+_HISTORY: list = [None, None]          # [the records list it was built from, the history]
+
+
+def ceilings_history(records: list[dict]) -> dict:
+    """hardware key -> [(started, ceilings)] of every measured ceilings record, oldest first."""
+    if _HISTORY[0] is not records:           # held, so a new list can never pass for the old one
+        out: dict = {}
+        for rec in records:
+            c = (rec.get("summary") or {}).get("ceilings") or {}
+            if rec["exercise"]["id"] == "phase1.ceilings" and rec["status"] != "skipped" and c.get("hbm_gbps") \
+                    and rec.get("source", {}).get("kind", "measured") == "measured":
+                out.setdefault(rec["hardware"]["key"], []).append(
+                    ((rec.get("provenance") or {}).get("started_utc") or "", {**c, "record": f"results/{rec.get('_path')}"}))
+        _HISTORY[:] = [records, {hw: sorted(v, key=lambda x: x[0]) for hw, v in out.items()}]
+    return _HISTORY[1]
+
+
+def ceilings_for(records: list[dict], hardware: str, started: str | None) -> dict | None:
+    """The ceilings a row recorded without them is predicted from: the newest ceilings record of
+    the same hardware started no later than the row (the same session's, when it ran first), else
+    the oldest one after it. A later ceilings run does not move an older row's prediction."""
+    history = ceilings_history(records).get(hardware)
+    if not history:
+        return None
+    before = [c for t, c in history if started and t <= started]
+    return before[-1] if before else history[0][1]
 
 
 def _num(r, key):
@@ -51,7 +79,7 @@ def add_columns(df: pd.DataFrame, records: list[dict], excluded: dict | None = N
     `prediction.excluded`; `calibrators` maps an exercise to its own model (see spec.Phase)."""
     if not len(df):
         return df
-    ceilings = ceilings_by_hardware(records)
+    history = ceilings_history(records)
     stored = df["prediction.calibrated"] if "prediction.calibrated" in df else pd.Series([None] * len(df), index=df.index)
     reasons = df["prediction.excluded"] if "prediction.excluded" in df else pd.Series([None] * len(df), index=df.index)
     lookup = excluded or {}
@@ -71,8 +99,8 @@ def add_columns(df: pd.DataFrame, records: list[dict], excluded: dict | None = N
         elif mine:
             values.append(calibrators[r["exercise"]](pd.Series(whole[df.index[i]]), records)
                           if r["status"] == "ok" else None)
-        elif r["status"] == "ok" and r["hardware"] in ceilings and r["source"] == "measured" and not skip:
-            values.append(_at_report_time(r, ceilings[r["hardware"]]))
+        elif r["status"] == "ok" and r["hardware"] in history and r["source"] == "measured" and not skip:
+            values.append(_at_report_time(r, ceilings_for(records, r["hardware"], r.get("started"))))
         else:
             values.append(None)
     cal = pd.DataFrame([{f"calibrated.{k}": (v or {}).get(k) for k in COLUMNS} for v in values], index=df.index)

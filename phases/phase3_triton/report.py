@@ -197,17 +197,11 @@ def headline(view) -> list[str]:
 # (an old naive row: fp32, not tf32; an old unfused row, had the grouping used bytes) gets no
 # calibrated prediction: it is a slower variant of its problem, which the accuracy does not count.
 SEPARATED = {(SOFTMAX, "unfused"), (FWD, "naive")}
-_CEILINGS: dict = {}
-
-
 def recalibrated(r, records) -> dict | None:
     """A phase-3 row's calibrated prediction at report time, from counts.py's formulas."""
     from common import roofline
-    from common.calibration import ceilings_by_hardware
-    if id(records) not in _CEILINGS:
-        _CEILINGS.clear()
-        _CEILINGS[id(records)] = ceilings_by_hardware(records)
-    ceilings = _CEILINGS[id(records)].get(r["hardware"])
+    from common.calibration import ceilings_for
+    ceilings = ceilings_for(records, r["hardware"], value(r, "started"))
     measured = value(r, "prediction.measured_ms") or value(r, "metrics.ms")
     if not ceilings or r["source"] != "measured" or not measured:
         return None

@@ -3,7 +3,7 @@ parameters, overfitting and throughput, the scaling law, the failures, their plo
 Notes and findings are templates over stored values; verdicts and ratios come from the records or
 from analysis.py. The seed write-up's figures appear only where labelled as the seed's."""
 from common import roofline
-from common.calibration import ceilings_by_hardware
+from common.calibration import ceilings_for
 from common.formats import num, num4, pct, ratio, si
 from common.frame import by_hardware, find, value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
@@ -276,18 +276,13 @@ def row_cost(r) -> dict | None:
                      clip=bool(tc.get("grad_clip")))
 
 
-_CEILINGS: dict = {}
 
 
 def recount(r, records) -> dict | None:
     """The calibrated prediction of a phase 7 row without one stored: recounted with cost.py, since
     records written before it stored FLOPs without launches and bytes without the gradient norm's
     read and the activations (the records stay as written; this is what the report predicts)."""
-    key = id(records)
-    if key not in _CEILINGS:
-        _CEILINGS.clear()
-        _CEILINGS[key] = ceilings_by_hardware(records)
-    ceilings = _CEILINGS[key].get(r["hardware"])
+    ceilings = ceilings_for(records, r["hardware"], value(r, "started"))
     measured = value(r, "prediction.measured_ms") or value(r, "metrics.ms")
     if ceilings is None or not measured or r["source"] != "measured":
         return None
