@@ -1,13 +1,6 @@
 """Phase 1's plots: the roofline with every measured point, and bandwidth against working set.
 matplotlib is imported only when a plot is drawn, so `lab report --check` does without it."""
-PLOT_META = {"Software": None}        # no version stamp: the PNG depends only on the records
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from common.plotting import pyplot, save
 
 
 def _latest_record(view, exercise: str, hw: str) -> dict | None:
@@ -27,14 +20,9 @@ def _spec(view, hw: str) -> dict:
     return {}
 
 
-def _save(fig, plt, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=PLOT_META)
-    plt.close(fig)
-
 
 def roofline(view, hw: str, path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     xs = [10 ** (k / 20) for k in range(-40, 101)]               # 0.01 .. 1e5 FLOP/byte
     spec = _spec(view, hw)
@@ -77,11 +65,11 @@ def roofline(view, hw: str, path) -> None:
     ax.set_title(f"Roofline: {spec.get('name') or hw}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    _save(fig, plt, path)
+    save(fig, path)
 
 
 def cache(view, hw: str, path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     rec = _latest_record(view, "phase1.cache_sweep", hw)
     rows = _ok_rows(rec)
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -99,4 +87,4 @@ def cache(view, hw: str, path) -> None:
     ax.set_title(f"Bandwidth vs working set: {spec.get('name') or rec['hardware']['key']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, plt, path)
+    save(fig, path)

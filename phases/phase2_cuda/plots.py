@@ -1,15 +1,8 @@
 """Phase 2's plots: every matmul rung's TFLOP/s against N beside cuBLAS, and every softmax kernel's
 share of copy bandwidth against row length. matplotlib is imported only when a plot is drawn."""
+from common.plotting import pyplot, save
+
 from .rungs import BASELINES, RUNGS, VARIANTS
-
-PLOT_META = {"Software": None}        # no version stamp: the PNG depends only on the records
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def _mine(view, exercise: str, hw: str):
@@ -18,15 +11,10 @@ def _mine(view, exercise: str, hw: str):
     return rows
 
 
-def _save(fig, plt, path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=PLOT_META)
-    plt.close(fig)
-
 
 def matmul(view, hw: str, path) -> None:
     """Two panels (fp32 on CUDA cores, bf16 on tensor cores): TFLOP/s against N, cuBLAS dashed."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = _mine(view, "phase2.matmul", hw)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     for ax, precision in zip(axes, ("fp32", "bf16")):
@@ -45,12 +33,12 @@ def matmul(view, hw: str, path) -> None:
         ax.set_title(f"{precision} rungs and cuBLAS, same run")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    _save(fig, plt, path)
+    save(fig, path)
 
 
 def softmax(view, hw: str, path) -> None:
     """Two panels (fp32, bf16): % of a same-run copy against row length, one line per kernel."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = _mine(view, "phase2.softmax", hw)
     rows = rows[rows["params.group"] == "sweep"] if len(rows) else rows
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
@@ -70,4 +58,4 @@ def softmax(view, hw: str, path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("% of copy bandwidth")
-    _save(fig, plt, path)
+    save(fig, path)

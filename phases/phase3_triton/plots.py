@@ -1,13 +1,6 @@
 """Phase 3's plots: bandwidth of vector add and softmax against size, and attention TFLOP/s against
 sequence length. matplotlib is imported only when a plot is drawn."""
-PLOT_META = {"Software": None}        # no version stamp: the PNG depends only on the records
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from common.plotting import pyplot, save
 
 
 def _rows(view, exercise: str, hw: str) -> list[dict]:
@@ -23,15 +16,13 @@ def _name(view, hw: str) -> str:
     return df[df["hardware"] == hw]["hardware_name"].iloc[-1]
 
 
-def _save(fig, ax, plt, path):
+def _save(fig, ax, path):
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=PLOT_META)
-    plt.close(fig)
+    save(fig, path)
 
 
 def bandwidth(view, hw: str, path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     add = _rows(view, "phase3.vector_add", hw)
     for variant, style in (("copy", "k--"), ("torch", "s-"), ("triton", "o-")):
@@ -57,11 +48,11 @@ def bandwidth(view, hw: str, path) -> None:
         handles, labels = handles + h2, labels + l2
     ax.legend(handles, labels, fontsize=7, loc="lower right")
     ax.set_title(f"Phase 3 bandwidth: {_name(view, hw)}")
-    _save(fig, ax, plt, path)
+    _save(fig, ax, path)
 
 
 def attention(view, hw: str, path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     rows = [r for r in _rows(view, "phase3.flash_attention", hw) if r["params"].get("group") == "main"
             and r["params"].get("dtype") == "bf16" and r["params"].get("head_dim") == 128 and not r["params"].get("causal")]
@@ -75,4 +66,4 @@ def attention(view, hw: str, path) -> None:
     ax.set_title(f"Attention forward, bf16, head dim 128, non-causal: {_name(view, hw)}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    _save(fig, ax, plt, path)
+    _save(fig, ax, path)

@@ -1,5 +1,7 @@
 """Phase 4's plot: bus bandwidth against size, every collective and our ring, one panel per GPU
 count, with the link's one-way bandwidth. matplotlib is imported only when a plot is drawn."""
+from common.plotting import pyplot, save
+
 STYLES = {"all_reduce": ("o-", "tab:blue", 2.0, "all-reduce (NCCL)"), "ring_allreduce": ("s-", "tab:red", 2.0, "all-reduce (ours: ring)"),
           "all_gather": ("^--", "tab:green", 1.0, "all-gather"), "reduce_scatter": ("v--", "tab:purple", 1.0, "reduce-scatter"),
           "sendrecv": ("d:", "tab:gray", 1.0, "send/recv shift")}
@@ -7,10 +9,7 @@ STYLES = {"all_reduce": ("o-", "tab:blue", 2.0, "all-reduce (NCCL)"), "ring_allr
 
 def busbw(rows, hw: str, path) -> None:
     """rows: report.groups() of phase4.interconnect; the preferred group per GPU count of `hw`."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     mine = rows[(rows["hardware"] == hw) & rows["preferred"] & (rows["status"] == "ok")]
     panels = sorted(set(mine["ranks"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
@@ -31,6 +30,4 @@ def busbw(rows, hw: str, path) -> None:
         ax.set_title(g.iloc[0]["hardware_name"])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)

@@ -1,14 +1,7 @@
 """Phase 7's plots, one PNG per GPU from its newest record: the overfitting curves, the scaling law
 with its fits, and the failure runs' loss and gradient norm. matplotlib is imported only when a
 plot is drawn, so `lab report --check` does without it."""
-PLOT_META = {"Software": None}        # no version stamp: the PNG depends only on the records
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from common.plotting import pyplot, save
 
 
 def _record(view, exercise: str, hw: str) -> dict:
@@ -24,14 +17,9 @@ def _name(rec: dict) -> str:
     return (rec["hardware"].get("spec") or {}).get("name") or rec["hardware"]["key"]
 
 
-def _save(fig, plt, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=PLOT_META)
-    plt.close(fig)
-
 
 def overfit(view, hw: str, path) -> None:
-    plt, rec = _pyplot(), _record(view, "phase7.overfit", hw)
+    plt, rec = pyplot(), _record(view, "phase7.overfit", hw)
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for variant, color in (("large", "tab:red"), ("small", "tab:blue")):
         r = next((r for r in _ok(rec) if r["variant"] == variant), None)
@@ -54,12 +42,12 @@ def overfit(view, hw: str, path) -> None:
     ax.set_title(f"Overfitting TinyShakespeare: {_name(rec)}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, plt, path)
+    save(fig, path)
 
 
 def scaling(view, hw: str, path) -> None:
     from matplotlib.ticker import FormatStrFormatter
-    plt, rec = _pyplot(), _record(view, "phase7.scaling", hw)
+    plt, rec = pyplot(), _record(view, "phase7.scaling", hw)
     fig, ax = plt.subplots(figsize=(7.5, 5))
     ok = [r for r in _ok(rec) if r["metrics"].get("best_val_loss") is not None]
     s = rec.get("summary", {})
@@ -89,11 +77,11 @@ def scaling(view, hw: str, path) -> None:
                  else f"Scaling on a fixed dataset: {_name(rec)}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, plt, path)
+    save(fig, path)
 
 
 def failures(view, hw: str, path) -> None:
-    plt, rec = _pyplot(), _record(view, "phase7.failures", hw)
+    plt, rec = pyplot(), _record(view, "phase7.failures", hw)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for r in _ok(rec):
         style = "-" if r["variant"] == "control" else "--" if r["variant"].startswith("no_") else ":"
@@ -112,4 +100,4 @@ def failures(view, hw: str, path) -> None:
     for a in (a1, a2):
         a.grid(True, which="both", alpha=0.3)
     a1.legend(fontsize=7)
-    _save(fig, plt, path)
+    save(fig, path)
