@@ -36,6 +36,13 @@ def phases() -> list[Phase]:
     return sorted(out, key=lambda p: p.number)
 
 
+def frame_of(records: list[dict]) -> Frame:
+    """The frame as the report sees it: every phase's lesson rows and own calibrators applied."""
+    declared = phases()
+    return Frame.of(records, excluded={k: v for p in declared for k, v in p.excluded.items()},
+                    calibrators={k: v for p in declared for k, v in p.calibrators.items()})
+
+
 def phase_table(view: render.View) -> str:
     """The top README's table: each phase's status and headline result per GPU, from records."""
     declared = {p.number: p for p in phases()}
@@ -105,8 +112,7 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
     if not records:
         raise LabError(f"no records under results folder '{res.name}': nothing to report "
                        "(the READMEs' tables are left as they are)")
-    frame = Frame.of(records, excluded={k: v for p in phases() for k, v in p.excluded.items()},
-                     calibrators={k: v for p in phases() for k, v in p.calibrators.items()})
+    frame = frame_of(records)
     known = blocks()
     missing_blocks = blocks_missing(known)
     if missing_blocks:
