@@ -15,17 +15,6 @@ NEEDED = ("exercise", "started", "status", "hardware", "source", "prediction.mea
 COLUMNS = ("predicted_ms", "bound", "measured_over_predicted", "ceilings_record", "computed")
 
 
-def ceilings_by_hardware(records: list[dict]) -> dict:
-    """hardware key -> the newest measured ceilings summary (with its record path)."""
-    out = {}
-    for rec in records:                              # oldest first: the newest wins
-        c = (rec.get("summary") or {}).get("ceilings") or {}
-        if rec["exercise"]["id"] == "phase1.ceilings" and rec["status"] != "skipped" and c.get("hbm_gbps") \
-                and rec.get("source", {}).get("kind", "measured") == "measured":
-            out[rec["hardware"]["key"]] = {**c, "record": f"results/{rec['_path']}"}
-    return out
-
-
 _HISTORY: list = [None, None]          # [the records list it was built from, the history]
 
 
@@ -41,6 +30,11 @@ def ceilings_history(records: list[dict]) -> dict:
                     ((rec.get("provenance") or {}).get("started_utc") or "", {**c, "record": f"results/{rec.get('_path')}"}))
         _HISTORY[:] = [records, {hw: sorted(v, key=lambda x: x[0]) for hw, v in out.items()}]
     return _HISTORY[1]
+
+
+def ceilings_by_hardware(records: list[dict]) -> dict:
+    """hardware key -> the newest measured ceilings summary (with its record path)."""
+    return {hw: history[-1][1] for hw, history in ceilings_history(records).items()}
 
 
 def ceilings_for(records: list[dict], hardware: str, started: str | None) -> dict | None:

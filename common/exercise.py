@@ -162,17 +162,17 @@ class Context:
     def ceilings(self) -> dict | None:
         """The newest measured phase1.ceilings summary for this hardware in this run's results
         folder, with `record` (its path), for the calibrated prediction; None if none exists yet.
-        Looked up again whenever the folder's newest ceilings file changes, so `lab run
+        Looked up again whenever the folder's ceilings files change, so `lab run
         phase1.ceilings 1` predicts the exercises after the ceilings from the record it just wrote."""
         from .paths import results_dir
         folder = results_dir(self.results) / "phase1" / "ceilings" / self.hardware_key
-        newest = max((p.name for p in folder.glob("*.json")), default=None) if folder.is_dir() else None
-        if newest != getattr(self, "_ceilings_file", None):
+        files = frozenset(p.name for p in folder.glob("*.json")) if folder.is_dir() else frozenset()
+        if files != getattr(self, "_ceilings_files", None):      # a new file (names need not sort by age)
             from .calibration import ceilings_by_hardware
             from .records import load_records
             found = ceilings_by_hardware(load_records(results_dir(self.results), exercise="phase1.ceilings",
                                                       hardware=self.hardware_key))
-            self._ceilings, self._ceilings_file = found.get(self.hardware_key), newest
+            self._ceilings, self._ceilings_files = found.get(self.hardware_key), files
         return getattr(self, "_ceilings", None)
 
     def predict(self, flops: float, bytes_moved: float, dtype: str | None, timing: Timing, *, launches: int = 1,
