@@ -1,0 +1,239 @@
+"""LLMEngine: requests in, tokens out, one scheduler step at a time.
+
+    engine = LLMEngine(EngineConfig(model="llama-3.1-8b"))
+    engine.add_request(prompt_token_ids, SamplingParams(max_tokens=200))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+Requests may be added and aborted between any two steps (continuous batching). A request stops
+with "stop" at an EOS token (unless ignore_eos) or one of its stop_token_ids, with "length" at
+max_tokens or when its sequence fills max_model_len, with "abort" when aborted.
+Not thread-safe: call it from one thread.
+"""
+import itertools
+import operator
+import time
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import LabError
+
+from .kv_cache import BlockPool
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence
+from .weights import resolve, weights_for
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class EngineConfig:
+    model: str = "tiny"             # a named shape (seeded random weights) or a HF checkpoint folder
+    seed: int = 0
+    dtype: str = "bfloat16"         # CPU tests use "float32"
+    device: str = "auto"            # "auto": cuda if available else cpu
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.90   # fraction of total GPU memory weights + KV pool + activations may use
+    num_kv_blocks: int | None = None       # overrides pool sizing (tests force preemption with few blocks)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None       # default: min(shape.max_position_embeddings, 8192)
+    cuda_graphs: bool = True               # decode CUDA graphs at bucketed batch sizes (CUDA only)
+    attention_backend: str = "auto"
+
+    def check(self) -> None:
+        """LabError for settings no engine can run with."""
+        if self.dtype not in DTYPES:
+            raise LabError(f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
+                    "max_num_batched_tokens": self.max_num_batched_tokens}
+        if self.num_kv_blocks is not None:
+            positive["num_kv_blocks"] = self.num_kv_blocks
+        if self.max_model_len is not None:
+            positive["max_model_len"] = self.max_model_len
+        for name, value in positive.items():
+            if not isinstance(value, int) or value < 1:
+                raise LabError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise LabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]        # tokens produced this step (one, normally)
+    finished: bool
+    finish_reason: str | None       # "stop" (EOS / stop token), "length" (max_tokens or max_model_len), "abort"
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LabError(f"device {name!r}: no CUDA GPU is visible")
+    if device.type not in ("cuda", "cpu"):
+        raise LabError(f"device {name!r}: the engine runs on cuda or cpu")
+    return device
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, weights: dict | None = None):
+        """weights: a Hugging Face-named dict (left as given); None: weights_for(config.model, ...)."""
+        start = time.perf_counter()
+        config.check()
+        self.config = config
+        self.device = pick_device(config.device)
+        dtype = DTYPES[config.dtype]
+        if weights is None:
+            self.shape, weights = weights_for(config.model, config.seed, dtype, self.device)
+            owned = True
+        else:
+            self.shape, owned = resolve(config.model)[0], False
+        requested_len = config.max_model_len or min(self.shape.max_position_embeddings, DEFAULT_MAX_MODEL_LEN,
+                                                    config.max_num_batched_tokens)
+        if requested_len > self.shape.max_position_embeddings:
+            raise LabError(f"max_model_len {requested_len} exceeds {self.shape.name}'s "
+                           f"max_position_embeddings {self.shape.max_position_embeddings}")
+        if requested_len > config.max_num_batched_tokens:
+            raise LabError(f"max_model_len {requested_len} exceeds max_num_batched_tokens "
+                           f"{config.max_num_batched_tokens}: a preempted sequence could never be prefilled again")
+        self.runner = ModelRunner(
+            self.shape, weights, dtype=dtype, device=self.device, block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            cuda_graphs=config.cuda_graphs, attention_backend=config.attention_backend, seed=config.seed,
+            consume_weights=owned)
+        del weights
+        capacity = self.runner.num_kv_blocks * config.block_size
+        if capacity < requested_len and config.max_model_len is not None:
+            raise LabError(f"the KV pool holds {capacity} tokens, fewer than max_model_len {requested_len}; "
+                           "lower max_model_len or give the pool more blocks")
+        self.max_model_len = min(requested_len, capacity)
+        load_s = time.perf_counter() - start
+        self.runner.prepare(self.max_model_len)
+        self.scheduler = Scheduler(BlockPool(self.runner.num_kv_blocks, config.block_size),
+                                   config.max_num_seqs, config.max_num_batched_tokens)
+        eos = self.shape.eos_token_id
+        self._eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
+        self._requests: dict[str, Sequence] = {}
+        self._request_counter = itertools.count()
+        self._abort_outputs: list[StepOutput] = []
+        self.last_step: dict = {}
+        self.telemetry = {
+            "model": config.model, "shape": self.shape.name, "dtype": config.dtype, "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            **self.runner.telemetry,
+            "max_model_len": self.max_model_len, "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens, "load_s": load_s,
+            "startup_s": time.perf_counter() - start, "steps": 0,
+        }
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.scheduler.block_pool.num_free_blocks
+
+    # -------------------------------------------------------------------------- requests
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a request; ValueError (one line) for anything it cannot run with."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        prompt = self._checked_prompt(prompt_token_ids)
+        if request_id is None:
+            request_id = f"req-{next(self._request_counter)}"
+            while request_id in self._requests:
+                request_id = f"req-{next(self._request_counter)}"
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        elif request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        seq = Sequence(request_id, prompt, params)
+        self._requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def _checked_prompt(self, prompt_token_ids) -> list[int]:
+        vocab = self.shape.vocab_size
+        try:
+            if any(isinstance(t, bool) for t in prompt_token_ids):
+                raise TypeError
+            prompt = [operator.index(t) for t in prompt_token_ids]
+        except TypeError:
+            raise ValueError("prompt_token_ids must be a list of integer token ids") from None
+        if not prompt:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_model_len} "
+                             f"(max_model_len) with room for one generated token: at most {self.max_model_len - 1}")
+        return prompt
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its blocks; a no-op for unknown or finished requests. The
+        next step() reports it with finish_reason "abort"."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return
+        self.scheduler.abort(seq)
+        self.runner.release(seq)
+        self._abort_outputs.append(StepOutput(request_id, [], True, "abort", seq.num_prompt_tokens,
+                                              seq.num_output_tokens))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -------------------------------------------------------------------------- a step
+    def step(self) -> list[StepOutput]:
+        """One scheduler step: a prefill batch or a decode batch, one new token per sequence in it."""
+        start = time.perf_counter()
+        outputs, self._abort_outputs = self._abort_outputs, []
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return outputs
+        tokens = self.runner.run(batch.seqs, batch.is_prefill)
+        for seq, token in zip(batch.seqs, tokens):
+            seq.num_cached_tokens = seq.num_tokens
+            seq.append_token(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.runner.release(seq)
+                del self._requests[seq.request_id]
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason,
+                                      seq.num_prompt_tokens, seq.num_output_tokens))
+        self.telemetry["steps"] += 1
+        self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
+                          "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if (token in self._eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Offline: add every prompt, step until they are all done; output token ids in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        seqs = [self._requests[self.add_request(prompt, p)] for prompt, p in zip(prompts, params_list)]
+        while not all(seq.is_finished for seq in seqs):
+            self.step()
+        return [seq.output_token_ids for seq in seqs]
+

@@ -1,0 +1,200 @@
+"""The Llama architecture over a paged KV cache: embedding, layers of (RMSNorm, fused QKV
+projection, RoPE with Llama-3 frequency scaling, grouped-query attention, RMSNorm, fused gate_up,
+SiLU(gate) * up, down), a final RMSNorm and the LM head (tied to the embedding or not).
+
+A forward pass takes a flat batch: the token ids and positions of every scheduled sequence packed
+one after another, and an AttentionMetadata saying how they split. A prefill runs causal attention
+within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhere) and writes every
+token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
+the new token's K and V the same way, then attends over the cache with
+`decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype; logits are
+computed only for the rows asked for (each sequence's last token), in fp32.
+"""
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from common.errors import LabError
+
+from . import decode_attention
+from .fused_ops import add_rms_norm, rms_norm, rope_and_store, silu_and_mul
+from .shapes import LlamaShape
+from .weights import tensor_shapes
+
+
+@dataclass
+class AttentionMetadata:
+    """How a flat batch of tokens splits into sequences, and where their K and V go."""
+    is_prefill: bool
+    slot_mapping: torch.Tensor                   # [tokens] int64: flat cache slot per token (-1: none)
+    seq_lens: list[int] | None = None            # prefill: tokens per sequence, in packing order
+    cu_seqlens: torch.Tensor | None = None       # prefill: [seqs + 1] int32 offsets (varlen attention)
+    max_seq_len: int = 0                         # prefill: the longest sequence
+    block_tables: torch.Tensor | None = None     # decode: [seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor | None = None     # decode: [seqs] int32, the new token included
+    num_splits: int | None = None                # decode: attention splits per (seq, KV head); None: by shape
+    logits_indices: torch.Tensor | None = None   # rows whose hidden state is returned; None: all
+
+
+def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
+    """RoPE's inverse frequencies, fp32, computed exactly as transformers does (default, or
+    Llama 3.1's "llama3" scaling: long wavelengths divided by `factor`, a smooth blend between)."""
+    dim = shape.head_dim
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+    scaling = shape.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type != "llama3":
+        raise LabError(f"{shape.name}: rope_scaling type {rope_type!r} is not supported (default or llama3)")
+    factor = scaling["factor"]
+    low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_tables(shape: LlamaShape, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position x frequency, fp32 [max_positions, head_dim / 2]."""
+    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * rope_inv_freq(shape)[None, :]
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
+def varlen_attention(device: torch.device, dtype: torch.dtype, gqa: bool):
+    """torch's Flash varlen attention made causal (torch 2.10 spells it is_causal=True, later
+    releases window_size=(-1, 0)), or None where it cannot run (not CUDA, not 16-bit, too old)."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return None
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    accepted = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in accepted else {"is_causal": True}
+    if "enable_gqa" in accepted:
+        causal["enable_gqa"] = gqa
+    return functools.partial(varlen_attn, **causal)
+
+
+class LayerWeights:
+    __slots__ = ("input_norm", "qkv", "o", "post_norm", "gate_up", "down")
+
+
+class LlamaModel:
+    """Weights as plain tensors (fused QKV and gate_up) and a forward over the paged cache.
+    `kv_caches` (per-layer (k_cache, v_cache)) and the RoPE tables are set by the runner."""
+
+    def __init__(self, shape: LlamaShape, dtype: torch.dtype, device: torch.device,
+                 decode_backend: str = "auto"):
+        self.shape = shape
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.decode_backend = decode_backend
+        self.scale = shape.head_dim ** -0.5
+        self.gqa = shape.num_attention_heads != shape.num_key_value_heads
+        self.prefill_varlen = varlen_attention(self.device, dtype, self.gqa)
+        self.layers: list[LayerWeights] = []
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.rope_cos = self.rope_sin = None
+
+    # -------------------------------------------------------------------------- weights
+    def load(self, weights: dict[str, torch.Tensor], consume: bool = False) -> None:
+        """Take Hugging Face-named weights (checked against the shape), fusing q/k/v and gate/up.
+        consume=True pops each tensor once used, so the unfused copy is freed layer by layer."""
+        expected = tensor_shapes(self.shape)
+        for name, size in expected.items():
+            if name not in weights:
+                raise LabError(f"{self.shape.name}: weights lack {name}")
+            if tuple(weights[name].shape) != size:
+                raise LabError(f"{self.shape.name}: {name} has shape {tuple(weights[name].shape)}, expected {size}")
+        take = weights.pop if consume else weights.__getitem__
+
+        def tensor(name):
+            return take(name).to(device=self.device, dtype=self.dtype)
+
+        self.embed = tensor("model.embed_tokens.weight")
+        self.layers = []
+        for index in range(self.shape.num_hidden_layers):
+            p = f"model.layers.{index}."
+            layer = LayerWeights()
+            layer.input_norm = tensor(p + "input_layernorm.weight")
+            layer.qkv = torch.cat([tensor(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            layer.o = tensor(p + "self_attn.o_proj.weight")
+            layer.post_norm = tensor(p + "post_attention_layernorm.weight")
+            layer.gate_up = torch.cat([tensor(p + "mlp.gate_proj.weight"), tensor(p + "mlp.up_proj.weight")])
+            layer.down = tensor(p + "mlp.down_proj.weight")
+            self.layers.append(layer)
+        self.norm = tensor("model.norm.weight")
+        self.lm_head = self.embed if self.shape.tie_word_embeddings else tensor("lm_head.weight")
+
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.norm] + [getattr(layer, n) for layer in self.layers for n in LayerWeights.__slots__]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def set_rope(self, shape: LlamaShape, max_positions: int) -> None:
+        self.rope_cos, self.rope_sin = rope_tables(shape, max_positions, self.device)
+
+    # -------------------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The final-normed hidden states of rows meta.logits_indices (all rows when None)."""
+        s = self.shape
+        eps = s.rms_norm_eps
+        tokens = input_ids.shape[0]
+        hidden = F.embedding(input_ids, self.embed)
+        residual = hidden
+        for index, layer in enumerate(self.layers):
+            if index == 0:
+                x = rms_norm(hidden, layer.input_norm, eps)
+            else:
+                x = add_rms_norm(hidden, residual, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv)
+            k_cache, v_cache = self.kv_caches[index]
+            q = rope_and_store(qkv, positions, self.rope_cos, self.rope_sin, k_cache, v_cache, meta.slot_mapping,
+                               s.num_attention_heads, s.num_key_value_heads, s.head_dim)
+            if meta.is_prefill:
+                attention = self._prefill_attention(q, qkv, meta)
+            else:
+                attention = decode_attention.paged_decode_attention(
+                    q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
+                    backend=self.decode_backend, num_splits=meta.num_splits)
+            hidden = F.linear(attention.reshape(tokens, s.q_size), layer.o)
+            x = add_rms_norm(hidden, residual, layer.post_norm, eps)
+            hidden = F.linear(silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+        if meta.logits_indices is not None:
+            hidden, residual = hidden[meta.logits_indices], residual[meta.logits_indices]
+        return add_rms_norm(hidden, residual, self.norm, eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    def _prefill_attention(self, q: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Causal attention within each packed sequence. q [tokens, heads, d]; k and v are read
+        from qkv (k already rotated in place)."""
+        s = self.shape
+        tokens = q.shape[0]
+        k = qkv[:, s.q_size:s.q_size + s.kv_size].view(tokens, s.num_key_value_heads, s.head_dim)
+        v = qkv[:, s.q_size + s.kv_size:].view(tokens, s.num_key_value_heads, s.head_dim)
+        if self.prefill_varlen is not None:
+            return self.prefill_varlen(q, k, v, meta.cu_seqlens, meta.cu_seqlens, meta.max_seq_len, meta.max_seq_len,
+                                       scale=self.scale)
+        out = torch.empty_like(q)
+        start = 0
+        for n in meta.seq_lens:
+            rows = slice(start, start + n)
+            out[rows] = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1), k[rows].transpose(0, 1), v[rows].transpose(0, 1),
+                is_causal=True, scale=self.scale, enable_gqa=self.gqa).transpose(0, 1)
+            start += n
+        return out

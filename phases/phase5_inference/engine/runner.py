@@ -1,0 +1,379 @@
+"""ModelRunner: the engine's tensors. It owns the model, the KV cache and the CUDA graphs, turns
+a scheduled batch of sequences into input tensors, runs the prefill or decode forward and samples
+one token per sequence. It never decides who runs (that is the scheduler's job).
+
+Decode inputs (token ids, positions, slot mapping, context lengths, block tables) live in one
+preallocated device buffer, filled from a pinned host twin with one copy per step, so a CUDA graph
+captured once per batch-size bucket (1, 2, 4, 8, 16, 24, ...) replays any batch padded up to its
+bucket. Padded rows write nowhere (slot -1) and attend over one token of block 0. Each bucket has
+one graph per attention split count its batch can want: the longest context in the batch picks a
+tier (up to 256, 512, 1024, ... tokens), the tier the split count, so short contexts run one split
+and no combine. The graph also takes the argmax of the logits, so a greedy batch needs no kernel
+launched outside it.
+
+A prefill of one sequence (the common serving case) of at most the largest prefill bucket
+(16, 32, ..., 512 tokens) replays a graph too: its tokens are padded at the tail up to the bucket
+(causal attention keeps the real tokens from seeing the padding, whose slot is -1), and the
+logits row is gathered at the last real token through a device index. Batches of several
+sequences prefill eagerly.
+"""
+import itertools
+import time
+
+import numpy as np
+import torch
+
+from common.errors import LabError
+
+from . import decode_attention
+from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
+from .model import AttentionMetadata, LlamaModel
+from .sampler import Sampler
+from .sequence import Sequence
+from .shapes import LlamaShape
+
+CPU_KV_POOL_BYTES = 64 << 20       # without a GPU the pool is a fixed, test-sized budget
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
+SPLIT_TIER_BASE_TOKENS = decode_attention.MIN_TOKENS_PER_SPLIT    # context tiers: this, twice it, ...
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The decode buckets: 1, 2, 4, 8, then every multiple of 8, and max_num_seqs itself."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 8))
+    return sizes + [max_num_seqs]
+
+
+def prefill_graph_sizes(max_num_batched_tokens: int) -> list[int]:
+    """The one-sequence prefill buckets: PREFILL_GRAPH_TOKENS up to max_num_batched_tokens (and
+    that itself when it falls below the largest)."""
+    largest = min(max_num_batched_tokens, PREFILL_GRAPH_TOKENS[-1])
+    return [s for s in PREFILL_GRAPH_TOKENS if s < largest] + [largest]
+
+
+def context_tiers(max_model_len: int) -> list[int]:
+    """Longest-context tiers of the decode graphs: SPLIT_TIER_BASE_TOKENS doubled until it covers
+    max_model_len (the last tier is max_model_len itself)."""
+    tiers = [SPLIT_TIER_BASE_TOKENS]
+    while tiers[-1] < max_model_len:
+        tiers.append(tiers[-1] * 2)
+    tiers[-1] = max_model_len
+    return tiers
+
+
+def tier_of(max_context_tokens: int, num_tiers: int) -> int:
+    """The index of the smallest tier holding `max_context_tokens` (tiers double from the base)."""
+    return min(num_tiers - 1, ((max_context_tokens - 1) // SPLIT_TIER_BASE_TOKENS).bit_length())
+
+
+def splits_by_tier(batch: int, num_kv_heads: int, tiers: list[int], sms: int) -> list[int]:
+    """The decode attention split count of a batch bucket at each context tier: the kernel's own
+    choice for that longest context, rounded down to a power of two (fewer kernels to compile)."""
+    chosen = [decode_attention.choose_num_splits(batch, num_kv_heads, tier, sms) for tier in tiers]
+    return [1 << (n.bit_length() - 1) for n in chosen]
+
+
+class ModelRunner:
+    """Built in two stages: __init__ loads the weights and sizes the KV pool (so the engine can
+    settle max_model_len against the pool's capacity), `prepare(max_model_len)` allocates the cache
+    and input buffers and captures the decode graphs."""
+
+    def __init__(self, shape: LlamaShape, weights: dict, *, dtype: torch.dtype, device: torch.device,
+                 block_size: int, num_kv_blocks: int | None, gpu_memory_utilization: float,
+                 max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool,
+                 attention_backend: str, seed: int, consume_weights: bool):
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.use_graphs = cuda_graphs and self.is_cuda
+        self.model = LlamaModel(shape, dtype, device, decode_backend=attention_backend)
+        self.model.load(weights, consume=consume_weights)
+        self.sampler = Sampler(device, seed)
+        self.telemetry: dict = {"weights_bytes": self.model.weight_bytes(), "block_size": block_size,
+                                "prefill_attention": "flash varlen" if self.model.prefill_varlen is not None else "sdpa per sequence",
+                                "decode_attention_backend": attention_backend}
+        if self.is_cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+        self.num_kv_blocks = num_kv_blocks or self._pool_blocks(gpu_memory_utilization, max_num_batched_tokens)
+        if self.num_kv_blocks < 1:
+            raise LabError(f"no room for a KV cache: {self._memory_summary()}; lower max_num_batched_tokens "
+                           "or max_num_seqs, or raise gpu_memory_utilization")
+
+    def _pool_blocks(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+        block_bytes = kv_block_bytes(self.shape, self.block_size, self.dtype.itemsize)
+        if not self.is_cuda:
+            return max(1, CPU_KV_POOL_BYTES // block_bytes)
+        free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+        resident_bytes = torch.cuda.memory_reserved(self.device)        # the weights, as allocated
+        other_bytes = (total_bytes - free_bytes) - resident_bytes        # CUDA context, other processes
+        reserve = activation_reserve_bytes(self.shape, max_num_batched_tokens, self.max_num_seqs, self.dtype.itemsize)
+        self.telemetry.update(gpu_total_bytes=total_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                              activation_reserve_bytes=reserve, other_gpu_bytes=other_bytes)
+        return kv_pool_blocks(total_bytes, gpu_memory_utilization, resident_bytes, reserve, block_bytes, other_bytes)
+
+    def _memory_summary(self) -> str:
+        t = self.telemetry
+        gib = 1 << 30
+        if "gpu_total_bytes" not in t:
+            return f"weights {t['weights_bytes'] / gib:.2f} GiB"
+        return (f"weights {t['weights_bytes'] / gib:.2f} GiB, activation reserve "
+                f"{t['activation_reserve_bytes'] / gib:.2f} GiB, other {t['other_gpu_bytes'] / gib:.2f} GiB, "
+                f"of {t['gpu_memory_utilization']} x {t['gpu_total_bytes'] / gib:.2f} GiB")
+
+    # -------------------------------------------------------------------------- stage 2
+    @torch.inference_mode()
+    def prepare(self, max_model_len: int) -> None:
+        shape, device = self.shape, self.device
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.model.set_rope(shape, max_model_len)
+        self.kv_cache, self.model.kv_caches = allocate_kv_cache(shape, self.num_kv_blocks, self.block_size,
+                                                                self.dtype, device)
+        # Decode inputs, int32, in one flat buffer: token ids, positions, slots and context lengths
+        # (max_num_seqs each), then the block tables row by row. A batch of b rows needs a prefix
+        # of it, so one copy from the pinned host twin moves a step's inputs.
+        n, width = self.max_num_seqs, self.max_blocks_per_seq
+        self._host_inputs = torch.zeros(4 * n + n * width, dtype=torch.int32, pin_memory=self.is_cuda)
+        self._host_inputs_np = self._host_inputs.numpy()
+        self._inputs = torch.zeros_like(self._host_inputs, device=device) if self.is_cuda else self._host_inputs
+        self._host_inputs_np[2 * n:3 * n] = -1            # padding rows write no K/V ...
+        self._host_inputs_np[3 * n:4 * n] = 1             # ... and attend over one token of block 0
+        self._inputs.copy_(self._host_inputs)
+        self._host_columns = [self._host_inputs_np[i * n:(i + 1) * n] for i in range(4)]
+        self._host_block_tables = self._host_inputs_np[4 * n:].reshape(n, width)
+        self._context_tiers = context_tiers(max_model_len)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}      # (batch bucket, splits)
+        self._splits_of: dict[int, list[int]] = {}                          # bucket -> splits per tier
+        self._bucket_of: list[int] = []
+        self._graph_logits = self._graph_argmax = None
+        self._prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}         # token bucket -> graph
+        self._prefill_sizes: list[int] = []
+        self.telemetry.update(num_kv_blocks=self.num_kv_blocks,
+                              kv_pool_bytes=self.kv_cache.numel() * self.kv_cache.element_size(),
+                              kv_capacity_tokens=self.num_kv_blocks * self.block_size,
+                              graph_capture_s=0.0, graph_batch_sizes=[], prefill_graph_tokens=[])
+        if self.use_graphs:
+            self._capture_graphs()
+            self._capture_prefill_graphs()
+
+    # -------------------------------------------------------------------------- a step
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
+        and one sampled token per sequence."""
+        if is_prefill and self._prefill_graph_fits(seqs):
+            logits, greedy = self._prefill_replay(seqs[0])
+        elif is_prefill:
+            logits, greedy = self.prefill_logits(seqs), None
+        else:
+            logits, greedy = self._decode(seqs)
+        return self.sampler.sample(logits, [s.params for s in seqs], [s.seq_id for s in seqs], greedy)
+
+    def release(self, seq: Sequence) -> None:
+        self.sampler.release(seq.seq_id)
+
+    @torch.inference_mode()
+    def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False) -> torch.Tensor:
+        """fp32 logits after an eager prefill of every token of `seqs` (their blocks allocated): of
+        each sequence's last token, or of every position (the correctness check's view)."""
+        seq_lens = [s.num_tokens for s in seqs]
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
+        np.cumsum(seq_lens, out=offsets[1:])
+        total = int(offsets[-1])
+        packed = np.concatenate([
+            np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), dtype=np.int32, count=total),
+            np.concatenate([np.arange(n, dtype=np.int32) for n in seq_lens]),
+            *[self._prefill_slots(s) for s in seqs], offsets[1:] - 1, offsets])
+        on_device = torch.from_numpy(packed).to(self.device)
+        input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
+            [total, total, total, len(seqs), len(seqs) + 1])
+        meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
+                                 cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
+                                 logits_indices=None if all_positions else last_rows)
+        return self.model.compute_logits(self.model.forward(input_ids, positions, meta))
+
+    def _prefill_slots(self, seq: Sequence) -> np.ndarray:
+        """The cache slot of each of `seq`'s tokens, int32."""
+        bs = self.block_size
+        table = np.asarray(seq.block_table, dtype=np.int32)
+        return (table[:, None] * bs + np.arange(bs, dtype=np.int32)).reshape(-1)[:seq.num_tokens]
+
+    @torch.inference_mode()
+    def decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        """fp32 logits of the last token of each of `seqs`, whose earlier tokens are cached and
+        whose blocks cover the last token. Under CUDA graphs a view of the graphs' output buffer:
+        valid until the next decode."""
+        logits, _ = self._decode(seqs)
+        if self.is_cuda:
+            torch.cuda.current_stream(self.device).synchronize()      # the host buffer is free again
+        return logits
+
+    def _decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, their argmax where a graph computed it). The caller synchronizes (sampling
+        does) before the next call rewrites the host buffer."""
+        n = len(seqs)
+        bs = self.block_size
+        ids, positions, slots, context_lens = self._host_columns
+        last = [s.num_tokens - 1 for s in seqs]
+        ids[:n] = [s.token_ids[-1] for s in seqs]
+        positions[:n] = last
+        slots[:n] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, last)]
+        context_lens[:n] = [p + 1 for p in last]
+        tables = self._host_block_tables
+        for row, s in enumerate(seqs):
+            tables[row, :len(s.block_table)] = s.block_table
+        padded = self._bucket_of[n] if self._graphs else n
+        if self.is_cuda:
+            positions[n:padded] = 0                            # padding rows: position 0, no K/V write
+            slots[n:padded] = -1
+            context_lens[n:padded] = 1
+            used = 4 * self.max_num_seqs + padded * self.max_blocks_per_seq
+            self._inputs[:used].copy_(self._host_inputs[:used], non_blocking=True)
+        if self._graphs:
+            splits = self._splits_of[padded][tier_of(max(last) + 1, len(self._context_tiers))]
+            self._graphs[padded, splits].replay()
+            return self._graph_logits[:n], self._graph_argmax[:n]
+        return self.model.compute_logits(self._decode_forward(n)), None
+
+    def _decode_forward(self, n: int, num_splits: int | None = None) -> torch.Tensor:
+        """The final hidden states of the first n rows of the device input buffer."""
+        m = self.max_num_seqs
+        inputs = self._inputs
+        meta = AttentionMetadata(is_prefill=False, slot_mapping=inputs[2 * m:2 * m + n],
+                                 block_tables=inputs[4 * m:].view(m, self.max_blocks_per_seq)[:n],
+                                 context_lens=inputs[3 * m:3 * m + n], num_splits=num_splits)
+        return self.model.forward(inputs[:n], inputs[m:m + n], meta)
+
+    # -------------------------------------------------------------------------- one-sequence prefill graphs
+    def _prefill_graph_fits(self, seqs: list[Sequence]) -> bool:
+        return (len(seqs) == 1 and bool(self._prefill_graphs)
+                and seqs[0].num_tokens <= self._prefill_sizes[-1])
+
+    def _prefill_replay(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, argmax) of `seq`'s last token after a graph prefill of all its tokens, padded
+        at the tail to the smallest bucket holding them. Views of the graphs' output buffers."""
+        n = seq.num_tokens
+        size = next(s for s in self._prefill_sizes if s >= n)
+        ids, positions, slots, last_row = self._prefill_host_columns
+        ids[:n] = seq.token_ids
+        positions[:n] = np.arange(n, dtype=np.int32)
+        slots[:n] = self._prefill_slots(seq)
+        ids[n:size] = 0                                        # padding: token 0 at position 0, no K/V write
+        positions[n:size] = 0
+        slots[n:size] = -1
+        last_row[0] = n - 1
+        self._prefill_inputs.copy_(self._prefill_host_inputs, non_blocking=True)
+        self._prefill_graphs[size].replay()
+        return self._graph_logits[:1], self._graph_argmax[:1]
+
+    def _prefill_buffers(self, sizes: list[int]) -> None:
+        """The pinned host and device input buffers of the prefill graphs (token ids, positions,
+        slots, each as long as the largest bucket, then the last real row), and each bucket's fixed
+        sequence offsets [0, bucket]."""
+        largest = sizes[-1]
+        self._prefill_sizes = sizes
+        self._prefill_host_inputs = torch.zeros(3 * largest + 1, dtype=torch.int32, pin_memory=self.is_cuda)
+        host = self._prefill_host_inputs.numpy()
+        host[2 * largest:3 * largest] = -1
+        self._prefill_host_columns = [host[:largest], host[largest:2 * largest], host[2 * largest:3 * largest],
+                                      host[3 * largest:]]
+        self._prefill_inputs = self._prefill_host_inputs.to(self.device, copy=True)
+        self._prefill_cu_seqlens = {size: torch.tensor([0, size], dtype=torch.int32, device=self.device)
+                                    for size in sizes}
+
+    def _prefill_graph_step(self, size: int) -> None:
+        """What a prefill graph of `size` tokens replays: forward, the last real row's logits into
+        row 0 of the graphs' logits buffer, its argmax."""
+        largest = self._prefill_sizes[-1]
+        inputs = self._prefill_inputs
+        meta = AttentionMetadata(is_prefill=True, slot_mapping=inputs[2 * largest:2 * largest + size],
+                                 seq_lens=[size], cu_seqlens=self._prefill_cu_seqlens[size], max_seq_len=size,
+                                 logits_indices=inputs[3 * largest:])
+        hidden = self.model.forward(inputs[:size], inputs[largest:largest + size], meta)
+        logits = self._graph_logits[:1]
+        logits.copy_(torch.nn.functional.linear(hidden, self.model.lm_head))
+        torch.argmax(logits, dim=-1, out=self._graph_argmax[:1])
+
+    def _capture_prefill_graphs(self) -> None:
+        """One graph per prefill bucket, largest first, in the decode graphs' memory pool."""
+        sizes = prefill_graph_sizes(self.max_num_batched_tokens)
+        self._prefill_buffers(sizes)
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.device)
+        for size in reversed(sizes):
+            self._prefill_graph_step(size)                       # warm-up: flash, cuBLAS at this shape
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._prefill_graph_step(size)
+            self._prefill_graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        self.telemetry.update(prefill_graph_capture_s=time.perf_counter() - start, prefill_graph_tokens=sizes,
+                              prefill_graph_extra_bytes=torch.cuda.memory_reserved(self.device) - reserved)
+
+    # -------------------------------------------------------------------------- decode graphs
+    def _capture_graphs(self) -> None:
+        """One graph per (bucket, split count), largest first, sharing one memory pool; each writes
+        its rows of one fp32 logits buffer and of one argmax buffer (the greedy tokens, sampled in
+        the graph)."""
+        sizes = graph_batch_sizes(self.max_num_seqs)
+        self._graph_buffers(sizes)
+        self.telemetry["kernels_per_decode_step"] = self._count_decode_kernels()
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.device)
+        self._graph_pool = None
+        for size, splits in reversed(self._graph_keys(sizes)):
+            self._graph_step(size, splits)                       # warm-up: Triton JIT, cuBLAS
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._graph_step(size, splits)
+            self._graph_pool = graph.pool() if self._graph_pool is None else self._graph_pool
+            self._graphs[size, splits] = graph
+        torch.cuda.synchronize(self.device)
+        self.telemetry.update(graph_capture_s=time.perf_counter() - start, graph_batch_sizes=sizes,
+                              decode_graphs=len(self._graphs), splits_by_bucket_and_tier=self._splits_of,
+                              context_tiers=self._context_tiers,
+                              decode_graph_extra_bytes=torch.cuda.memory_reserved(self.device) - reserved)
+
+    def _graph_buffers(self, sizes: list[int]) -> None:
+        """The bucket of every batch size, each bucket's split count per context tier, and the
+        output buffers the graphs write."""
+        self._bucket_of = [0] + [next(s for s in sizes if s >= n) for n in range(1, self.max_num_seqs + 1)]
+        sms = decode_attention.sm_count(self.device)
+        self._splits_of = {size: splits_by_tier(size, self.shape.num_key_value_heads, self._context_tiers, sms)
+                           for size in sizes}
+        self._graph_logits = torch.empty(self.max_num_seqs, self.shape.vocab_size, dtype=torch.float32,
+                                         device=self.device)
+        self._graph_argmax = torch.empty(self.max_num_seqs, dtype=torch.int64, device=self.device)
+
+    def _graph_keys(self, sizes: list[int]) -> list[tuple[int, int]]:
+        """(bucket, split count) of every decode graph, smallest first."""
+        return [(size, splits) for size in sizes for splits in sorted(set(self._splits_of[size]))]
+
+    def _graph_step(self, size: int, num_splits: int | None = None) -> None:
+        """What a graph of `size` rows replays: forward, logits into the buffer, their argmax."""
+        logits = self._graph_logits[:size]
+        logits.copy_(torch.nn.functional.linear(self._decode_forward(size, num_splits), self.model.lm_head))
+        torch.argmax(logits, dim=-1, out=self._graph_argmax[:size])
+
+    def _count_decode_kernels(self) -> int | None:
+        """GPU kernels one batch-1 decode step launches (what its graph replays, at the shortest
+        context tier), counted by the profiler on an eager step; None where the profiler cannot
+        see the GPU."""
+        try:
+            from torch.autograd import DeviceType
+            from torch.profiler import ProfilerActivity, profile
+            splits = self._splits_of[1][0]
+            self._graph_step(1, splits)                                          # compile and warm first
+            torch.cuda.synchronize(self.device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                self._graph_step(1, splits)
+                torch.cuda.synchronize(self.device)
+            count = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+            return count or None
+        except Exception:                    # a profiler unavailable here: the count is optional
+            return None

@@ -1,0 +1,105 @@
+"""Continuous batching: which sequences run in the next step.
+
+Each step is either a prefill batch (waiting sequences admitted while blocks, `max_num_seqs` and
+`max_num_batched_tokens` allow; prefills go first, so a new request's first token is not held up
+behind decodes) or, when nothing can be admitted, a decode batch of every running sequence.
+When a decode sequence needs a new block and none is free, the most recently admitted running
+sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
+to recompute its prompt and generated tokens in a later prefill (vLLM's recompute preemption).
+
+The scheduler owns sequences and blocks and never touches tensors.
+"""
+from collections import deque
+from dataclasses import dataclass
+
+from .kv_cache import BlockPool
+from .sequence import Sequence, SequenceStatus
+
+# vLLM's admission watermark: a prefill leaves this fraction of the pool free for running decodes
+ADMISSION_WATERMARK = 0.01
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    is_prefill: bool
+    num_tokens: int          # tokens the model processes this step
+
+
+class Scheduler:
+    def __init__(self, block_pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_pool = block_pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.watermark_blocks = int(ADMISSION_WATERMARK * block_pool.num_blocks)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()      # in admission order: the last is the newest
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        return self._schedule_prefill() or self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        admitted, num_tokens = [], 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            reserve = self.watermark_blocks if self.running else 0
+            if (num_tokens + seq.num_tokens > self.max_num_batched_tokens
+                    or not self.block_pool.can_allocate(seq, reserve)):
+                break
+            self.waiting.popleft()
+            self.block_pool.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            num_tokens += seq.num_tokens
+        return ScheduledBatch(admitted, True, num_tokens) if admitted else None
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        scheduled: list[Sequence] = []
+        while self.running:
+            seq = self.running.popleft()
+            while not self.block_pool.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.block_pool.append(seq)
+                scheduled.append(seq)
+        self.running.extend(scheduled)
+        return ScheduledBatch(scheduled, False, len(scheduled)) if scheduled else None
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s blocks and put it first in line; its tokens are kept for the recompute."""
+        self.block_pool.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """A running sequence is done: out of the running queue, its blocks freed."""
+        self.running.remove(seq)
+        self._retire(seq, reason)
+
+    def abort(self, seq: Sequence) -> None:
+        """Remove `seq` wherever it is; its blocks are free at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        if not seq.is_finished:
+            self._retire(seq, "abort")
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        self.block_pool.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,109 @@
+"""A request as the engine tracks it: its sampling parameters, its tokens, its KV blocks and where
+it stands (waiting, running, finished).
+
+Pure Python: the scheduler and the block pool work on these without touching tensors.
+"""
+import itertools
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass
+class SamplingParams:
+    """How one request's tokens are chosen and when it stops."""
+    max_tokens: int = 16
+    temperature: float = 0.0        # 0 = greedy (argmax)
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None         # a per-request generator: the same tokens alone or in a batch
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """ValueError with one line naming the field, for anything the sampler cannot honour."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.stop_token_ids, (tuple, list)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        bad = [t for t in self.stop_token_ids if not _is_int(t) or t < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request: prompt and generated tokens in one list, the KV blocks that hold their keys and
+    values, and how many of those tokens are cached.
+
+    After a preemption its blocks are gone (num_cached_tokens = 0) and its next prefill recomputes
+    the prompt and the tokens generated so far; the generated tokens themselves are kept."""
+    _ids = itertools.count()
+
+    __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
+                 "block_table", "num_cached_tokens", "finish_reason")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+        self.seq_id = next(Sequence._ids)
+        self.request_id = request_id
+        self.params = params
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_cached_tokens = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"cached={self.num_cached_tokens}, blocks={len(self.block_table)})")

@@ -1,0 +1,99 @@
+"""Where a model's weights come from: a local Hugging Face checkpoint folder (config.json and
+*.safetensors, read with `safetensors`), or seeded random weights of a named shape (vLLM's
+`--load-format dummy`: the same bytes to move, no download).
+
+Both give a dict keyed by Hugging Face's LlamaForCausalLM names, so the same dict loads into the
+lab's engine, its plain-PyTorch baseline and transformers' model (the correctness reference).
+"""
+from pathlib import Path
+
+import torch
+
+from common.errors import LabError
+
+from .shapes import LlamaShape, from_checkpoint, named
+
+INIT_STD = 0.02          # Hugging Face's initializer_range for Llama
+
+
+def tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
+    """Every weight's name and size, as a Hugging Face Llama checkpoint holds them."""
+    h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_size, shape.kv_size
+    out = {"model.embed_tokens.weight": (shape.vocab_size, h)}
+    for layer in range(shape.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    out["model.norm.weight"] = (h,)
+    if not shape.tie_word_embeddings:
+        out["lm_head.weight"] = (shape.vocab_size, h)
+    return out
+
+
+def random_weights(shape: LlamaShape, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Seeded normal(0, 0.02) matrices and unit norm weights, made directly on `device` (an 8B
+    model's 16 GB never passes through host memory). The same seed gives the same weights on the
+    same kind of device."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, size in tensor_shapes(shape).items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(size, dtype=dtype, device=device)
+        else:
+            t = torch.empty(size, dtype=dtype, device=device)
+            out[name] = t.normal_(0.0, INIT_STD, generator=generator)
+    return out
+
+
+def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
+                    device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A Hugging Face Llama checkpoint's tensors, checked against its config's shapes."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    shape = from_checkpoint(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise LabError(f"{folder}: no *.safetensors files")
+    expected = tensor_shapes(shape)
+    out = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                if name in expected:
+                    out[name] = f.get_tensor(name).to(dtype)
+    missing = sorted(set(expected) - set(out))
+    if missing:
+        raise LabError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    for name, size in expected.items():
+        if tuple(out[name].shape) != size:
+            raise LabError(f"{folder}: {name} has shape {tuple(out[name].shape)}, config says {size}")
+    return out
+
+
+def resolve(model: str) -> tuple[LlamaShape, Path | None]:
+    """`model` is a named shape (random weights) or a checkpoint folder."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return from_checkpoint(path), path
+    if "/" in model or model.startswith("."):
+        raise LabError(f"{model}: no such checkpoint folder")
+    return named(model), None
+
+
+def weights_for(model: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                device: str | torch.device = "cpu") -> tuple[LlamaShape, dict[str, torch.Tensor]]:
+    shape, path = resolve(model)
+    if path is not None:
+        return shape, load_checkpoint(path, dtype, device)
+    return shape, random_weights(shape, seed, dtype, device)
