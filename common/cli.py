@@ -1,4 +1,4 @@
-"""The `lab` command: list, run, report, env, predict.
+"""The `lab` command: list, run, report, env, predict, serve.
 
 User mistakes end in one line on stderr (`lab: ...`) and a non-zero exit, never a traceback.
 Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 nothing ran (all skipped).
@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="show the environment a record would capture")
     e.add_argument("--json", action="store_true")
 
+    sub.add_parser("serve", add_help=False,
+                   help="the phase 5 engine behind an OpenAI-compatible HTTP server (`lab serve --help`)")
+
     pr = sub.add_parser("predict", help="both predictions (spec sheet, and calibrated from this GPU's ceilings "
                                          "record) for an exercise at any size, or for one op, before running")
     pr.add_argument("op", nargs="?", default="custom",
@@ -89,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], debug: bool) -> int:
     try:
+        rest = [a for a in argv if a != "--debug"]
+        if rest[:1] == ["serve"]:                 # its own flags, parsed by the server itself
+            return cmd_serve(rest[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help()
@@ -112,6 +118,16 @@ def _main(argv: list[str], debug: bool) -> int:
         err_console.print(f"lab: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
                           markup=False, highlight=False, soft_wrap=True)
         return 1
+
+
+# ------------------------------------------------------------------------------------ serve
+def cmd_serve(argv: list[str]) -> int:
+    """`lab serve [flags]`: load a model into the phase 5 engine and serve it until Ctrl-C."""
+    import importlib.util
+    if importlib.util.find_spec("aiohttp") is None:
+        raise LabError("lab serve needs aiohttp: pip install -e \".[serve]\"")
+    from phases.phase5_inference.engine import server
+    return server.main(argv)
 
 
 # ------------------------------------------------------------------------------------ list
