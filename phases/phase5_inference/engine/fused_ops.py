@@ -1,7 +1,9 @@
 """The model's small element-wise steps, each one kernel on a GPU: RMSNorm (fused with the
 residual add before it), SiLU(gate) * up, and RoPE fused with the store of K and V into the paged
 cache. At batch-1 decode every launch costs about as much as it computes, so fewer kernels per
-layer is decode speed.
+layer is decode speed. For the same reason a one-row matmul (batch-1 decode) is a Triton GEMV:
+one kernel where cuBLAS may split K and launch a reduction, optionally taking SiLU(gate) * up of
+its input on the fly (the MLP's down projection without a kernel of its own).
 
 Each op has a Triton kernel (CUDA tensors) and a torch version (everything else); both round like
 Hugging Face's Llama (a sum is rounded to the model's dtype before it is normed, the norm's output
@@ -133,6 +135,61 @@ if triton is not None:
                 tl.store(v_cache_ptr + dst + HALF + offs, tl.load(v_src + HALF + offs))
 
 
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_rows, n_cols, w_stride, SILU_MUL: tl.constexpr,
+                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """y[n] = sum_k x[k] w[n, k] for BLOCK_N rows of w per program, fp32 accumulation. SILU_MUL:
+        x is [gate | up] of 2·n_cols and the input is SiLU(gate) * up, rounded as silu_and_mul."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < n_rows
+        w_rows = w_ptr + rows[:, None].to(tl.int64) * w_stride
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
+                x = tl.load(x_ptr + cols)
+            else:
+                col_ok = cols < n_cols
+                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+                x = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
+            if SILU_MUL:
+                if EVEN_K:
+                    up = tl.load(x_ptr + n_cols + cols)
+                else:
+                    up = tl.load(x_ptr + n_cols + cols, mask=col_ok, other=0.0)
+                g = x.to(tl.float32)
+                activated = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
+                x = (activated * up.to(tl.float32)).to(x.dtype)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        tl.store(y_ptr + rows, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+def gemv_config(n_rows: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMV, by the number of output rows: the
+    fastest of a sweep over the 8B shape's projections on an H200."""
+    if n_rows >= 16384:
+        return 16, 256, 4, 4
+    if n_rows > 4096:
+        return 16, 512, 4, 3
+    return 16, 1024, 8, 2
+
+
+def gemv_triton(x, weight, silu_mul: bool = False):
+    """x [1, K] (silu_mul: [1, 2K], the input being SiLU(gate) * up) times weight [N, K]^T -> [1, N]."""
+    n_rows, n_cols = weight.shape
+    assert x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(1) == 1
+    assert x.shape[1] == (2 if silu_mul else 1) * n_cols, "x does not match the weight's columns"
+    out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages = gemv_config(n_rows)
+    block_k = min(block_k, triton.next_power_of_2(n_cols))
+    _gemv_kernel[(triton.cdiv(n_rows, block_n),)](x, weight, out, n_rows, n_cols, weight.stride(0),
+                                                  SILU_MUL=silu_mul, EVEN_K=n_cols % block_k == 0,
+                                                  BLOCK_N=block_n, BLOCK_K=block_k,
+                                                  num_warps=warps, num_stages=stages)
+    return out
+
+
 def rms_norm_triton(x, weight, eps: float, residual=None):
     """RMSNorm of x's rows, or with `residual`: residual += x in place, then RMSNorm(residual)."""
     rows, n_cols = x.shape
@@ -187,3 +244,21 @@ def silu_and_mul(gate_up):
 def rope_and_store(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, head_dim):
     op = rope_and_store_triton if _on_gpu(qkv) else rope_and_store_torch
     return op(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, head_dim)
+
+
+def _gemv_fits(x, weight) -> bool:
+    """One 16-bit row on a GPU: where the GEMV beats cuBLAS."""
+    return (_on_gpu(x) and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
+            and weight.dtype == x.dtype and x.stride(-1) == 1 and weight.stride(1) == 1)
+
+
+def linear(x, weight):
+    """x @ weight.T: the Triton GEMV for one 16-bit row on a GPU, F.linear otherwise."""
+    return gemv_triton(x, weight) if _gemv_fits(x, weight) else F.linear(x, weight)
+
+
+def silu_and_mul_linear(gate_up, weight):
+    """SiLU(gate) * up, times weight.T: one GEMV kernel for one 16-bit row on a GPU."""
+    if _gemv_fits(gate_up, weight):
+        return gemv_triton(gate_up, weight, silu_mul=True)
+    return F.linear(silu_and_mul(gate_up), weight)

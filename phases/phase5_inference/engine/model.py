@@ -7,7 +7,8 @@ one after another, and an AttentionMetadata saying how they split. A prefill run
 within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhere) and writes every
 token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
 the new token's K and V the same way, then attends over the cache with
-`decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype; logits are
+`decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
+GEMV for a single 16-bit row); logits are
 computed only for the rows asked for (each sequence's last token), in fp32.
 """
 import functools
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from common.errors import LabError
 
 from . import decode_attention
-from .fused_ops import add_rms_norm, rms_norm, rope_and_store, silu_and_mul
+from .fused_ops import add_rms_norm, linear, rms_norm, rope_and_store, silu_and_mul_linear
 from .shapes import LlamaShape
 from .weights import tensor_shapes
 
@@ -159,7 +160,7 @@ class LlamaModel:
                 x = rms_norm(hidden, layer.input_norm, eps)
             else:
                 x = add_rms_norm(hidden, residual, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv)
+            qkv = linear(x, layer.qkv)
             k_cache, v_cache = self.kv_caches[index]
             q = rope_and_store(qkv, positions, self.rope_cos, self.rope_sin, k_cache, v_cache, meta.slot_mapping,
                                s.num_attention_heads, s.num_key_value_heads, s.head_dim)
@@ -169,15 +170,15 @@ class LlamaModel:
                 attention = decode_attention.paged_decode_attention(
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
                     backend=self.decode_backend, num_splits=meta.num_splits)
-            hidden = F.linear(attention.reshape(tokens, s.q_size), layer.o)
+            hidden = linear(attention.reshape(tokens, s.q_size), layer.o)
             x = add_rms_norm(hidden, residual, layer.post_norm, eps)
-            hidden = F.linear(silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+            hidden = silu_and_mul_linear(linear(x, layer.gate_up), layer.down)
         if meta.logits_indices is not None:
             hidden, residual = hidden[meta.logits_indices], residual[meta.logits_indices]
         return add_rms_norm(hidden, residual, self.norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
 
     def _prefill_attention(self, q: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Causal attention within each packed sequence. q [tokens, heads, d]; k and v are read

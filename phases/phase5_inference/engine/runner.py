@@ -7,8 +7,8 @@ preallocated device buffer, filled from a pinned host twin with one copy per ste
 captured once per batch-size bucket (1, 2, 4, 8, 16, 24, ...) replays any batch padded up to its
 bucket. Padded rows write nowhere (slot -1) and attend over one token of block 0. Each bucket has
 one graph per attention split count its batch can want: the longest context in the batch picks a
-tier (up to 256, 512, 1024, ... tokens), the tier the split count, so short contexts run one split
-and no combine. The graph also takes the argmax of the logits, so a greedy batch needs no kernel
+tier (up to 256, 512, 1024, ... tokens), the tier the split count, so a short context is not cut
+into splits that only add partials and a combine. The graph also takes the argmax of the logits, so a greedy batch needs no kernel
 launched outside it.
 
 A prefill of one sequence (the common serving case) of at most the largest prefill bucket
@@ -26,6 +26,7 @@ import torch
 from common.errors import LabError
 
 from . import decode_attention
+from .fused_ops import linear
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
 from .sampler import Sampler
@@ -34,7 +35,9 @@ from .shapes import LlamaShape
 
 CPU_KV_POOL_BYTES = 64 << 20       # without a GPU the pool is a fixed, test-sized budget
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
-SPLIT_TIER_BASE_TOKENS = decode_attention.MIN_TOKENS_PER_SPLIT    # context tiers: this, twice it, ...
+SPLIT_TIER_BASE_TOKENS = 256       # decode graphs' context tiers: this, twice it, ...
+DECODE_TOKENS_PER_SPLIT = 64       # a split shorter than one tile of the kernel only adds partials
+DECODE_PROGRAMS_PER_SM = 4
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -65,11 +68,20 @@ def tier_of(max_context_tokens: int, num_tiers: int) -> int:
     return min(num_tiers - 1, ((max_context_tokens - 1) // SPLIT_TIER_BASE_TOKENS).bit_length())
 
 
+def decode_splits(batch: int, num_kv_heads: int, max_context_tokens: int, sms: int) -> int:
+    """Decode attention splits per (sequence, KV head) for a batch whose longest context is
+    `max_context_tokens`: up to DECODE_PROGRAMS_PER_SM programs per SM, no split shorter than
+    DECODE_TOKENS_PER_SPLIT, at most the kernel's MAX_SPLITS; a power of two (fewer kernels to
+    compile). One split launches no combine kernel."""
+    wanted = max(1, DECODE_PROGRAMS_PER_SM * sms // max(1, batch * num_kv_heads))
+    by_length = max(1, max_context_tokens // DECODE_TOKENS_PER_SPLIT)
+    chosen = min(wanted, by_length, decode_attention.MAX_SPLITS)
+    return 1 << (chosen.bit_length() - 1)
+
+
 def splits_by_tier(batch: int, num_kv_heads: int, tiers: list[int], sms: int) -> list[int]:
-    """The decode attention split count of a batch bucket at each context tier: the kernel's own
-    choice for that longest context, rounded down to a power of two (fewer kernels to compile)."""
-    chosen = [decode_attention.choose_num_splits(batch, num_kv_heads, tier, sms) for tier in tiers]
-    return [1 << (n.bit_length() - 1) for n in chosen]
+    """The decode attention split count of a batch bucket at each context tier."""
+    return [decode_splits(batch, num_kv_heads, tier, sms) for tier in tiers]
 
 
 class ModelRunner:
@@ -236,7 +248,8 @@ class ModelRunner:
             splits = self._splits_of[padded][tier_of(max(last) + 1, len(self._context_tiers))]
             self._graphs[padded, splits].replay()
             return self._graph_logits[:n], self._graph_argmax[:n]
-        return self.model.compute_logits(self._decode_forward(n)), None
+        splits = decode_splits(n, self.shape.num_key_value_heads, max(last) + 1, decode_attention.sm_count(self.device))
+        return self.model.compute_logits(self._decode_forward(n, splits)), None
 
     def _decode_forward(self, n: int, num_splits: int | None = None) -> torch.Tensor:
         """The final hidden states of the first n rows of the device input buffer."""
@@ -294,7 +307,7 @@ class ModelRunner:
                                  logits_indices=inputs[3 * largest:])
         hidden = self.model.forward(inputs[:size], inputs[largest:largest + size], meta)
         logits = self._graph_logits[:1]
-        logits.copy_(torch.nn.functional.linear(hidden, self.model.lm_head))
+        logits.copy_(linear(hidden, self.model.lm_head))
         torch.argmax(logits, dim=-1, out=self._graph_argmax[:1])
 
     def _capture_prefill_graphs(self) -> None:
@@ -357,7 +370,7 @@ class ModelRunner:
     def _graph_step(self, size: int, num_splits: int | None = None) -> None:
         """What a graph of `size` rows replays: forward, logits into the buffer, their argmax."""
         logits = self._graph_logits[:size]
-        logits.copy_(torch.nn.functional.linear(self._decode_forward(size, num_splits), self.model.lm_head))
+        logits.copy_(linear(self._decode_forward(size, num_splits), self.model.lm_head))
         torch.argmax(logits, dim=-1, out=self._graph_argmax[:size])
 
     def _count_decode_kernels(self) -> int | None:
