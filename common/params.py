@@ -235,8 +235,10 @@ def Choice(default, choices, *, many=False, nullable=False, help=None) -> Param:
     return Param(default, "str", choices=tuple(choices), many=many, nullable=nullable, help=help)
 
 
-def Text(default, *, nullable=False, help=None) -> Param:
-    return Param(default, "str", nullable=nullable, help=help)
+def Text(default, *, nullable=False, rule=None, help=None) -> Param:
+    """A string; `rule(value)` returns why a value is not allowed (an unknown model, a server that
+    does not answer), or None."""
+    return Param(default, "str", nullable=nullable, help=help, rule=rule)
 
 
 def Folder(default=None, *, must_exist=True, help=None) -> Param:

@@ -25,7 +25,7 @@ from .spec import Phase, Plot, Table, Text
 BLOCK = re.compile(r"(<!-- lab:begin (?P<id>[\w.]+) -->\n)(?P<body>.*?)(<!-- lab:end (?P=id) -->)", re.S)
 BEGIN = re.compile(r"<!-- lab:begin ([\w.]+) -->")
 CODE_ROOT = Path(__file__).resolve().parents[1]        # where the phases' code is (REPO_ROOT: their READMEs)
-PLANNED = {5: "Inference & serving", 6: "Alternative hardware"}
+PLANNED = {6: "Alternative hardware"}
 
 
 def phases() -> list[Phase]:

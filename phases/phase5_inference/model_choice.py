@@ -1,0 +1,46 @@
+"""The model parameters every phase 5 exercise shares (a named shape with seeded random weights, or
+a Hugging Face checkpoint folder), checked before any work, and the engine settings built from them."""
+from common.params import Choice, Float, Folder, Int
+
+from .engine.shapes import SHAPES, LlamaShape, from_checkpoint, named
+
+MODEL = Choice("llama-3.1-8b", tuple(SHAPES), help="a named Llama shape, built with seeded random weights")
+CHECKPOINT = Folder(None, help="a Hugging Face Llama checkpoint folder (config.json, *.safetensors); "
+                               "overrides `model`")
+SEED = Int(0, min=0, max=2**31 - 1, help="seed of the random weights and of the prompts")
+GPU_MEMORY_UTILIZATION = Float(0.90, min=0.05, max=0.99,
+                               help="fraction of GPU memory the weights, KV pool and activations may use")
+BLOCK_SIZE = Int(16, min=1, max=1024, choices=(8, 16, 32, 64, 128, 256), unit="tokens per KV block")
+MAX_NUM_SEQS = Int(256, min=1, max=1024, unit="sequences per step")
+
+COMMON = {"model": MODEL, "checkpoint": CHECKPOINT, "seed": SEED,
+          "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, "block_size": BLOCK_SIZE,
+          "max_num_seqs": MAX_NUM_SEQS}
+CPU_COMMON = {"model": "tiny"}
+
+
+def model_of(params: dict, model: str | None = None) -> str:
+    """What the engine loads: the checkpoint folder if one was given, else the named shape."""
+    return str(params["checkpoint"]) if params.get("checkpoint") else (model or params["model"])
+
+
+def shape_of(params: dict, model: str | None = None) -> LlamaShape:
+    if params.get("checkpoint"):
+        return from_checkpoint(params["checkpoint"])
+    return named(model or params["model"])
+
+
+def engine_settings(params: dict, model: str | None = None, **overrides) -> dict:
+    """EngineConfig's fields from the exercise's parameters (the server takes the same names)."""
+    out = {"model": model_of(params, model), "seed": params["seed"], "block_size": params["block_size"],
+           "gpu_memory_utilization": params["gpu_memory_utilization"], "max_num_seqs": params["max_num_seqs"]}
+    out.update(overrides)
+    return out
+
+
+def weights_footprint_bytes(params: dict, models=None) -> float:
+    """The largest model's weights: a run that cannot even hold them is refused before it starts."""
+    names = models or [params["model"]]
+    if params.get("checkpoint"):
+        return from_checkpoint(params["checkpoint"]).weight_bytes()
+    return max(named(m).weight_bytes() for m in names)

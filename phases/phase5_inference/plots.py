@@ -1,0 +1,55 @@
+"""Phase 5's plots, one PNG per GPU from its newest record: the batching curve (throughput and TPOT
+against concurrency, measured beside predicted) and the bandwidth each way to decode reaches.
+matplotlib is imported only when a plot is drawn."""
+from common.plotting import pyplot, save
+
+
+def _ok_rows(view, exercise: str, hw: str) -> list[dict]:
+    rows = view.latest(exercise, measured_only=True)
+    rows = rows[(rows["hardware"] == hw) & (rows["status"] == "ok")]
+    return [r for _, r in rows.iterrows()]
+
+
+def batching(view, hw: str, path) -> None:
+    plt = pyplot()
+    rows = sorted(_ok_rows(view, "phase5.batching", hw), key=lambda r: r["params.concurrency"])
+    c = [r["params.concurrency"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.plot(c, [r["metrics.output_tok_s"] for r in rows], "o-", color="tab:blue", label="output tok/s, measured")
+    ax.plot(c, [r["metrics.predicted_output_tok_s"] for r in rows], "--", color="tab:blue", label="output tok/s, roofline")
+    if all("metrics.calibrated_output_tok_s" in r and r["metrics.calibrated_output_tok_s"] == r["metrics.calibrated_output_tok_s"]
+           for r in rows):
+        ax.plot(c, [r["metrics.calibrated_output_tok_s"] for r in rows], ":", color="tab:blue",
+                label="output tok/s, calibrated roofline")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens / s")
+    right = ax.twinx()
+    right.plot(c, [r["metrics.tpot_median_ms"] for r in rows], "s-", color="tab:red", label="median TPOT, measured")
+    right.plot(c, [r["prediction.predicted_ms"] for r in rows], "--", color="tab:red", label="TPOT, roofline")
+    right.set_ylabel("ms per output token", color="tab:red")
+    right.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize=8)
+    ax.set_title(f"Continuous batching, {rows[0]['params.model']} ({rows[0]['hardware_name']})")
+    save(fig, path)
+
+
+def decode_bandwidth(view, hw: str, path) -> None:
+    plt = pyplot()
+    rows = [r for r in _ok_rows(view, "phase5.ttft_decode", hw) if "metrics.gbps" in r and r["metrics.gbps"] == r["metrics.gbps"]
+            and r["variant"] != "lab-engine-prefill"]
+    labels = [f"{r['variant']}\n{r['params.model']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.bar(labels, [r["metrics.gbps"] for r in rows], color="tab:blue")
+    copy = rows[0]["metrics.copy_gbps"] if rows else None
+    if copy:
+        ax.axhline(copy, color="black", linestyle="--", label=f"copy bandwidth measured in the run ({copy:,.0f} GB/s)")
+        ax.legend(fontsize=8)
+    for i, r in enumerate(rows):
+        ax.text(i, r["metrics.gbps"], f"{r['metrics.pct_of_copy_roofline']:.0f}%", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("GB/s of weights + KV read per token")
+    ax.set_title(f"Batch-1 decode bandwidth ({rows[0]['hardware_name'] if rows else hw})")
+    save(fig, path)

@@ -1,0 +1,154 @@
+"""Phase 5's README blocks, declared (rendered by common/render.py): startup telemetry, decode speed
+against plain PyTorch, the continuous-batching sweep and its plot, offline throughput, the paged
+attention kernel, vLLM, the goals and the findings."""
+from common.formats import missing, num, pct, ratio
+from common.frame import by_hardware, find, value
+from common import render
+from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
+
+from . import findings, plots, seed
+
+STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
+OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
+
+
+def variants(*names):
+    return lambda d: d[d["variant"].isin(names)]
+
+
+def gib(x) -> str:
+    return "-" if missing(x) else f"{x:.2f} GiB"
+
+
+def ms(x) -> str:
+    return "-" if missing(x) else f"{num(x)} ms"
+
+
+def tokens(x) -> str:
+    return "-" if missing(x) else f"{int(x):,}"
+
+
+STARTUP_TABLE = Table(STARTUP, STARTUP, prediction=False, columns=(
+    ident("model", "params.model"), ident("utilization", "params.gpu_memory_utilization", lambda x: f"{x:.2f}"),
+    col("weights (params x bytes)", "metrics.weights_gib", gib), col("weights held", "metrics.measured_weights_gib", gib),
+    col("KV pool", "metrics.kv_pool_gib", gib), col("KV per token", "metrics.kv_bytes_per_token",
+                                                     lambda x: "-" if missing(x) else f"{x / 1024:.0f} KiB"),
+    col("KV capacity (tokens)", "metrics.kv_capacity_tokens", tokens),
+    col("concurrent 8K requests", "metrics.max_concurrency_at_context", tokens), col("load s", "metrics.load_s", num)),
+    note=lambda view, rows: (f"The seed's Llama 3.1 8B under vLLM ({seed.CITATION}): weights "
+                             f"{seed.STARTUP_8B['weights_gib']} GiB, KV pool {seed.STARTUP_8B['kv_pool_gib']} GiB, "
+                             f"{seed.STARTUP_8B['kv_capacity_tokens']:,} tokens, {seed.STARTUP_8B['max_concurrency_8k']} "
+                             f"concurrent 8K requests."))
+
+DECODE_TABLE = Table(DECODE, DECODE, columns=(
+    ident("model", "params.model"), ident("variant", "variant"),
+    col("TTFT p50", "metrics.ttft_p50_ms", ms), col("TPOT", "metrics.tpot_ms", ms),
+    col("decode tok/s", "metrics.decode_tok_s", num), col("GB/s", "metrics.gbps", num),
+    col("% of copy roofline", "metrics.pct_of_copy_roofline", pct),
+    col("x torch.compile", "metrics.speedup_vs_compile", ratio),
+    col("client TPOT / engine step", "metrics.serving_overhead", ratio)),
+    more=(col("compile s", "metrics.compile_s", num), col("KV capacity (tokens)", "metrics.kv_capacity_tokens", tokens),
+          col("copy GB/s (this run)", "metrics.copy_gbps", num)),
+    note=lambda view, rows: (f"The seed's Llama 3.1 8B under vLLM: TTFT {seed.TTFT_8B_MS} ms, {seed.DECODE_8B_TOK_S} tok/s; "
+                             f"its 70B needed two A100s and left {seed.KV_LEFT_70B_TP2_GIB} GiB for KV ({seed.CITATION})."))
+
+BATCHING_TABLE = Table(BATCHING, BATCHING, columns=(
+    ident("target", "params.target"), ident("concurrency", "params.concurrency", num),
+    col("output tok/s", "metrics.output_tok_s", num), col("predicted tok/s", "metrics.predicted_output_tok_s", num),
+    col("% of predicted", "metrics.pct_of_predicted_tok_s", pct), col("x concurrency 1", "metrics.x_output_tok_s_vs_1", ratio),
+    col("median TPOT", "metrics.tpot_median_ms", ms), col("TTFT p50", "metrics.ttft_median_ms", ms),
+    col("TTFT p99", "metrics.ttft_p99_ms", ms)),
+    more=(col("ITL p99", "metrics.itl_p99_ms", ms), col("E2EL median", "metrics.e2el_median_ms", ms),
+          col("requests", "metrics.completed", num), col("calibrated tok/s", "metrics.calibrated_output_tok_s", num)),
+    note=lambda view, rows: ("The seed's vLLM on an A100, Llama 3.1 8B: " + ", ".join(
+        f"{num(v)} tok/s at {c}" for c, v in seed.BATCHING_8B.items()) + f" ({seed.CITATION})."))
+
+OFFLINE_TABLE = Table(OFFLINE, OFFLINE, columns=(
+    ident("model", "params.model"), ident("sequences", "params.num_seqs", num),
+    col("output tok/s", "metrics.output_tok_s", num), col("predicted tok/s", "metrics.predicted_output_tok_s", num),
+    col("calibrated tok/s", "metrics.calibrated_output_tok_s", num), col("wall s", "metrics.wall_s", num),
+    col("steps", "metrics.engine_steps", num), col("preemptions", "metrics.preemptions", num)))
+
+VLLM_TABLE = Table(VLLM, VLLM, columns=(
+    ident("concurrency", "params.concurrency", num), col("output tok/s", "metrics.output_tok_s", num),
+    col("median TPOT", "metrics.tpot_median_ms", ms), col("TTFT p50", "metrics.ttft_median_ms", ms)))
+
+ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
+    ident("variant", "variant"), ident("batch", "params.batch", num), ident("context", "params.context", num),
+    col("µs", lambda r: 1000 * r["metrics.ms"], num), col("GB/s", "metrics.gbps", num),
+    col("% of peak bandwidth", "metrics.pct_of_peak_bandwidth", pct),
+    col("x gather + SDPA", "metrics.speedup_vs_gather_sdpa", ratio), col("splits", "metrics.num_splits", num)),
+    brief=lambda rows: rows[rows["params.batch"].isin([1, 64, 256])])
+
+def vllm_runs(view) -> str:
+    """The sweep against vllm serve where it ran, and every GPU's newest skip with its reason (a
+    skipped record has no rows, so a table alone would hide that the exercise was run at all)."""
+    newest = {}
+    for rec in view.frame.records:                   # oldest first: the last one per GPU wins
+        if rec["exercise"]["id"] == VLLM:
+            newest[rec["hardware"]["key"]] = rec
+    parts = [render.table(view, VLLM_TABLE)] if any(r["status"] != "skipped" for r in newest.values()) else []
+    for _, rec in sorted(newest.items()):
+        if rec["status"] == "skipped":
+            name = (rec["hardware"].get("spec") or {}).get("name") or rec["hardware"]["key"]
+            parts.append(f"{name}: skipped, {rec['reason']} ([record]({view.link(rec['_path'])})).")
+    return "\n\n".join(parts)
+
+
+LAB = variants("lab-engine")
+GOALS = Goals("phase5.goals", (
+    Goal("batch-1 decode, % of the HBM roofline (copy bandwidth of the same run)", DECODE,
+         "metrics.pct_of_copy_roofline", 85, "the issue's bar: weights + KV bytes per token / measured copy bandwidth",
+         where=LAB, detail=lambda r: r["params.model"]),
+    Goal("batch-1 decode against torch.compile static-cache decode", DECODE, "metrics.speedup_vs_compile", 1.25,
+         "the issue's bar: gpt-fast's recipe reaches about 68% of the roofline", where=LAB, fmt=ratio),
+    Goal("output tok/s at 8 concurrent requests, x one request", BATCHING, "metrics.x_output_tok_s_vs_1", 7.0,
+         f"the seed's vLLM: {seed.BATCHING_8B[8] / seed.BATCHING_8B[1]:.2f}x on an A100", fmt=ratio,
+         where=lambda d: d[d["params.concurrency"] == 8]),
+    Goal("median TPOT at 8 concurrent requests, x one request", BATCHING, "metrics.tpot_vs_1", 1.15,
+         "the issue's bar: batching should leave decode flat below the ridge", op="<=", pick="min", fmt=ratio,
+         where=lambda d: d[d["params.concurrency"] == 8]),
+    Goal("best level of the sweep, % of its predicted throughput", BATCHING, "metrics.pct_of_predicted_tok_s", 60,
+         "the issue's bar", detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),
+    Goal("TTFT p50 at concurrency 1, ~100-token prompt", DECODE, "metrics.ttft_p50_ms", 10.0,
+         f"the seed's A100 with vLLM: {seed.TTFT_8B_MS} ms", op="<=", pick="min", fmt=ms,
+         where=lambda d: d[(d["variant"] == "lab-engine-prefill") & (d["params.model"] == "llama-3.1-8b")]),
+    Goal("client TPOT over the engine's own step time, concurrency 1", DECODE, "metrics.serving_overhead", 1.05,
+         "the issue's bar: serving adds at most 5%", op="<=", pick="min", fmt=ratio,
+         where=lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == "llama-3.1-8b")]),
+), empty="_Run `lab run 5` on a GPU to measure the goals._")
+
+
+def with_ok(exercise: str):
+    def hardware(view) -> list[str]:
+        rows = view.latest(exercise, measured_only=True)
+        return sorted(set(rows[rows["status"] == "ok"]["hardware"])) if len(rows) else []
+    return hardware
+
+
+def headline(view) -> list[str]:
+    out = []
+    for _, got in sorted(by_hardware(view.frame, [DECODE, BATCHING]).items()):
+        d = find(got.get(DECODE), "lab-engine", model="llama-3.1-8b")
+        b = got.get(BATCHING)
+        if d is None or b is None:
+            continue
+        best = b[b["status"] == "ok"]
+        best = best.loc[best["metrics.output_tok_s"].idxmax()] if len(best) else None
+        out.append(f"{d['hardware_name']}: 8B decode {num(value(d, 'metrics.decode_tok_s'))} tok/s "
+                   f"({pct(value(d, 'metrics.pct_of_copy_roofline'))} of the roofline)"
+                   + (f", {num(best['metrics.output_tok_s'])} tok/s at concurrency {int(best['params.concurrency'])}"
+                      if best is not None else ""))
+    return out
+
+
+PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, blocks=(
+    STARTUP_TABLE, ATTENTION_TABLE, DECODE_TABLE,
+    Plot("phase5.decode_plot", "phase5_decode_bandwidth", (DECODE,), plots.decode_bandwidth,
+         "Batch-1 decode bandwidth of each way to decode on the {name}, against the copy roofline",
+         hardware=with_ok(DECODE)),
+    BATCHING_TABLE,
+    Plot("phase5.batching_plot", "phase5_batching", (BATCHING,), plots.batching,
+         "Output tok/s and median TPOT against concurrency on the {name}, measured and predicted",
+         hardware=with_ok(BATCHING)),
+    OFFLINE_TABLE, Text("phase5.vllm_serve", vllm_runs, "_No records yet: run `lab run phase5.vllm_serve`._"), GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._")))

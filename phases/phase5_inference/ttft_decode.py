@@ -1,0 +1,220 @@
+"""Exercise 5.3: time to first token and decode speed, the seed's method: a ~100-token prompt, 200
+output tokens, temperature 0, streamed; one warmup excluded, then `runs` requests one at a time.
+
+    lab run phase5.ttft_decode [--param models=[llama-3.1-8b]]
+
+Three ways to decode the same weights, in the same run:
+  lab-engine       the lab's server (paged KV cache, CUDA graphs), measured by the streaming client
+  pytorch-eager    plain PyTorch: a static KV cache, one token at a time (baseline.py)
+  pytorch-compile  the same under torch.compile(mode="reduce-overhead"): gpt-fast's recipe
+A decode step reads every weight once plus the cached K and V, so the roofline of batch-1 decode is
+those bytes over the copy bandwidth measured in this run; each row says how close it came. The
+lab-engine row also compares the client's TPOT with the engine's own step time (serving overhead).
+The 70B shape runs only where its 141 GB of weights fit; its row says how much KV cache is left.
+
+Correctness gates timing: the engine's greedy tokens are checked against the plain model, teacher-
+forced: at every step the token the engine chose must score within a bf16 tolerance of the plain
+model's best logit (bit-identical argmax cannot be asked of two different bf16 kernels).
+"""
+import gc
+import statistics
+
+import torch
+
+from common.exercise import Exercise, Needs, Result, Work, measure_copy_gbps, row
+from common.params import Bool, Choice, Float, Int
+from common.standalone import run_alone
+from common.timing import summarize
+
+from . import serving
+from .analysis import mean_decode_context, prefill_bytes, prefill_flops
+from .engine.shapes import SHAPES
+from .model_choice import COMMON, CPU_COMMON, engine_settings, shape_of, weights_footprint_bytes
+from .workload import random_prompts
+
+GIB = 2**30
+LOGIT_TOLERANCE = 0.1          # bf16 logits of two different kernel orders differ by ~1e-2
+
+
+def decode_bytes(shape, context: float) -> float:
+    return shape.decode_weight_bytes() + context * shape.kv_bytes_per_token()
+
+
+def decode_row(ctx, variant: str, identity: dict, shape, tpot_runs_ms: list[float], ttft_runs_ms: list[float],
+               copy_gbps: float, check: dict, graphed: bool, extra: dict | None = None, tokens: int = 200) -> dict:
+    """One decode row: TPOT per run (the timing), bandwidth achieved, % of the copy roofline."""
+    context = mean_decode_context(identity["prompt_tokens"], identity["output_tokens"])
+    nbytes, flops = decode_bytes(shape, context), shape.flops_per_token(int(context))
+    timing = summarize(tpot_runs_ms, "streamed inter-token time per run (TPOT), median of runs", warmup_calls=1,
+                       flush_l2=False, graph_reps=tokens if graphed else None)
+    tpot = timing.median_ms
+    roofline_ms = nbytes / (copy_gbps * 1e6)
+    metrics = {
+        "ms": tpot, "tpot_ms": tpot, "decode_tok_s": 1e3 / tpot, "gbps": nbytes / (tpot * 1e6),
+        "copy_gbps": copy_gbps, "pct_of_copy_roofline": 100 * roofline_ms / tpot, "copy_roofline_ms": roofline_ms,
+        "ttft_p50_ms": statistics.median(ttft_runs_ms) if ttft_runs_ms else None,
+        "ttft_mean_ms": statistics.fmean(ttft_runs_ms) if ttft_runs_ms else None,
+        "bytes_per_token": nbytes, **(extra or {})}
+    prediction = ctx.predict(flops, nbytes, identity["dtype"], timing, measured_ms=tpot,
+                             launches=(extra or {}).get("kernels_per_step") or 1)
+    return row(variant, identity, check=check, timing=timing, metrics=metrics, prediction=prediction)
+
+
+def prefill_row(ctx, identity: dict, shape, ttft_runs_ms: list[float], check: dict) -> dict:
+    """TTFT as the client sees it, against the prefill's roofline (weights once, prompt FLOPs)."""
+    p = identity["prompt_tokens"]
+    timing = summarize(ttft_runs_ms, "streamed time to first token per run", warmup_calls=1, flush_l2=False)
+    prediction = ctx.predict(prefill_flops(shape, p), prefill_bytes(shape, p), identity["dtype"], timing,
+                             measured_ms=timing.median_ms)
+    return row("lab-engine-prefill", {**identity, "stage": "prefill"}, check=check, timing=timing,
+               metrics={"ms": timing.median_ms, "ttft_p50_ms": timing.median_ms, "ttft_p99_ms": timing.max_ms,
+                        "tflops": prefill_flops(shape, p) / (timing.median_ms * 1e9)},
+               prediction=prediction)
+
+
+def teacher_forced_check(plain, prompt: list[int], tokens: list[int], tolerance: float) -> dict:
+    """Every token the engine chose scores within `tolerance` of the plain model's best logit."""
+    with torch.no_grad():
+        logits = plain.prefill_logits(prompt + tokens[:-1])[0, len(prompt) - 1:].float()   # [len(tokens), vocab]
+    chosen = logits.gather(1, torch.tensor(tokens, device=logits.device)[:, None]).squeeze(1)
+    gap = (logits.max(dim=1).values - chosen)
+    worst = float(gap.max())
+    passed = worst <= tolerance and len(tokens) > 0
+    return {"passed": passed, "reference": "plain PyTorch Llama, teacher-forced on the engine's tokens",
+            "max_logit_gap": worst, "tolerance": tolerance, "tokens_checked": len(tokens),
+            "argmax_agreement": float((gap == 0).float().mean()),
+            "reason": None if passed else f"the engine's token scores {worst:.3g} below the reference's best logit "
+                                          f"(tolerance {tolerance})"}
+
+
+def engine_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype) -> tuple[list[dict], list[int] | None]:
+    total = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.is_cuda else None
+    utilization = params["gpu_memory_utilization"]
+    if total and shape.weight_bytes() > utilization * total:
+        utilization = params["large_model_utilization"]
+    identity = {"model": shape.name, "prompt_tokens": len(prompt), "output_tokens": params["output_tokens"],
+                "runs": params["runs"], "dtype": dtype, "gpu_memory_utilization": utilization}
+    if total and shape.weight_bytes() > utilization * total:
+        return [row("lab-engine", identity, "skipped",
+                    f"{shape.weight_bytes() / GIB:.1f} GiB of bf16 weights exceed {utilization:.2f} x this GPU's "
+                    f"{total / GIB:.1f} GiB: no room for a KV cache")], None
+    settings = engine_settings(params, model, gpu_memory_utilization=utilization, dtype=serving.dtype_name(ctx),
+                               device=ctx.device.type, max_model_len=len(prompt) + params["output_tokens"] + 64)
+    with serving.lab_server(settings) as server:
+        result = serving.sequential_runs(server, prompt, params["output_tokens"], params["runs"])
+        tokens = serving.greedy_token_ids(server, prompt, params["output_tokens"])
+        telemetry = serving.engine_telemetry(server)
+    if not result["check"]["passed"]:
+        return [row("lab-engine", identity, "failed", result["check"]["reason"], check=result["check"])], None
+    tpots, ttfts = result["tpot_ms"], result["ttft_ms"]
+    engine_step_ms = result["metrics"]["engine_decode_step_ms"]
+    extra = {"engine_step_ms": engine_step_ms,
+             "serving_overhead": statistics.median(tpots) / engine_step_ms if engine_step_ms else None,
+             "kv_capacity_tokens": telemetry.get("kv_capacity_tokens"),
+             "kv_pool_gib": (telemetry.get("kv_pool_bytes") or 0) / GIB,
+             "weights_gib": (telemetry.get("weights_bytes") or 0) / GIB,
+             "kernels_per_step": telemetry.get("kernels_per_decode_step"),
+             "ttft_p99_ms": result["metrics"]["ttft_p99_ms"]}
+    pending = {"passed": True, "reference": "checked against the plain model below", "reason": None}
+    return [decode_row(ctx, "lab-engine", identity, shape, tpots, ttfts, copy_gbps, pending, graphed=True, extra=extra,
+                       tokens=params["output_tokens"]),
+            prefill_row(ctx, identity, shape, ttfts, pending)], tokens
+
+
+def plain_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype, engine_tokens) -> tuple[list[dict], dict]:
+    from .baseline import PlainLlama
+    from .engine.weights import weights_for
+
+    identity = {"model": shape.name, "prompt_tokens": len(prompt), "output_tokens": params["output_tokens"],
+                "runs": params["runs"], "dtype": dtype}
+    _, weights = weights_for(model, params["seed"], dtype=serving.torch_dtype(ctx), device=ctx.device)
+    plain = PlainLlama(shape, max_seq_len=len(prompt) + params["output_tokens"] + 8, dtype=serving.torch_dtype(ctx),
+                       device=ctx.device)
+    plain.load(weights)
+    check = (teacher_forced_check(plain, prompt, engine_tokens, LOGIT_TOLERANCE) if engine_tokens
+             else {"passed": True, "reference": "no engine tokens to check", "reason": None})
+    rows = []
+    for variant, mode in (("pytorch-eager", "eager"), ("pytorch-compile", "compile")):
+        if not ctx.wants(variant) or (mode == "compile" and not params["compile"]):
+            continue
+        results = [plain.generate(prompt, params["output_tokens"], mode=mode) for _ in range(params["runs"] + 1)]
+        own_tokens = [int(t) for t in results[0][0]]
+        timings = [t for _, t in results[1:]]
+        tpots = [t["decode_ms_mean"] for t in timings]
+        ttfts = [t["prefill_ms"] for t in timings]
+        extra = {"compile_s": results[0][1].get("compile_s"),
+                 "agrees_with_engine_tokens": (sum(a == b for a, b in zip(own_tokens, engine_tokens or []))
+                                               / max(1, len(engine_tokens or [])))}
+        rows.append(decode_row(ctx, variant, identity, shape, tpots, ttfts, copy_gbps,
+                               {"passed": True, "reference": "the plain model is the reference", "reason": None},
+                               graphed=mode == "compile", extra=extra, tokens=params["output_tokens"]))
+    del plain, weights
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+    return rows, check
+
+
+def run(ctx, params):
+    dtype = "bf16" if ctx.is_cuda else "fp32"
+    copy_gbps = measure_copy_gbps(ctx, 1 << 30) if ctx.is_cuda else measure_copy_gbps(ctx)
+    rows, summary = [], {"copy_gbps": copy_gbps}
+    for model in ctx.track(params["models"], "models"):
+        shape = shape_of(params, model)
+        prompt = random_prompts(1, params["prompt_tokens"], shape.vocab_size, params["seed"])[0]
+        mine, tokens = engine_rows(ctx, params, model, shape, prompt, copy_gbps, dtype) if ctx.wants("lab-engine") \
+            else ([], None)
+        if model in params["baseline_models"]:
+            plain, check = plain_rows(ctx, params, model, shape, prompt, copy_gbps, dtype, tokens)
+            for r in mine:                            # the engine's rows stand or fall with the check
+                if r["status"] == "ok":
+                    r["check"] = check
+                    if not check["passed"]:
+                        r.update(status="failed", reason=check["reason"], timing=None, metrics={}, prediction=None)
+            mine += plain
+        rows += mine
+    by = {(r["variant"], r["params"]["model"]): r["metrics"] for r in rows if r["status"] == "ok"}
+    for (variant, model), m in by.items():
+        base = by.get(("pytorch-compile", model))
+        if variant == "lab-engine" and base:
+            m["speedup_vs_compile"] = base["tpot_ms"] / m["tpot_ms"]
+    return Result(rows, summary)
+
+
+def work(params) -> list[Work]:
+    out = []
+    for model in params["models"]:
+        shape = shape_of(params, model)
+        context = mean_decode_context(params["prompt_tokens"], params["output_tokens"])
+        out.append(Work(f"{shape.name}: one decode step at batch 1, context {context:.0f}",
+                        shape.flops_per_token(int(context)), decode_bytes(shape, context), "bf16"))
+        out.append(Work(f"{shape.name}: prefill of {params['prompt_tokens']} tokens",
+                        prefill_flops(shape, params["prompt_tokens"]), prefill_bytes(shape, params["prompt_tokens"]),
+                        "bf16"))
+    return out
+
+
+EXERCISE = Exercise(
+    id="phase5.ttft_decode",
+    title="TTFT and batch-1 decode: the lab's engine against plain PyTorch (eager, torch.compile)",
+    run=run,
+    needs=Needs(modules=("aiohttp", "safetensors")),
+    variants=("lab-engine", "pytorch-eager", "pytorch-compile"),
+    params={**COMMON,
+            "models": Choice(["llama-3.1-8b", "llama-3.3-70b"], tuple(SHAPES), many=True),
+            "baseline_models": Choice(["llama-3.1-8b"], tuple(SHAPES), many=True),
+            "prompt_tokens": Int(100, min=1, max=32768, unit="tokens"),
+            "output_tokens": Int(200, min=2, max=32768, unit="tokens"),
+            "runs": Int(5, min=1, max=100, unit="timed requests after one warmup"),
+            "compile": Bool(True, help="also time the torch.compile baseline (compiling takes a minute)"),
+            "large_model_utilization": Float(0.98, min=0.05, max=0.99,
+                                             help="utilization for a model whose weights exceed gpu_memory_utilization")},
+    cpu_params={**CPU_COMMON, "models": ["tiny"], "baseline_models": ["tiny"], "prompt_tokens": 12,
+                "output_tokens": 8, "runs": 2, "compile": False},
+    quick_params={"prompt_tokens": 12, "output_tokens": 8, "runs": 2},
+    footprint_bytes=lambda p: min(weights_footprint_bytes(p, [m]) for m in p["models"]),
+    work=work,
+)
+
+if __name__ == "__main__":
+    run_alone(EXERCISE, {"models": ["tiny"], "baseline_models": ["tiny"]})
