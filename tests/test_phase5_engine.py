@@ -201,8 +201,9 @@ def test_one_sequence_prefill_graph_bookkeeping(weights, alone):
     twin, the logits row gathered at the last real token, greedy tokens from the graph's argmax;
     batches of several sequences still prefill eagerly. A stand-in replays the graph's step eagerly."""
     prompts, params = mixed_requests()
-    assert prefill_graph_sizes(8192) == [16, 32, 64, 128, 256, 512]
-    assert prefill_graph_sizes(100) == [16, 32, 64, 100]
+    assert prefill_graph_sizes(8192, 8192) == [16, 32, 64, 128, 256, 512]
+    assert prefill_graph_sizes(100, 8192) == [16, 32, 64, 100]
+    assert prefill_graph_sizes(8192, 364) == [16, 32, 64, 128, 256, 364]     # never past RoPE's tables
     eng = engine(weights, max_num_seqs=16)
     runner = eng.runner
     sizes = [16, 32, 64, 128]                                             # prompts up to 200: some too long

@@ -45,6 +45,10 @@ def startup_row(ctx, params: dict, model: str, utilization: float) -> dict:
     except LabError as exc:              # the weights leave no room for a KV pool: the finding itself
         release(ctx)
         return row(shape.name, identity, "skipped", str(exc), metrics=predicted)
+    except torch.cuda.OutOfMemoryError as exc:       # the engine's own failure: this row, not the others
+        release(ctx)
+        return row(shape.name, identity, "failed", f"out of memory while loading: {str(exc).splitlines()[0][:200]}",
+                   metrics=predicted)
     t = engine.telemetry
     del engine
     release(ctx)

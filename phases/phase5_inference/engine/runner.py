@@ -46,10 +46,11 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def prefill_graph_sizes(max_num_batched_tokens: int) -> list[int]:
-    """The one-sequence prefill buckets: PREFILL_GRAPH_TOKENS up to max_num_batched_tokens (and
-    that itself when it falls below the largest)."""
-    largest = min(max_num_batched_tokens, PREFILL_GRAPH_TOKENS[-1])
+def prefill_graph_sizes(max_num_batched_tokens: int, max_model_len: int) -> list[int]:
+    """The one-sequence prefill buckets: PREFILL_GRAPH_TOKENS up to max_num_batched_tokens and
+    max_model_len (a bucket longer than the context would index RoPE's tables past their end; the
+    limit itself is the last bucket when it falls below the largest)."""
+    largest = min(max_num_batched_tokens, max_model_len, PREFILL_GRAPH_TOKENS[-1])
     return [s for s in PREFILL_GRAPH_TOKENS if s < largest] + [largest]
 
 
@@ -312,7 +313,7 @@ class ModelRunner:
 
     def _capture_prefill_graphs(self) -> None:
         """One graph per prefill bucket, largest first, in the decode graphs' memory pool."""
-        sizes = prefill_graph_sizes(self.max_num_batched_tokens)
+        sizes = prefill_graph_sizes(self.max_num_batched_tokens, self._context_tiers[-1])
         self._prefill_buffers(sizes)
         torch.cuda.synchronize(self.device)
         start = time.perf_counter()

@@ -91,8 +91,18 @@ def resolve(model: str) -> tuple[LlamaShape, Path | None]:
     return named(model), None
 
 
+def expandable_segments(device) -> None:
+    """Have the CUDA caching allocator grow segments instead of carving fixed ones. The engine
+    fuses q/k/v and gate/up after loading, freeing the parts as it goes: with fixed segments the
+    freed parts stay reserved in fragments, and a 70B shape on one 141 GB GPU (131 GiB of weights)
+    runs out of memory fusing its last layers with 7 GiB reserved but unused."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 def weights_for(model: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
                 device: str | torch.device = "cpu") -> tuple[LlamaShape, dict[str, torch.Tensor]]:
+    expandable_segments(device)
     shape, path = resolve(model)
     if path is not None:
         return shape, load_checkpoint(path, dtype, device)
