@@ -4,7 +4,9 @@ the roofline, from the model's shape alone. The exercises record them beside wha
 
 A decode step of a batch reads every weight once (shared by the batch) plus each sequence's cached
 K and V, and does 2 FLOPs per weight per sequence: memory-bound until the batch reaches the ridge
-(peak FLOP/s over bandwidth, in tokens), compute-bound after.
+(peak FLOP/s over bandwidth, in tokens), compute-bound after. Its two parts run one after the other
+(the weight matmuls, then attention over the cache, layer by layer), so a step is predicted as the
+sum of their rooflines, not one roofline over the totals (decode_parts).
 """
 import math
 
@@ -18,6 +20,19 @@ def decode_step_bytes(shape: LlamaShape, batch: int, mean_context: float) -> flo
 
 def decode_step_flops(shape: LlamaShape, batch: int, mean_context: float) -> float:
     return batch * shape.flops_per_token(int(mean_context))
+
+
+def decode_parts(shape: LlamaShape, batch: int, mean_context: float) -> list[tuple[float, float]]:
+    """(FLOPs, bytes) of a decode step's weight matmuls and of its attention over the cache."""
+    matmul_flops = batch * shape.flops_per_token(0)
+    attention_flops = batch * shape.flops_per_token(int(mean_context)) - matmul_flops
+    return [(matmul_flops, shape.decode_weight_bytes()),
+            (attention_flops, batch * mean_context * shape.kv_bytes_per_token())]
+
+
+def decode_step_ms(shape: LlamaShape, batch: int, mean_context: float, bandwidth_gbps: float,
+                   peak_tflops: float) -> float:
+    return sum(step_ms(f, b, bandwidth_gbps, peak_tflops) for f, b in decode_parts(shape, batch, mean_context))
 
 
 def prefill_bytes(shape: LlamaShape, prompt_tokens: int) -> float:
@@ -35,7 +50,7 @@ def step_ms(flops: float, nbytes: float, bandwidth_gbps: float, peak_tflops: flo
 
 
 def ridge_batch(shape: LlamaShape, bandwidth_gbps: float, peak_tflops: float) -> float:
-    """The decode batch at which the weights' FLOPs take as long as reading them (KV ignored):
+    """The decode batch at which the weights' FLOPs take as long as reading them (attention aside):
     above it a step is compute-bound, and adding sequences no longer comes for free."""
     flops_per_seq = shape.flops_per_token(0)
     return (shape.decode_weight_bytes() / (bandwidth_gbps * 1e6)) / (flops_per_seq / (peak_tflops * 1e9))
@@ -53,8 +68,7 @@ def serving_prediction(shape: LlamaShape, concurrency: int, prompt_tokens: int, 
     their prefills (batched up to `max_batched_tokens` a step) plus the decode steps. Returns the
     decode step time (the TPOT a client should see), the round time and the output tok/s."""
     context = mean_decode_context(prompt_tokens, output_tokens)
-    decode_ms = step_ms(decode_step_flops(shape, concurrency, context),
-                        decode_step_bytes(shape, concurrency, context), bandwidth_gbps, peak_tflops)
+    decode_ms = decode_step_ms(shape, concurrency, context, bandwidth_gbps, peak_tflops)
     per_step = max(1, max_batched_tokens // max(1, prompt_tokens))
     prefill_steps = math.ceil(concurrency / per_step)
     batch_tokens = min(concurrency, per_step) * prompt_tokens
@@ -69,9 +83,9 @@ def serving_prediction(shape: LlamaShape, concurrency: int, prompt_tokens: int, 
 
 
 def offline_steps(shape: LlamaShape, prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
-                  max_batched_tokens: int) -> list[tuple[float, float]]:
-    """(FLOPs, bytes) of every step an offline run takes when every request arrives at once and the
-    KV pool holds them all: prefills first, packed up to the token and sequence limits (each yields
+                  max_batched_tokens: int) -> list[list[tuple[float, float]]]:
+    """The parts, (FLOPs, bytes) each, of every step an offline run takes (a prefill is one part, a
+    decode step its two decode_parts) when every request arrives at once and the KV pool holds them all: prefills first, packed up to the token and sequence limits (each yields
     its sequence's first token), then decode steps while any sequence still has tokens to make.
     Requests beyond `max_num_seqs` wait for a slot: modelled as the next wave."""
     steps = []
@@ -81,15 +95,14 @@ def offline_steps(shape: LlamaShape, prompt_lens: list[int], output_lens: list[i
         batch_tokens, batch_flops = 0, 0.0
         for p, _ in wave:
             if batch_tokens and batch_tokens + p > max_batched_tokens:
-                steps.append((batch_flops, prefill_bytes(shape, batch_tokens)))
+                steps.append([(batch_flops, prefill_bytes(shape, batch_tokens))])
                 batch_tokens, batch_flops = 0, 0.0
             batch_tokens += p
             batch_flops += prefill_flops(shape, p)
         if batch_tokens:
-            steps.append((batch_flops, prefill_bytes(shape, batch_tokens)))
+            steps.append([(batch_flops, prefill_bytes(shape, batch_tokens))])
         for s in range(1, max(o for _, o in wave)):
             active = [p + s for p, o in wave if o > s]
             mean_context = sum(active) / len(active)
-            steps.append((decode_step_flops(shape, len(active), mean_context),
-                          decode_step_bytes(shape, len(active), mean_context)))
+            steps.append(decode_parts(shape, len(active), mean_context))
     return steps

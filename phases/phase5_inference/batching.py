@@ -19,7 +19,8 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from . import serving
-from .analysis import mean_decode_context, ridge_batch, serving_prediction
+from .analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
+from .prediction import summed_prediction
 from .model_choice import COMMON, CPU_COMMON, engine_settings, shape_of, weights_footprint_bytes
 from .workload import random_prompts
 
@@ -36,8 +37,10 @@ def level_row(ctx, variant: str, shape, concurrency: int, result: dict, identity
                        flush_l2=False, graph_reps=output_tokens)
     step = serving_prediction(shape, concurrency, prompt_tokens, output_tokens, *roofs_for_prediction("spec"),
                               MAX_BATCHED_TOKENS)
-    prediction = ctx.predict(step["decode_flops"], step["decode_bytes"], identity["dtype"], timing,
-                             measured_ms=timing.median_ms)
+    prediction = summed_prediction(ctx, decode_parts(shape, concurrency, context), identity["dtype"], timing.median_ms,
+                                   launches=result["engine_stats"] and (result["engine_stats"].get("telemetry") or {})
+                                   .get("kernels_per_decode_step") or 1,
+                                   what="parts of a decode step (weight matmuls, attention)")
     metrics = {k: v for k, v in result["metrics"].items()}
     metrics.update({"ms": timing.median_ms, "predicted_output_tok_s": step["output_tok_s"],
                     "pct_of_predicted_tok_s": 100 * metrics["output_tok_s"] / step["output_tok_s"],

@@ -5,7 +5,8 @@ and output lengths uniform in 100..1024, random token ids, EOS ignored; output t
 
 No server: the engine's own `generate`, as nano-vllm and `vllm`'s offline LLM.generate measure it.
 The prediction walks the same schedule step by step (prefills packed up to the token limit, then
-decode steps as sequences finish, each step its own roofline: analysis.offline_steps) and sums it.
+decode steps as sequences finish, each part of each step its own roofline: analysis.offline_steps)
+and sums it.
 """
 import gc
 import time
@@ -73,8 +74,9 @@ def run(ctx, params):
         dtype = "bf16" if ctx.is_cuda else "fp32"
         timing = summarize([wall_ms], "perf_counter around engine.generate, synchronized", warmup_calls=1,
                            flush_l2=False)
-        prediction = summed_prediction(ctx, steps, dtype, wall_ms,
-                                       launches_per_step=engine.telemetry.get("kernels_per_decode_step") or 1)
+        prediction = summed_prediction(ctx, [part for step in steps for part in step], dtype, wall_ms,
+                                       launches=len(steps) * (engine.telemetry.get("kernels_per_decode_step") or 1),
+                                       what="parts of the engine's steps")
         metrics = {
             "ms": wall_ms, "wall_s": wall_ms / 1e3, "output_tokens": out_tokens, "input_tokens": in_tokens,
             "output_tok_s": out_tokens / (wall_ms / 1e3), "total_tok_s": (out_tokens + in_tokens) / (wall_ms / 1e3),
@@ -101,7 +103,7 @@ def work(params) -> list[Work]:
     steps = offline_steps(shape, [mid_in] * params["num_seqs"], [mid_out] * params["num_seqs"],
                           params["max_num_seqs"], MAX_BATCHED_TOKENS)
     return [Work(f"{params['num_seqs']} sequences, {mid_in} in / {mid_out} out (the mean lengths), summed totals",
-                 sum(f for f, _ in steps), sum(b for _, b in steps), "bf16")]
+                 sum(f for step in steps for f, _ in step), sum(b for step in steps for _, b in step), "bf16")]
 
 
 EXERCISE = Exercise(
