@@ -387,7 +387,69 @@ for rows, cols in ((37, 300), (20, 256)):                               # K unev
     gate_up_row = torch.randn(1, 2 * cols)
     assert torch.allclose(f.gemv_triton(gate_up_row, weight, silu_mul=True),
                           f.silu_and_mul_torch(gate_up_row) @ weight.T, atol=1e-4)
+for dtype in (torch.float32, torch.bfloat16):                          # the norm inside the GEMV
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for rows, cols in ((37, 300), (20, 256), (70, 1000)):
+        x, r, g = torch.randn(1, cols, dtype=dtype), torch.randn(1, cols, dtype=dtype), torch.randn(cols, dtype=dtype)
+        weight = torch.randn(rows, cols, dtype=dtype)
+        r_before, r_unfused = r.clone(), r.clone()
+        y, h = f.add_rms_norm_gemv_triton(x, r, g, 1e-5, weight)
+        expect = f.gemv_triton(f.rms_norm_triton(x, g, 1e-5, residual=r_unfused), weight)
+        assert torch.equal(r, r_before) and torch.equal(h, r_unfused), (dtype, rows, cols)
+        assert torch.allclose(y.float(), expect.float(), atol=tol * float(expect.float().abs().max()))
+        y0, h0 = f.add_rms_norm_gemv_triton(x, None, g, 1e-5, weight)
+        expect0 = f.gemv_triton(f.rms_norm_triton(x, g, 1e-5), weight)
+        assert h0 is x and torch.allclose(y0.float(), expect0.float(), atol=tol * float(expect0.float().abs().max()))
+        logits, best = torch.empty(1, rows), torch.empty(1, dtype=torch.int64)
+        assert f.add_rms_norm_gemv_triton(x, r, g, 1e-5, weight, out=logits, argmax_out=best)[0] is logits
+        assert torch.equal(logits, y.float()) and int(best[0]) == int(logits.argmax())
+    weight = torch.zeros(50, 64, dtype=dtype)
+    weight[[3, 20, 41]] = 1.0                                           # a tie across programs: the lowest row
+    ones = torch.ones(1, 64, dtype=dtype)
+    f.add_rms_norm_gemv_triton(ones, ones, ones[0], 1e-5, weight, out=logits[:, :50], argmax_out=best)
+    assert int(best[0]) == 3, int(best[0])
 print("fused ops ok")
+"""
+
+FUSED_MODEL_CHECK = """
+from dataclasses import replace
+import torch
+from phases.phase5_inference.engine import fused_ops as f
+from phases.phase5_inference.engine.kv_cache import allocate_kv_cache
+from phases.phase5_inference.engine.model import AttentionMetadata, LlamaModel
+from phases.phase5_inference.engine.shapes import named
+from phases.phase5_inference.engine.weights import random_weights
+f._on_gpu = lambda x: True                                   # the GPU's dispatch, its kernels interpreted
+shape = replace(named("tiny"), vocab_size=300)
+model = LlamaModel(shape, torch.bfloat16, "cpu")
+model.load(random_weights(shape, seed=0, dtype=torch.bfloat16))
+model.set_rope(shape, 64)
+
+def decode(ids):
+    _, model.kv_caches = allocate_kv_cache(shape, 4, 16, torch.bfloat16, "cpu")
+    n = len(ids)
+    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.arange(n) * 16,
+                             block_tables=torch.arange(n, dtype=torch.int32)[:, None],
+                             context_lens=torch.ones(n, dtype=torch.int32))
+    best = torch.empty(n, dtype=torch.int64)
+    logits = model.forward_logits(torch.tensor(ids), torch.zeros(n, dtype=torch.int64), meta, argmax_out=best)
+    return logits[0], int(best[0])
+
+def error(ours, theirs):
+    return float((ours - theirs).abs().max() / theirs.abs().max())
+
+fused, fused_best = decode([5])                              # one row: norms inside the GEMVs
+unfused, unfused_best = decode([5, 9])                       # two rows: RMSNorm kernels, F.linear
+assert error(fused, unfused) < 2e-2 and fused_best == int(fused.argmax()), error(fused, unfused)
+right = f.add_rms_norm_gemv_triton
+
+def forgets_the_residual(x, residual, *args, **kwargs):
+    return right(x, residual, *args, **kwargs)[0], x if residual is None else residual
+
+f.add_rms_norm_gemv_triton = forgets_the_residual
+broken, _ = decode([5])
+assert error(broken, unfused) > 0.2, error(broken, unfused)
+print("fused model ok")
 """
 
 
@@ -397,6 +459,17 @@ def test_fused_triton_kernels_match_torch_under_the_interpreter():
                           timeout=120, env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                                                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
     assert proc.returncode == 0 and "fused ops ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs the Python package triton")
+def test_norm_fused_into_gemv_matches_unfused_model_under_the_interpreter():
+    """A decode step through the GPU's dispatch (Triton kernels, interpreted): one row, whose
+    RMSNorms run inside the GEMVs, gives the logits and argmax of the same row in a batch of two
+    (separate RMSNorm kernels); a twin that drops the new residual is caught."""
+    proc = subprocess.run([sys.executable, "-c", FUSED_MODEL_CHECK], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
+                                                     OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
+    assert proc.returncode == 0 and "fused model ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------ on a GPU (pytest -m gpu)
@@ -465,6 +538,39 @@ def test_gpu_prefill_graphs_match_eager(dtype):
         assert with_graphs == eager_tokens
         assert eng.generate(prompts, GREEDY) == with_graphs
     assert eng.num_free_blocks == runner.num_kv_blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_norm_fused_gemv_matches_unfused():
+    """At the 8B shape's sizes in bf16, compiled: the GEMV with the residual add and RMSNorm inside
+    against the RMSNorm kernel then the GEMV (the new residual bit-exact, y within bf16 rounding),
+    the LM head's fp32 logits and two-stage argmax against torch.argmax; then one decode row of the
+    tiny model (norms fused) against the same row in a batch of two (norms separate)."""
+    from phases.phase5_inference.engine import fused_ops as f
+    torch.manual_seed(0)
+    for rows in (6144, 28672, 128256):
+        x, r = (torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        g = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+        weight = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+        r_unfused = r.clone()
+        expect = f.gemv_triton(f.rms_norm_triton(x, g, 1e-5, residual=r_unfused), weight)
+        logits, best = torch.empty(1, rows, device="cuda"), torch.empty(1, dtype=torch.int64, device="cuda")
+        y, h = f.add_rms_norm_gemv_triton(x, r, g, 1e-5, weight, out=logits, argmax_out=best)
+        assert torch.equal(h, r_unfused), rows
+        assert relative_error(y, expect.float()) < 1e-2, rows
+        assert int(best[0]) == int(y.argmax()), rows
+    eng = gpu_engine("tiny", dtype="bfloat16", num_kv_blocks=64, max_num_seqs=2, cuda_graphs=False)
+    pool = eng.scheduler.block_pool
+    seqs = [Sequence(str(i), prompt_of(40, seed=30 + i), SamplingParams()) for i in range(2)]
+    for seq in seqs:
+        pool.allocate(seq)
+        eng.runner.prefill_logits([seq])
+        seq.append_token(7)
+        pool.append(seq)
+    alone = eng.runner.decode_logits(seqs[:1]).clone()
+    in_batch = eng.runner.decode_logits(seqs).clone()
+    assert relative_error(alone[0], in_batch[0]) < 2e-2
 
 
 def copy_bandwidth_bytes_per_s(nbytes=2 << 30) -> float:

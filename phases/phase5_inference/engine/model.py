@@ -8,7 +8,7 @@ within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhe
 token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
 the new token's K and V the same way, then attends over the cache with
 `decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
-GEMV for a single 16-bit row); logits are
+GEMV for a single 16-bit row, with the RMSNorm before it done inside); logits are
 computed only for the rows asked for (each sequence's last token), in fp32.
 """
 import functools
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from common.errors import LabError
 
 from . import decode_attention
-from .fused_ops import add_rms_norm, linear, rms_norm, rope_and_store, silu_and_mul_linear
+from .fused_ops import (add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, linear, rope_and_store,
+                        silu_and_mul_linear)
 from .shapes import LlamaShape
 from .weights import tensor_shapes
 
@@ -150,17 +151,30 @@ class LlamaModel:
     # -------------------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states of rows meta.logits_indices (all rows when None)."""
+        hidden, residual = self._last_layer_outputs(input_ids, positions, meta)
+        return add_rms_norm(hidden, residual, self.norm, self.shape.rms_norm_eps)
+
+    def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       out: torch.Tensor | None = None, argmax_out: torch.Tensor | None = None) -> torch.Tensor:
+        """compute_logits(forward(...)), into `out` when given, and their argmax into argmax_out
+        when given; for one row on a GPU the final norm, the LM head and the argmax's first half are
+        one kernel."""
+        hidden, residual = self._last_layer_outputs(input_ids, positions, meta)
+        return add_rms_norm_logits(hidden, residual, self.norm, self.shape.rms_norm_eps, self.lm_head,
+                                   out=out, argmax_out=argmax_out)
+
+    def _last_layer_outputs(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                            meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the last layer's MLP output, the residual stream before it) of rows meta.logits_indices
+        (all rows when None): their sum, normed, is the final hidden state. Each RMSNorm runs inside
+        the projection after it (add_rms_norm_linear: one kernel for one row on a GPU)."""
         s = self.shape
         eps = s.rms_norm_eps
         tokens = input_ids.shape[0]
         hidden = F.embedding(input_ids, self.embed)
-        residual = hidden
+        residual = None
         for index, layer in enumerate(self.layers):
-            if index == 0:
-                x = rms_norm(hidden, layer.input_norm, eps)
-            else:
-                x = add_rms_norm(hidden, residual, layer.input_norm, eps)
-            qkv = linear(x, layer.qkv)
+            qkv, residual = add_rms_norm_linear(hidden, residual, layer.input_norm, eps, layer.qkv)
             k_cache, v_cache = self.kv_caches[index]
             q = rope_and_store(qkv, positions, self.rope_cos, self.rope_sin, k_cache, v_cache, meta.slot_mapping,
                                s.num_attention_heads, s.num_key_value_heads, s.head_dim)
@@ -171,11 +185,11 @@ class LlamaModel:
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
                     backend=self.decode_backend, num_splits=meta.num_splits)
             hidden = linear(attention.reshape(tokens, s.q_size), layer.o)
-            x = add_rms_norm(hidden, residual, layer.post_norm, eps)
-            hidden = silu_and_mul_linear(linear(x, layer.gate_up), layer.down)
+            gate_up, residual = add_rms_norm_linear(hidden, residual, layer.post_norm, eps, layer.gate_up)
+            hidden = silu_and_mul_linear(gate_up, layer.down)
         if meta.logits_indices is not None:
             hidden, residual = hidden[meta.logits_indices], residual[meta.logits_indices]
-        return add_rms_norm(hidden, residual, self.norm, eps)
+        return hidden, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head).float()

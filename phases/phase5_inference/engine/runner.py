@@ -26,7 +26,6 @@ import torch
 from common.errors import LabError
 
 from . import decode_attention
-from .fused_ops import linear
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
 from .sampler import Sampler
@@ -156,7 +155,18 @@ class ModelRunner:
         self._host_inputs_np[3 * n:4 * n] = 1             # ... and attend over one token of block 0
         self._inputs.copy_(self._host_inputs)
         self._host_columns = [self._host_inputs_np[i * n:(i + 1) * n] for i in range(4)]
+        self._host_words = memoryview(self._host_inputs_np)
+        self._input_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._host_block_tables = self._host_inputs_np[4 * n:].reshape(n, width)
+        # Per row, the block table list last written there and how many of its entries: a decode
+        # step writes only the blocks a row's sequence gained (lists only grow; a new allocation is
+        # a new list, kept alive here so its identity cannot be reused).
+        self._written_tables: list[tuple[list[int] | None, int]] = [(None, 0)] * n
+        # The sampled tokens come back through one pinned buffer and one event: no allocation, and
+        # the host waits for the copy alone.
+        self._host_tokens = torch.zeros(n, dtype=torch.int64, pin_memory=self.is_cuda)
+        self._host_tokens_np = self._host_tokens.numpy()
+        self._tokens_copied = torch.cuda.Event() if self.is_cuda else None
         self._context_tiers = context_tiers(max_model_len)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}      # (batch bucket, splits)
         self._splits_of: dict[int, list[int]] = {}                          # bucket -> splits per tier
@@ -183,7 +193,20 @@ class ModelRunner:
             logits, greedy = self.prefill_logits(seqs), None
         else:
             logits, greedy = self._decode(seqs)
+        if greedy is not None and all(s.params.greedy for s in seqs):
+            return self._read_tokens(greedy)
         return self.sampler.sample(logits, [s.params for s in seqs], [s.seq_id for s in seqs], greedy)
+
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
+        """A device tensor of token ids as a list: one non-blocking copy into the pinned buffer,
+        waited for through an event."""
+        if not tokens.is_cuda:
+            return tokens.tolist()
+        n = tokens.shape[0]
+        self._host_tokens[:n].copy_(tokens, non_blocking=True)
+        self._tokens_copied.record()
+        self._tokens_copied.synchronize()
+        return self._host_tokens_np[:n].tolist()
 
     def release(self, seq: Sequence) -> None:
         self.sampler.release(seq.seq_id)
@@ -206,7 +229,7 @@ class ModelRunner:
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)
-        return self.model.compute_logits(self.model.forward(input_ids, positions, meta))
+        return self.model.forward_logits(input_ids, positions, meta)
 
     def _prefill_slots(self, seq: Sequence) -> np.ndarray:
         """The cache slot of each of `seq`'s tokens, int32."""
@@ -227,39 +250,53 @@ class ModelRunner:
     def _decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it). The caller synchronizes (sampling
         does) before the next call rewrites the host buffer."""
-        n = len(seqs)
-        bs = self.block_size
-        ids, positions, slots, context_lens = self._host_columns
-        last = [s.num_tokens - 1 for s in seqs]
-        ids[:n] = [s.token_ids[-1] for s in seqs]
-        positions[:n] = last
-        slots[:n] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, last)]
-        context_lens[:n] = [p + 1 for p in last]
-        tables = self._host_block_tables
+        n, m, bs = len(seqs), self.max_num_seqs, self.block_size
+        words = self._host_words                               # the columns, written one int at a time
+        tables, written_tables = self._host_block_tables, self._written_tables
+        max_context = 0
         for row, s in enumerate(seqs):
-            tables[row, :len(s.block_table)] = s.block_table
+            token_ids, table = s.token_ids, s.block_table
+            p = len(token_ids) - 1
+            words[row] = token_ids[p]
+            words[m + row] = p
+            words[2 * m + row] = table[p // bs] * bs + p % bs
+            words[3 * m + row] = p + 1
+            max_context = max(max_context, p + 1)
+            written, count = written_tables[row]
+            if written is not table:
+                tables[row, :len(table)] = table
+                written_tables[row] = (table, len(table))
+            elif count != len(table):
+                tables[row, count:len(table)] = table[count:]
+                written_tables[row] = (table, len(table))
         padded = self._bucket_of[n] if self._graphs else n
         if self.is_cuda:
-            positions[n:padded] = 0                            # padding rows: position 0, no K/V write
-            slots[n:padded] = -1
-            context_lens[n:padded] = 1
-            used = 4 * self.max_num_seqs + padded * self.max_blocks_per_seq
-            self._inputs[:used].copy_(self._host_inputs[:used], non_blocking=True)
+            if padded > n:
+                _, positions, slots, context_lens = self._host_columns
+                positions[n:padded] = 0                        # padding rows: position 0, no K/V write
+                slots[n:padded] = -1
+                context_lens[n:padded] = 1
+            views = self._input_views.get(padded)
+            if views is None:                                  # the prefix a batch of `padded` rows uses
+                used = 4 * m + padded * self.max_blocks_per_seq
+                views = self._input_views[padded] = (self._inputs[:used], self._host_inputs[:used])
+            views[0].copy_(views[1], non_blocking=True)
         if self._graphs:
-            splits = self._splits_of[padded][tier_of(max(last) + 1, len(self._context_tiers))]
+            splits = self._splits_of[padded][tier_of(max_context, len(self._context_tiers))]
             self._graphs[padded, splits].replay()
             return self._graph_logits[:n], self._graph_argmax[:n]
-        splits = decode_splits(n, self.shape.num_key_value_heads, max(last) + 1, decode_attention.sm_count(self.device))
-        return self.model.compute_logits(self._decode_forward(n, splits)), None
+        splits = decode_splits(n, self.shape.num_key_value_heads, max_context, decode_attention.sm_count(self.device))
+        return self._decode_forward(n, splits), None
 
-    def _decode_forward(self, n: int, num_splits: int | None = None) -> torch.Tensor:
-        """The final hidden states of the first n rows of the device input buffer."""
+    def _decode_forward(self, n: int, num_splits: int | None = None, out: torch.Tensor | None = None,
+                        argmax_out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits of the first n rows of the device input buffer (model.forward_logits)."""
         m = self.max_num_seqs
         inputs = self._inputs
         meta = AttentionMetadata(is_prefill=False, slot_mapping=inputs[2 * m:2 * m + n],
                                  block_tables=inputs[4 * m:].view(m, self.max_blocks_per_seq)[:n],
                                  context_lens=inputs[3 * m:3 * m + n], num_splits=num_splits)
-        return self.model.forward(inputs[:n], inputs[m:m + n], meta)
+        return self.model.forward_logits(inputs[:n], inputs[m:m + n], meta, out=out, argmax_out=argmax_out)
 
     # -------------------------------------------------------------------------- one-sequence prefill graphs
     def _prefill_graph_fits(self, seqs: list[Sequence]) -> bool:
@@ -306,10 +343,8 @@ class ModelRunner:
         meta = AttentionMetadata(is_prefill=True, slot_mapping=inputs[2 * largest:2 * largest + size],
                                  seq_lens=[size], cu_seqlens=self._prefill_cu_seqlens[size], max_seq_len=size,
                                  logits_indices=inputs[3 * largest:])
-        hidden = self.model.forward(inputs[:size], inputs[largest:largest + size], meta)
-        logits = self._graph_logits[:1]
-        logits.copy_(linear(hidden, self.model.lm_head))
-        torch.argmax(logits, dim=-1, out=self._graph_argmax[:1])
+        self.model.forward_logits(inputs[:size], inputs[largest:largest + size], meta,
+                                  out=self._graph_logits[:1], argmax_out=self._graph_argmax[:1])
 
     def _capture_prefill_graphs(self) -> None:
         """One graph per prefill bucket, largest first, in the decode graphs' memory pool."""
@@ -370,9 +405,7 @@ class ModelRunner:
 
     def _graph_step(self, size: int, num_splits: int | None = None) -> None:
         """What a graph of `size` rows replays: forward, logits into the buffer, their argmax."""
-        logits = self._graph_logits[:size]
-        logits.copy_(linear(self._decode_forward(size, num_splits), self.model.lm_head))
-        torch.argmax(logits, dim=-1, out=self._graph_argmax[:size])
+        self._decode_forward(size, num_splits, out=self._graph_logits[:size], argmax_out=self._graph_argmax[:size])
 
     def _count_decode_kernels(self) -> int | None:
         """GPU kernels one batch-1 decode step launches (what its graph replays, at the shortest

@@ -44,7 +44,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
-        return self._schedule_prefill() or self._schedule_decode()
+        return (self.waiting and self._schedule_prefill()) or self._schedule_decode()
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         admitted, num_tokens = [], 0
@@ -63,6 +63,10 @@ class Scheduler:
         return ScheduledBatch(admitted, True, num_tokens) if admitted else None
 
     def _schedule_decode(self) -> ScheduledBatch | None:
+        block_size = self.block_pool.block_size
+        if all(len(seq.block_table) * block_size >= len(seq.token_ids) for seq in self.running):
+            scheduled = list(self.running)               # the common step: every last token has its slot
+            return ScheduledBatch(scheduled, False, len(scheduled)) if scheduled else None
         scheduled: list[Sequence] = []
         while self.running:
             seq = self.running.popleft()
