@@ -184,8 +184,8 @@ if triton is not None:
         all_ok = all_cols < n_cols
         h = tl.load(x_ptr + all_cols, mask=all_ok, other=0.0)
         if HAS_RESIDUAL:
-            r = tl.load(residual_ptr + all_cols, mask=all_ok, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
+            whole_residual = tl.load(residual_ptr + all_cols, mask=all_ok, other=0.0)   # not `r`: the loop's r is
+            h = (h.to(tl.float32) + whole_residual.to(tl.float32)).to(whole_residual.dtype)   # a slice (one type per name)
             if program == 0:
                 tl.store(residual_out_ptr + all_cols, h, mask=all_ok)
         hf = h.to(tl.float32)
