@@ -95,27 +95,33 @@ def vllm_runs(view) -> str:
     return "\n\n".join(parts)
 
 
-LAB = variants("lab-engine")
+LAB_8B = lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == "llama-3.1-8b")]    # noqa: E731
+
+
+def best_level(d):
+    """Each GPU's level of the sweep with the most output tok/s (the sweep's best, whatever its ratio)."""
+    ok = d[d["status"] == "ok"]
+    return ok[ok["metrics.output_tok_s"] == ok.groupby("hardware")["metrics.output_tok_s"].transform("max")]
 GOALS = Goals("phase5.goals", (
-    Goal("batch-1 decode, % of the HBM roofline (copy bandwidth of the same run)", DECODE,
+    Goal("8B batch-1 decode, % of the HBM roofline (copy bandwidth of the same run)", DECODE,
          "metrics.pct_of_copy_roofline", 85, "the issue's bar: weights + KV bytes per token / measured copy bandwidth",
-         where=LAB, detail=lambda r: r["params.model"]),
-    Goal("batch-1 decode against torch.compile static-cache decode", DECODE, "metrics.speedup_vs_compile", 1.25,
-         "the issue's bar: gpt-fast's recipe reaches about 68% of the roofline", where=LAB, fmt=ratio),
+         where=LAB_8B, detail=lambda r: r["params.model"]),
+    Goal("8B batch-1 decode against torch.compile static-cache decode", DECODE, "metrics.speedup_vs_compile", 1.25,
+         "the issue's bar: gpt-fast's recipe reaches about 68% of the roofline", where=LAB_8B, fmt=ratio),
     Goal("output tok/s at 8 concurrent requests, x one request", BATCHING, "metrics.x_output_tok_s_vs_1", 7.0,
          f"the seed's vLLM: {seed.BATCHING_8B[8] / seed.BATCHING_8B[1]:.2f}x on an A100", fmt=ratio,
          where=lambda d: d[d["params.concurrency"] == 8]),
     Goal("median TPOT at 8 concurrent requests, x one request", BATCHING, "metrics.tpot_vs_1", 1.15,
          "the issue's bar: batching should leave decode flat below the ridge", op="<=", pick="min", fmt=ratio,
          where=lambda d: d[d["params.concurrency"] == 8]),
-    Goal("best level of the sweep, % of its predicted throughput", BATCHING, "metrics.pct_of_predicted_tok_s", 60,
-         "the issue's bar", detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),
+    Goal("best level of the sweep (most tok/s), % of its predicted throughput", BATCHING,
+         "metrics.pct_of_predicted_tok_s", 60, "the issue's bar", where=best_level,
+         detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),
     Goal("TTFT p50 at concurrency 1, ~100-token prompt", DECODE, "metrics.ttft_p50_ms", 10.0,
          f"the seed's A100 with vLLM: {seed.TTFT_8B_MS} ms", op="<=", pick="min", fmt=ms,
          where=lambda d: d[(d["variant"] == "lab-engine-prefill") & (d["params.model"] == "llama-3.1-8b")]),
     Goal("client TPOT over the engine's own step time, concurrency 1", DECODE, "metrics.serving_overhead", 1.05,
-         "the issue's bar: serving adds at most 5%", op="<=", pick="min", fmt=ratio,
-         where=lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == "llama-3.1-8b")]),
+         "the issue's bar: serving adds at most 5%", op="<=", pick="min", fmt=ratio, where=LAB_8B),
 ), empty="_Run `lab run 5` on a GPU to measure the goals._")
 
 
