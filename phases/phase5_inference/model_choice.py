@@ -1,5 +1,6 @@
 """The model parameters every phase 5 exercise shares (a named shape with seeded random weights, or
-a Hugging Face checkpoint folder), checked before any work, and the engine settings built from them."""
+a Hugging Face checkpoint folder), checked before any work, the engine settings built from them,
+and giving the memory of a model back before the next one loads."""
 from common.params import Choice, Float, Folder, Int
 
 from .engine.shapes import SHAPES, LlamaShape, from_checkpoint, named
@@ -44,3 +45,13 @@ def weights_footprint_bytes(params: dict, models=None) -> float:
     if params.get("checkpoint"):
         return from_checkpoint(params["checkpoint"]).weight_bytes()
     return max(named(m).weight_bytes() for m in names)
+
+
+def release_memory(ctx) -> None:
+    """Hand a dropped model's memory back (an 8B engine and the 70B one never fit side by side)."""
+    import gc
+
+    import torch
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()

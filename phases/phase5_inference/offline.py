@@ -8,10 +8,8 @@ The prediction walks the same schedule step by step (prefills packed up to the t
 decode steps as sequences finish, each part of each step its own roofline: analysis.offline_steps)
 and sums it.
 """
-import gc
 import time
 
-import torch
 
 from common.exercise import Exercise, Needs, Result, Work, row
 from common.params import Int
@@ -19,7 +17,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .analysis import offline_steps
-from .model_choice import COMMON, CPU_COMMON, engine_settings, shape_of, weights_footprint_bytes
+from .model_choice import COMMON, CPU_COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
 from .prediction import summed_prediction
 from .workload import random_lengths, random_prompts
 
@@ -92,9 +90,7 @@ def run(ctx, params):
                        "pct_of_predicted": 100 * prediction["predicted_ms"] / wall_ms})
     finally:
         del engine
-        gc.collect()
-        if ctx.is_cuda:
-            torch.cuda.empty_cache()
+        release_memory(ctx)
 
 
 def work(params) -> list[Work]:

@@ -9,7 +9,6 @@ figure is what the engine actually holds. Beside each, the prediction from the s
 weights = parameters x 2 bytes; KV per token = 2 x layers x kv_heads x head_dim x 2 bytes.
 A model whose weights leave no room under the utilization gets a row saying so, with the numbers.
 """
-import gc
 
 import torch
 
@@ -19,7 +18,7 @@ from common.params import Choice, Float, Int
 from common.standalone import run_alone
 
 from .engine.shapes import SHAPES
-from .model_choice import COMMON, engine_settings, shape_of, weights_footprint_bytes
+from .model_choice import COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
 
 GIB = 2**30
 
@@ -43,15 +42,15 @@ def startup_row(ctx, params: dict, model: str, utilization: float) -> dict:
     try:
         engine = LLMEngine(EngineConfig(**settings))
     except LabError as exc:              # the weights leave no room for a KV pool: the finding itself
-        release(ctx)
+        release_memory(ctx)
         return row(shape.name, identity, "skipped", str(exc), metrics=predicted)
     except torch.cuda.OutOfMemoryError as exc:       # the engine's own failure: this row, not the others
-        release(ctx)
+        release_memory(ctx)
         return row(shape.name, identity, "failed", f"out of memory while loading: {str(exc).splitlines()[0][:200]}",
                    metrics=predicted)
     t = engine.telemetry
     del engine
-    release(ctx)
+    release_memory(ctx)
     blocks_per_request = -(-context // t["block_size"])
     metrics = {
         **predicted,
@@ -70,12 +69,6 @@ def startup_row(ctx, params: dict, model: str, utilization: float) -> dict:
              f"the engine holds {t['weights_bytes']} bytes of weights, the shape has {expected}"}
     return row(shape.name, identity, "ok" if check["passed"] else "failed", check["reason"], check=check,
                metrics=metrics)
-
-
-def release(ctx) -> None:
-    gc.collect()
-    if ctx.is_cuda:
-        torch.cuda.empty_cache()
 
 
 def run(ctx, params):

@@ -31,7 +31,7 @@ from common.timing import summarize
 from . import serving
 from .analysis import decode_parts, mean_decode_context, prefill_bytes, prefill_flops
 from .engine.shapes import SHAPES
-from .model_choice import COMMON, CPU_COMMON, engine_settings, shape_of, weights_footprint_bytes
+from .model_choice import COMMON, CPU_COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
 from .prediction import summed_prediction
 from .workload import random_prompts
 
@@ -188,9 +188,7 @@ def plain_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype, engine_
                                {"passed": True, "reference": "the plain model is the reference", "reason": None},
                                graphed=mode == "compile", extra=extra, tokens=params["output_tokens"]))
     del plain, weights
-    gc.collect()
-    if ctx.is_cuda:
-        torch.cuda.empty_cache()
+    release_memory(ctx)
     return rows, check
 
 
