@@ -408,67 +408,6 @@ for dtype in (torch.float32, torch.bfloat16):                          # the nor
     ones = torch.ones(1, 64, dtype=dtype)
     f.add_rms_norm_gemv_triton(ones, ones, ones[0], 1e-5, weight, out=logits[:, :50], argmax_out=best)
     assert int(best[0]) == 3, int(best[0])
-
-
-def rows_kernels_agree(gemv_rows, norm_gemv_rows):
-    # The M-row GEMVs against torch (plain, SiLU*mul) and against the one-row kernels row by row
-    # (norm inside, residual, LM head logits and argmax), at irregular sizes.
-    for dtype in (torch.float32, torch.bfloat16):
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
-        for m in (1, 3, 8, 16):
-            for rows, cols in ((37, 300), (20, 256)):
-                weight, x = torch.randn(rows, cols, dtype=dtype), torch.randn(m, cols, dtype=dtype)
-                gate_up, r, g = (torch.randn(m, 2 * cols, dtype=dtype), torch.randn(m, cols, dtype=dtype),
-                                 torch.randn(cols, dtype=dtype))
-                for y, expect in ((gemv_rows(x, weight), x.float() @ weight.float().T),
-                                  (gemv_rows(gate_up, weight, silu_mul=True),
-                                   f.silu_and_mul_torch(gate_up.float()) @ weight.float().T)):
-                    if not torch.allclose(y.float(), expect, atol=tol * float(expect.abs().max())):
-                        return False
-                r_before = r.clone()
-                logits, best = torch.empty(m, rows), torch.empty(m, dtype=torch.int64)
-                y, h = norm_gemv_rows(x, r, g, 1e-5, weight, out=logits, argmax_out=best)
-                if not torch.equal(r, r_before):
-                    return False
-                for i in range(m):
-                    y1, h1 = f.add_rms_norm_gemv_triton(x[i:i + 1], r[i:i + 1], g, 1e-5, weight)
-                    if not (torch.equal(h[i:i + 1], h1) and int(best[i]) == int(logits[i].argmax())
-                            and torch.allclose(logits[i], y1[0].float(), atol=tol * float(y1.float().abs().max()))):
-                        return False
-                y0, h0 = norm_gemv_rows(x, None, g, 1e-5, weight)
-                expect0 = f.gemv_triton(f.rms_norm_triton(x[-1:], g, 1e-5), weight)
-                if h0 is not x or not torch.allclose(y0[-1:].float(), expect0.float(),
-                                                     atol=tol * float(expect0.float().abs().max())):
-                    return False
-        weight = torch.zeros(50, 64, dtype=dtype)
-        weight[[3, 20, 41]] = 1.0                                       # exact ties (eps 0): the lowest row
-        weight[7, :32] = 1.0                                            # row 1 of x puts its maximum at 7
-        x = torch.ones(3, 64, dtype=dtype)
-        x[1, 32:] = -1.0
-        best = torch.empty(3, dtype=torch.int64)
-        norm_gemv_rows(x, None, torch.ones(64, dtype=dtype), 0.0, weight, out=torch.empty(3, 50), argmax_out=best)
-        if best.tolist() != [3, 7, 3]:
-            return False
-    return True
-
-
-def forgets_last_residual_row(x, residual, *args, **kwargs):
-    y, h = f.add_rms_norm_gemv_rows_triton(x, residual, *args, **kwargs)
-    if residual is not None and x.shape[0] > 1:
-        h[-1] = residual[-1]
-    return y, h
-
-
-def swaps_first_rows(x, *args, **kwargs):
-    y = f.gemv_rows_triton(x, *args, **kwargs)
-    return y[[1, 0] + list(range(2, x.shape[0]))] if x.shape[0] > 1 else y
-
-
-for use_dot in (True, False):
-    f.ROWS_GEMV_USE_DOT = use_dot
-    assert rows_kernels_agree(f.gemv_rows_triton, f.add_rms_norm_gemv_rows_triton), use_dot
-assert not rows_kernels_agree(f.gemv_rows_triton, forgets_last_residual_row)
-assert not rows_kernels_agree(swaps_first_rows, f.add_rms_norm_gemv_rows_triton)
 print("fused ops ok")
 """
 
@@ -500,29 +439,16 @@ def error(ours, theirs):
     return float((ours - theirs).abs().max() / theirs.abs().max())
 
 fused, fused_best = decode([5])                              # one row: norms inside the GEMVs
-rows_fused, rows_best = decode([5, 9, 11])                   # three rows: the M-row GEMVs
-model.decode_gemv_max_rows = 1
-unfused, unfused_best = decode([5, 9, 11])                   # three rows: RMSNorm kernels, F.linear
-model.decode_gemv_max_rows = f.GEMV_MAX_ROWS
+unfused, unfused_best = decode([5, 9])                       # two rows: RMSNorm kernels, F.linear
 assert error(fused, unfused) < 2e-2 and fused_best == int(fused.argmax()), error(fused, unfused)
-assert error(rows_fused, unfused) < 2e-2 and rows_best == int(rows_fused.argmax()), error(rows_fused, unfused)
-right, right_rows = f.add_rms_norm_gemv_triton, f.add_rms_norm_gemv_rows_triton
+right = f.add_rms_norm_gemv_triton
 
 def forgets_the_residual(x, residual, *args, **kwargs):
     return right(x, residual, *args, **kwargs)[0], x if residual is None else residual
 
-def forgets_the_first_residual_row(x, residual, *args, **kwargs):
-    y, h = right_rows(x, residual, *args, **kwargs)
-    if residual is not None:
-        h[0] = residual[0]
-    return y, h
-
 f.add_rms_norm_gemv_triton = forgets_the_residual
 broken, _ = decode([5])
 assert error(broken, unfused) > 0.2, error(broken, unfused)
-f.add_rms_norm_gemv_rows_triton = forgets_the_first_residual_row
-broken_rows, _ = decode([5, 9, 11])
-assert error(broken_rows, unfused) > 0.2, error(broken_rows, unfused)
 print("fused model ok")
 """
 
@@ -538,9 +464,8 @@ def test_fused_triton_kernels_match_torch_under_the_interpreter():
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs the Python package triton")
 def test_norm_fused_into_gemv_matches_unfused_model_under_the_interpreter():
     """A decode step through the GPU's dispatch (Triton kernels, interpreted): one row, whose
-    RMSNorms run inside the GEMVs, and the same row in a batch of three through the M-row GEMVs
-    give the logits and argmax of that row in a batch of three with separate RMSNorm kernels and
-    F.linear; twins that drop the new residual (of the one row, of a row of three) are caught."""
+    RMSNorms run inside the GEMVs, gives the logits and argmax of the same row in a batch of two
+    (separate RMSNorm kernels); a twin that drops the new residual is caught."""
     proc = subprocess.run([sys.executable, "-c", FUSED_MODEL_CHECK], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                                                      OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
@@ -646,42 +571,6 @@ def test_gpu_norm_fused_gemv_matches_unfused():
     alone = eng.runner.decode_logits(seqs[:1]).clone()
     in_batch = eng.runner.decode_logits(seqs).clone()
     assert relative_error(alone[0], in_batch[0]) < 2e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_rows_gemv_matches_one_row_kernels():
-    """At the 8B shape's sizes in bf16, compiled, both product forms: the M-row GEMVs (plain,
-    SiLU*mul, norm inside with LM head argmax) against the one-row kernels row by row."""
-    from phases.phase5_inference.engine import fused_ops as f
-    torch.manual_seed(0)
-    saved = f.ROWS_GEMV_USE_DOT
-    try:
-        for use_dot in (True, False):
-            f.ROWS_GEMV_USE_DOT = use_dot
-            for m in (2, 5, 16):
-                x, r = (torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                g = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
-                down = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) * 0.02
-                gate_up = torch.randn(m, 2 * 14336, device="cuda", dtype=torch.bfloat16)
-                y = f.gemv_rows_triton(gate_up, down, silu_mul=True)
-                for rows in (6144, 128256):
-                    weight = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-                    logits = torch.empty(m, rows, device="cuda")
-                    best = torch.empty(m, dtype=torch.int64, device="cuda")
-                    y_norm, h = f.add_rms_norm_gemv_rows_triton(x, r, g, 1e-5, weight, out=logits, argmax_out=best)
-                    plain = f.gemv_rows_triton(x, weight)
-                    for i in range(m):
-                        one, h1 = f.add_rms_norm_gemv_triton(x[i:i + 1], r[i:i + 1], g, 1e-5, weight)
-                        assert torch.equal(h[i:i + 1], h1), (use_dot, m, rows, i)
-                        assert relative_error(y_norm[i], one[0].float()) < 1e-2, (use_dot, m, rows, i)
-                        assert int(best[i]) == int(y_norm[i].argmax()), (use_dot, m, rows, i)
-                        assert relative_error(plain[i].float(), f.gemv_triton(x[i:i + 1], weight)[0].float()) < 1e-2
-                for i in range(m):
-                    one = f.gemv_triton(gate_up[i:i + 1], down, silu_mul=True)
-                    assert relative_error(y[i].float(), one[0].float()) < 1e-2, (use_dot, m, i)
-    finally:
-        f.ROWS_GEMV_USE_DOT = saved
 
 
 def copy_bandwidth_bytes_per_s(nbytes=2 << 30) -> float:

@@ -13,8 +13,6 @@ Hugging Face's Llama (a sum is rounded to the model's dtype before it is normed,
 before it is scaled by the weight). The `*_triton` functions are called directly by the
 interpreter test.
 """
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -227,12 +225,8 @@ if triton is not None:
 
     @triton.jit
     def _argmax_of_partials_kernel(best_value_ptr, best_index_ptr, out_ptr, n_partials, BLOCK: tl.constexpr):
-        """Program m: the row of the largest of activation row m's partial maxima (partials
-        [m * n_partials, (m + 1) * n_partials); ties: the lowest row, as torch.argmax), written to
-        out[m] as int64."""
-        m = tl.program_id(0)
-        best_value_ptr += m * n_partials
-        best_index_ptr += m * n_partials
+        """One program: the row of the largest of the partial maxima (ties: the lowest row, as
+        torch.argmax), written to out[0] as int64."""
         offs = tl.arange(0, BLOCK)
         best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
         best_index = tl.full([BLOCK], 2147483647, dtype=tl.int32)
@@ -244,139 +238,7 @@ if triton is not None:
             best = tl.where(better, value, best)
             best_index = tl.where(better, index, best_index)
         top = tl.max(best, axis=0)
-        tl.store(out_ptr + m, tl.min(tl.where(best == top, best_index, 2147483647), axis=0).to(tl.int64))
-
-    @triton.jit
-    def _gemv_rows_kernel(x_ptr, w_ptr, y_ptr, n_m, n_rows, n_cols, x_stride, y_stride, w_stride,
-                          SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-                          DOT_FP32: tl.constexpr):
-        """_gemv_kernel for n_m <= BLOCK_M activation rows: y[m, n] = sum_k x[m, k] w[n, k]. Each
-        program reads its BLOCK_N rows of w once and multiplies them by every activation row,
-        accumulating [BLOCK_M, BLOCK_N, BLOCK_K] in fp32 and summing over k once at the end, or
-        (USE_DOT, BLOCK_M >= 16) as tensor-core products w x^T into [BLOCK_N, BLOCK_M] in fp32.
-        DOT_FP32: the products in exact fp32 (fp32 inputs, and the interpreter, whose 16-bit
-        tl.dot is wrong in Triton 3.9)."""
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < n_rows
-        ms = tl.arange(0, BLOCK_M)
-        m_ok = ms < n_m
-        w_rows = w_ptr + rows[:, None].to(tl.int64) * w_stride
-        x_rows = x_ptr + ms[:, None].to(tl.int64) * x_stride
-        if USE_DOT:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None], other=0.0)
-            else:
-                col_ok = cols < n_cols
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
-            if SILU_MUL:
-                if EVEN_K:
-                    up = tl.load(x_rows + n_cols + cols[None, :], mask=m_ok[:, None], other=0.0)
-                else:
-                    up = tl.load(x_rows + n_cols + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
-                g = x.to(tl.float32)
-                activated = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
-                x = (activated * up.to(tl.float32)).to(x.dtype)
-            if USE_DOT:
-                if DOT_FP32:
-                    acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, tl.trans(x.to(w.dtype)), acc)
-            else:
-                acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-        if USE_DOT:
-            y = tl.trans(acc)
-        else:
-            y = tl.sum(acc, 2)
-        tl.store(y_ptr + ms[:, None].to(tl.int64) * y_stride + rows[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & row_ok[None, :])
-
-    @triton.jit
-    def _add_rms_norm_gemv_rows_kernel(x_ptr, residual_ptr, norm_ptr, w_ptr, y_ptr, residual_out_ptr,
-                                       best_value_ptr, best_index_ptr, n_m, n_rows, n_cols, x_stride,
-                                       residual_stride, residual_out_stride, y_stride, w_stride, eps,
-                                       HAS_RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, EVEN_K: tl.constexpr,
-                                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                       USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
-        """_add_rms_norm_gemv_kernel for n_m <= BLOCK_M activation rows. Every program first sums
-        each row's h = x + residual (HAS_RESIDUAL) or x, BLOCK_K columns at a time, into the rows'
-        sums of squares (program 0 alone writes h to residual_out, a separate buffer); then reads
-        its BLOCK_N rows of w once for all activation rows (products as _gemv_rows_kernel). ARGMAX: the partials of activation row
-        m go to best_value/best_index[m * programs + program]."""
-        program = tl.program_id(0)
-        ms = tl.arange(0, BLOCK_M)
-        m_ok = ms < n_m
-        x_rows = x_ptr + ms[:, None].to(tl.int64) * x_stride
-        r_rows = residual_ptr + ms[:, None].to(tl.int64) * residual_stride
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            tile_ok = m_ok[:, None] & (cols < n_cols)[None, :]
-            h = tl.load(x_rows + cols[None, :], mask=tile_ok, other=0.0)
-            if HAS_RESIDUAL:
-                residual_tile = tl.load(r_rows + cols[None, :], mask=tile_ok, other=0.0)
-                h = (h.to(tl.float32) + residual_tile.to(tl.float32)).to(residual_tile.dtype)
-                if program == 0:
-                    tl.store(residual_out_ptr + ms[:, None].to(tl.int64) * residual_out_stride + cols[None, :], h,
-                             mask=tile_ok)
-            hf = h.to(tl.float32)
-            sum_sq += tl.sum(hf * hf, 1)
-        rstd = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
-
-        rows = program * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < n_rows
-        w_rows = w_ptr + rows[:, None].to(tl.int64) * w_stride
-        if USE_DOT:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None], other=0.0)
-                g = tl.load(norm_ptr + cols)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_rows + cols[None, :], mask=m_ok[:, None], other=0.0)
-            else:
-                col_ok = cols < n_cols
-                w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
-                g = tl.load(norm_ptr + cols, mask=col_ok, other=0.0)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
-            if HAS_RESIDUAL:
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
-            normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
-            x = (normed * g.to(tl.float32)[None, :]).to(x.dtype)
-            if USE_DOT:
-                if DOT_FP32:
-                    acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, tl.trans(x.to(w.dtype)), acc)
-            else:
-                acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-        if USE_DOT:
-            y = tl.trans(acc)
-        else:
-            y = tl.sum(acc, 2)
-        y = y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty)
-        tile_out = m_ok[:, None] & row_ok[None, :]
-        tl.store(y_ptr + ms[:, None].to(tl.int64) * y_stride + rows[None, :], y, mask=tile_out)
-        if ARGMAX:
-            values = tl.where(tile_out, y.to(tl.float32), float("-inf"))
-            best = tl.max(values, axis=1)
-            best_row = tl.min(tl.where(values == best[:, None], rows[None, :], n_rows), axis=1)
-            partial = ms * tl.num_programs(0) + program
-            tl.store(best_value_ptr + partial, best, mask=m_ok)
-            tl.store(best_index_ptr + partial, best_row, mask=m_ok)
+        tl.store(out_ptr, tl.min(tl.where(best == top, best_index, 2147483647), axis=0).to(tl.int64))
 
 
 def gemv_config(n_rows: int) -> tuple[int, int, int, int]:
@@ -402,73 +264,6 @@ def gemv_triton(x, weight, silu_mul: bool = False):
                                                   BLOCK_N=block_n, BLOCK_K=block_k,
                                                   num_warps=warps, num_stages=stages)
     return out
-
-
-GEMV_MAX_ROWS = 16                 # decode batches up to this many rows take the M-row GEMVs
-ROWS_GEMV_USE_DOT = True           # M-row GEMV products on tensor cores (False: broadcast-multiply + sum)
-
-
-def gemv_rows_config(n_rows: int, n_m: int, use_dot: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the M-row GEMV for n_m activation
-    rows. Tensor cores take BLOCK_M = 16 whatever n_m (the padding rows cost no weight bytes);
-    broadcast-multiply keeps BLOCK_M * BLOCK_N * BLOCK_K fp32 accumulators at 64 per thread."""
-    if use_dot:
-        return 16, 16, 256, 2, 4
-    block_m = max(2, triton.next_power_of_2(n_m))
-    return block_m, 16, 8192 // (16 * block_m), 4, 2
-
-
-def _rows_launch_args(n_rows: int, n_cols: int, n_m: int, dtype) -> tuple[int, dict]:
-    """(programs, the M-row kernels' shared constexprs and launch options)."""
-    use_dot = ROWS_GEMV_USE_DOT
-    block_m, block_n, block_k, warps, stages = gemv_rows_config(n_rows, n_m, use_dot)
-    block_k = min(block_k, max(16, triton.next_power_of_2(n_cols)))
-    return triton.cdiv(n_rows, block_n), dict(
-        EVEN_K=n_cols % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot,
-        DOT_FP32=dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1",
-        num_warps=warps, num_stages=stages)
-
-
-def gemv_rows_triton(x, weight, silu_mul: bool = False):
-    """x [M, K] (silu_mul: [M, 2K], the input being SiLU(gate) * up) times weight [N, K]^T -> [M, N],
-    M <= GEMV_MAX_ROWS: every weight tile read once for all M rows."""
-    n_rows, n_cols = weight.shape
-    n_m = x.shape[0]
-    assert 1 <= n_m <= GEMV_MAX_ROWS and x.stride(-1) == 1 and weight.stride(1) == 1
-    assert x.shape[1] == (2 if silu_mul else 1) * n_cols, "x does not match the weight's columns"
-    out = torch.empty(n_m, n_rows, dtype=x.dtype, device=x.device)
-    programs, constexprs = _rows_launch_args(n_rows, n_cols, n_m, x.dtype)
-    _gemv_rows_kernel[(programs,)](x, weight, out, n_m, n_rows, n_cols, x.stride(0), out.stride(0),
-                                   weight.stride(0), SILU_MUL=silu_mul, **constexprs)
-    return out
-
-
-def add_rms_norm_gemv_rows_triton(x, residual, norm_weight, eps: float, weight, out=None, argmax_out=None):
-    """add_rms_norm_gemv_triton for M <= GEMV_MAX_ROWS rows: (RMSNorm(x + residual) @ weight.T,
-    x + residual) with residual, (RMSNorm(x) @ weight.T, x) without; the residual is left as it
-    was. out: [M, N], y rounded to x's dtype first; argmax_out: y's argmax per row into argmax_out[:M]."""
-    n_rows, n_cols = weight.shape
-    n_m = x.shape[0]
-    assert 1 <= n_m <= GEMV_MAX_ROWS and x.shape[1] == n_cols and x.stride(-1) == 1 and weight.stride(1) == 1
-    assert residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)
-    out = torch.empty(n_m, n_rows, dtype=x.dtype, device=x.device) if out is None else out
-    assert out.shape == (n_m, n_rows) and out.stride(-1) == 1
-    new_residual = x if residual is None else torch.empty_like(residual, memory_format=torch.contiguous_format)
-    programs, constexprs = _rows_launch_args(n_rows, n_cols, n_m, x.dtype)
-    if argmax_out is not None:
-        best_value = torch.empty(n_m, programs, dtype=torch.float32, device=x.device)
-        best_index = torch.empty(n_m, programs, dtype=torch.int32, device=x.device)
-    else:
-        best_value = best_index = out                         # not touched without ARGMAX
-    residual_in = x if residual is None else residual
-    _add_rms_norm_gemv_rows_kernel[(programs,)](
-        x, residual_in, norm_weight, weight, out, new_residual, best_value, best_index, n_m, n_rows, n_cols,
-        x.stride(0), residual_in.stride(0), new_residual.stride(0), out.stride(0), weight.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, ARGMAX=argmax_out is not None, **constexprs)
-    if argmax_out is not None:
-        _argmax_of_partials_kernel[(n_m,)](best_value, best_index, argmax_out, programs,
-                                           BLOCK=min(1024, triton.next_power_of_2(programs)), num_warps=4)
-    return out, new_residual
 
 
 def add_rms_norm_gemv_triton(x, residual, norm_weight, eps: float, weight, out=None, argmax_out=None):
@@ -558,42 +353,36 @@ def rope_and_store(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num
     return op(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, head_dim)
 
 
-def _gemv_fits(x, weight, max_rows: int) -> bool:
-    """At most max_rows (<= GEMV_MAX_ROWS) 16-bit rows on a GPU: where the GEMVs beat cuBLAS."""
-    return (_on_gpu(x) and x.shape[0] <= min(max_rows, GEMV_MAX_ROWS) and x.dtype in (torch.float16, torch.bfloat16)
+def _gemv_fits(x, weight) -> bool:
+    """One 16-bit row on a GPU: where the GEMV beats cuBLAS."""
+    return (_on_gpu(x) and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dtype == x.dtype and x.stride(-1) == 1 and weight.stride(1) == 1)
 
 
-def linear(x, weight, max_gemv_rows: int = 1):
-    """x @ weight.T: a Triton GEMV for up to max_gemv_rows 16-bit rows on a GPU (gemv_triton for
-    one, gemv_rows_triton for more), F.linear otherwise."""
-    if not _gemv_fits(x, weight, max_gemv_rows):
-        return F.linear(x, weight)
-    return gemv_triton(x, weight) if x.shape[0] == 1 else gemv_rows_triton(x, weight)
+def linear(x, weight):
+    """x @ weight.T: the Triton GEMV for one 16-bit row on a GPU, F.linear otherwise."""
+    return gemv_triton(x, weight) if _gemv_fits(x, weight) else F.linear(x, weight)
 
 
-def add_rms_norm_linear(x, residual, norm_weight, eps: float, weight, max_gemv_rows: int = 1):
+def add_rms_norm_linear(x, residual, norm_weight, eps: float, weight):
     """(RMSNorm(x + residual) @ weight.T, x + residual); residual None: (RMSNorm(x) @ weight.T, x).
-    One kernel for up to max_gemv_rows 16-bit rows on a GPU (the returned residual a new tensor),
-    else the norm (residual updated in place, as add_rms_norm) and then `linear`."""
-    if _gemv_fits(x, weight, max_gemv_rows) and (residual is None or residual.stride(-1) == 1):
-        fused = add_rms_norm_gemv_triton if x.shape[0] == 1 else add_rms_norm_gemv_rows_triton
-        return fused(x, residual, norm_weight, eps, weight)
+    One kernel for one 16-bit row on a GPU (the returned residual a new tensor), else the norm
+    (residual updated in place, as add_rms_norm) and then `linear`."""
+    if _gemv_fits(x, weight) and (residual is None or residual.stride(-1) == 1):
+        return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight)
     if residual is None:
         return linear(rms_norm(x, norm_weight, eps), weight), x
     return linear(add_rms_norm(x, residual, norm_weight, eps), weight), residual
 
 
-def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, argmax_out=None,
-                        max_gemv_rows: int = 1):
+def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, argmax_out=None):
     """fp32 logits RMSNorm(x + residual) @ weight.T, rounded to x's dtype first (as
     `linear(...).float()`), into `out` when given; argmax_out: their argmax per row written to it.
-    Up to max_gemv_rows 16-bit rows on a GPU: the norm, the LM head and half the argmax in one kernel."""
-    if _gemv_fits(x, weight, max_gemv_rows) and residual.stride(-1) == 1:
+    One row of 16 bits on a GPU: the norm, the LM head and half the argmax in one kernel."""
+    if _gemv_fits(x, weight) and residual.stride(-1) == 1:
         if out is None:
-            out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
-        fused = add_rms_norm_gemv_triton if x.shape[0] == 1 else add_rms_norm_gemv_rows_triton
-        return fused(x, residual, norm_weight, eps, weight, out=out, argmax_out=argmax_out)[0]
+            out = torch.empty(1, weight.shape[0], dtype=torch.float32, device=x.device)
+        return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight, out=out, argmax_out=argmax_out)[0]
     logits = linear(add_rms_norm(x, residual, norm_weight, eps), weight).float()
     if out is not None:
         out.copy_(logits)
@@ -603,9 +392,8 @@ def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, 
     return logits
 
 
-def silu_and_mul_linear(gate_up, weight, max_gemv_rows: int = 1):
-    """SiLU(gate) * up, times weight.T: one GEMV kernel for up to max_gemv_rows 16-bit rows on a GPU."""
-    if _gemv_fits(gate_up, weight, max_gemv_rows):
-        gemv = gemv_triton if gate_up.shape[0] == 1 else gemv_rows_triton
-        return gemv(gate_up, weight, silu_mul=True)
+def silu_and_mul_linear(gate_up, weight):
+    """SiLU(gate) * up, times weight.T: one GEMV kernel for one 16-bit row on a GPU."""
+    if _gemv_fits(gate_up, weight):
+        return gemv_triton(gate_up, weight, silu_mul=True)
     return F.linear(silu_and_mul(gate_up), weight)

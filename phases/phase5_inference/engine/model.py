@@ -8,8 +8,7 @@ within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhe
 token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
 the new token's K and V the same way, then attends over the cache with
 `decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
-GEMV for a single 16-bit row, or for a decode batch of up to `decode_gemv_max_rows` rows, with
-the RMSNorm before it done inside); logits are
+GEMV for a single 16-bit row, with the RMSNorm before it done inside); logits are
 computed only for the rows asked for (each sequence's last token), in fp32.
 """
 import functools
@@ -23,8 +22,8 @@ import torch.nn.functional as F
 from common.errors import LabError
 
 from . import decode_attention
-from .fused_ops import (GEMV_MAX_ROWS, add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, linear,
-                        rope_and_store, silu_and_mul_linear)
+from .fused_ops import (add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, linear, rope_and_store,
+                        silu_and_mul_linear)
 from .shapes import LlamaShape
 from .weights import tensor_shapes
 
@@ -109,7 +108,6 @@ class LlamaModel:
         self.layers: list[LayerWeights] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rope_cos = self.rope_sin = None
-        self.decode_gemv_max_rows = GEMV_MAX_ROWS     # decode batches up to this take the M-row GEMVs
 
     # -------------------------------------------------------------------------- weights
     def load(self, weights: dict[str, torch.Tensor], consume: bool = False) -> None:
@@ -163,12 +161,7 @@ class LlamaModel:
         one kernel."""
         hidden, residual = self._last_layer_outputs(input_ids, positions, meta)
         return add_rms_norm_logits(hidden, residual, self.norm, self.shape.rms_norm_eps, self.lm_head,
-                                   out=out, argmax_out=argmax_out, max_gemv_rows=self._gemv_rows(meta))
-
-    def _gemv_rows(self, meta: AttentionMetadata) -> int:
-        """The most rows a matmul of this pass gives the Triton GEMVs: decode_gemv_max_rows in a
-        decode, one in a prefill (cuBLAS for more)."""
-        return 1 if meta.is_prefill else self.decode_gemv_max_rows
+                                   out=out, argmax_out=argmax_out)
 
     def _last_layer_outputs(self, input_ids: torch.Tensor, positions: torch.Tensor,
                             meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,9 +173,8 @@ class LlamaModel:
         tokens = input_ids.shape[0]
         hidden = F.embedding(input_ids, self.embed)
         residual = None
-        gemv_rows = self._gemv_rows(meta)
         for index, layer in enumerate(self.layers):
-            qkv, residual = add_rms_norm_linear(hidden, residual, layer.input_norm, eps, layer.qkv, gemv_rows)
+            qkv, residual = add_rms_norm_linear(hidden, residual, layer.input_norm, eps, layer.qkv)
             k_cache, v_cache = self.kv_caches[index]
             q = rope_and_store(qkv, positions, self.rope_cos, self.rope_sin, k_cache, v_cache, meta.slot_mapping,
                                s.num_attention_heads, s.num_key_value_heads, s.head_dim)
@@ -192,9 +184,9 @@ class LlamaModel:
                 attention = decode_attention.paged_decode_attention(
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
                     backend=self.decode_backend, num_splits=meta.num_splits)
-            hidden = linear(attention.reshape(tokens, s.q_size), layer.o, gemv_rows)
-            gate_up, residual = add_rms_norm_linear(hidden, residual, layer.post_norm, eps, layer.gate_up, gemv_rows)
-            hidden = silu_and_mul_linear(gate_up, layer.down, gemv_rows)
+            hidden = linear(attention.reshape(tokens, s.q_size), layer.o)
+            gate_up, residual = add_rms_norm_linear(hidden, residual, layer.post_norm, eps, layer.gate_up)
+            hidden = silu_and_mul_linear(gate_up, layer.down)
         if meta.logits_indices is not None:
             hidden, residual = hidden[meta.logits_indices], residual[meta.logits_indices]
         return hidden, residual
