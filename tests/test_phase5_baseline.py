@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from common.errors import LabError
-from phases.phase5_inference.baseline import PlainLlama, rope_inverse_frequencies
+from phases.phase5_inference.baseline import PlainLlama
+from phases.phase5_inference.engine.rope import inverse_frequencies
 from phases.phase5_inference.engine.shapes import hf_config, named
 from phases.phase5_inference.engine.weights import random_weights
 
@@ -91,9 +92,9 @@ def test_rope_frequencies_are_transformers_own(name):
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(
         config=transformers.LlamaConfig(**hf_config(shape)))
     expected = rotary.inv_freq
-    assert torch.equal(rope_inverse_frequencies(shape), expected)
+    assert torch.equal(inverse_frequencies(shape), expected)
     if shape.rope_scaling:
-        assert not torch.equal(rope_inverse_frequencies(dataclasses.replace(shape, rope_scaling=None)), expected)
+        assert not torch.equal(inverse_frequencies(dataclasses.replace(shape, rope_scaling=None)), expected)
 
 
 def test_parameters_are_the_callers_tensors():

@@ -25,44 +25,17 @@ import torch.nn.functional as F
 
 from common.errors import LabError
 
+from .engine.rope import inverse_frequencies
 from .engine.shapes import LlamaShape
 from .engine.weights import tensor_shapes
 
 WARMUP_DECODE_STEPS = 3          # reduce-overhead: compile, record the CUDA graph, replay once
 
 
-def rope_inverse_frequencies(shape: LlamaShape) -> torch.Tensor:
-    """RoPE's inverse frequencies in fp32, as transformers computes them (Llama-3 scaling when
-    `shape.rope_scaling` says "llama3": long wavelengths divided by `factor`, a smooth blend
-    between the low- and high-frequency cut-offs)."""
-    dim = shape.head_dim
-    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = shape.rope_scaling
-    if not scaling:
-        return inv_freq
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type != "llama3":
-        raise LabError(f"{shape.name}: rope scaling {rope_type!r} is not supported (only 'llama3')")
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    original_context = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = original_context / low_freq_factor
-    high_freq_wavelen = original_context / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, blended, scaled)
-
-
 def rope_tables(shape: LlamaShape, max_seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [max_seq_len, head_dim], computed in fp32 then cast to the model's dtype."""
     positions = torch.arange(max_seq_len, dtype=torch.float32)
-    angles = positions[:, None] * rope_inverse_frequencies(shape)[None, :]
+    angles = positions[:, None] * inverse_frequencies(shape)[None, :]
     angles = torch.cat((angles, angles), dim=-1)                  # the half-rotation layout of HF weights
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

@@ -13,7 +13,6 @@ computed only for the rows asked for (each sequence's last token), in fp32.
 """
 import functools
 import inspect
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from common.errors import LabError
 from . import decode_attention
 from .fused_ops import (add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, linear, rope_and_store,
                         silu_and_mul_linear)
+from .rope import inverse_frequencies
 from .shapes import LlamaShape
 from .weights import tensor_shapes
 
@@ -42,33 +42,9 @@ class AttentionMetadata:
     logits_indices: torch.Tensor | None = None   # rows whose hidden state is returned; None: all
 
 
-def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
-    """RoPE's inverse frequencies, fp32, computed exactly as transformers does (default, or
-    Llama 3.1's "llama3" scaling: long wavelengths divided by `factor`, a smooth blend between)."""
-    dim = shape.head_dim
-    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
-    scaling = shape.rope_scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type != "llama3":
-        raise LabError(f"{shape.name}: rope_scaling type {rope_type!r} is not supported (default or llama3)")
-    factor = scaling["factor"]
-    low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_context_len = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
-
-
 def rope_tables(shape: LlamaShape, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position x frequency, fp32 [max_positions, head_dim / 2]."""
-    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * rope_inv_freq(shape)[None, :]
+    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inverse_frequencies(shape)[None, :]
     return freqs.cos().to(device), freqs.sin().to(device)
 
 
