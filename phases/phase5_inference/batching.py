@@ -122,13 +122,15 @@ def run(ctx, params):
 
 
 def work(params) -> list[Work]:
+    """Each level's decode step, as its two parts (their rooflines add: see analysis.decode_parts)."""
     shape = shape_of(params)
     context = mean_decode_context(params["prompt_tokens"], params["output_tokens"])
     out = []
     for c in params["concurrency"]:
-        step = serving_prediction(shape, c, params["prompt_tokens"], params["output_tokens"], 1.0, 1.0)
-        out.append(Work(f"decode step at concurrency {c} (context {context:.0f})", step["decode_flops"],
-                        step["decode_bytes"], "bf16"))
+        (mm_flops, mm_bytes), (att_flops, att_bytes) = decode_parts(shape, c, context)
+        out.append(Work(f"concurrency {c}: the decode step's weight matmuls", mm_flops, mm_bytes, "bf16"))
+        out.append(Work(f"concurrency {c}: its attention over {context:.0f} cached tokens a sequence", att_flops,
+                        att_bytes, "bf16"))
     return out
 
 

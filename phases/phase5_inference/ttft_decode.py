@@ -223,8 +223,9 @@ def work(params) -> list[Work]:
     for model in params["models"]:
         shape = shape_of(params, model)
         context = mean_decode_context(params["prompt_tokens"], params["output_tokens"])
-        out.append(Work(f"{shape.name}: one decode step at batch 1, context {context:.0f}",
-                        shape.flops_per_token(int(context)), decode_bytes(shape, context), "bf16"))
+        (mm_flops, mm_bytes), (att_flops, att_bytes) = decode_parts(shape, 1, context)
+        out.append(Work(f"{shape.name}: a batch-1 decode step's weight matmuls", mm_flops, mm_bytes, "bf16"))
+        out.append(Work(f"{shape.name}: its attention over {context:.0f} cached tokens", att_flops, att_bytes, "bf16"))
         out.append(Work(f"{shape.name}: prefill of {params['prompt_tokens']} tokens",
                         prefill_flops(shape, params["prompt_tokens"]), prefill_bytes(shape, params["prompt_tokens"]),
                         "bf16"))
