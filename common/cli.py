@@ -124,8 +124,9 @@ def _main(argv: list[str], debug: bool) -> int:
 def cmd_serve(argv: list[str]) -> int:
     """`lab serve [flags]`: load a model into the phase 5 engine and serve it until Ctrl-C."""
     import importlib.util
-    if importlib.util.find_spec("aiohttp") is None:
-        raise LabError("lab serve needs aiohttp: pip install -e \".[serve]\"")
+    missing = [m for m in ("aiohttp", "safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LabError(f"lab serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
     from phases.phase5_inference.engine import server
     return server.main(argv)
 

@@ -138,7 +138,7 @@ EXERCISE = Exercise(
     id="phase5.batching",
     title="Continuous batching: throughput, TPOT and TTFT at concurrency 1..256",
     run=run,
-    needs=Needs(modules=("aiohttp", "safetensors")),
+    needs=Needs(modules=("aiohttp", "safetensors", "tokenizers")),
     params={**COMMON,
             "concurrency": Int(LEVELS, min=1, max=4096, many=True, unit="requests in flight"),
             "prompt_tokens": Int(100, min=1, max=32768, unit="tokens"),

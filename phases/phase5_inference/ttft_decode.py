@@ -236,7 +236,7 @@ EXERCISE = Exercise(
     id="phase5.ttft_decode",
     title="TTFT and batch-1 decode: the lab's engine against plain PyTorch (eager, torch.compile)",
     run=run,
-    needs=Needs(modules=("aiohttp", "safetensors")),
+    needs=Needs(modules=("aiohttp", "safetensors", "tokenizers")),
     variants=("lab-engine", "pytorch-eager", "pytorch-compile"),
     params={**COMMON,
             "models": Choice(["llama-3.1-8b", "llama-3.3-70b"], tuple(SHAPES), many=True),

@@ -59,7 +59,7 @@ EXERCISE = Exercise(
     id="phase5.vllm_serve",
     title="The continuous-batching sweep against vllm serve (skipped where vLLM is not installed)",
     run=run,
-    needs=Needs(cuda=False, tools=("vllm",)),
+    needs=Needs(tools=("vllm",), modules=("aiohttp",)),
     params={**COMMON, **{k: batching.EXERCISE.schema[k] for k in
                          ("concurrency", "prompt_tokens", "output_tokens", "rounds", "min_requests", "warmups")},
             "start_timeout_s": Int(START_TIMEOUT_S, min=1, max=3600, unit="s")},
