@@ -2,4 +2,5 @@
 graphs, an OpenAI-compatible server), its benchmark client, and what decode costs by the roofline."""
 
 # One module per exercise, named after its id; the registry imports them (the report does not).
-EXERCISE_MODULES = ("startup", "decode_attention", "ttft_decode", "batching", "offline", "vllm_serve",)
+EXERCISE_MODULES = ("startup", "decode_attention", "ttft_decode", "batching", "offline", "vllm_serve",
+                    "quant_kernels",)

@@ -1,0 +1,263 @@
+"""W4A16 and W8A16 matmuls that dequantize in registers: y [M, N] = x [M, K] @ W^T, with W held in
+quantize.py's layouts (int4: int32 [N, ceil(K/8)] packed along K, scales and zero points
+[groups, N]; int8: int8 [N, K] and a scale per row). Decode reads every weight once per step, so a
+kernel that reads 0.5 or 1 byte per weight instead of 2 is up to 4x or 2x faster, provided the
+unpacking costs less time than the bytes it saved; the naive path (dequantize to bf16 in memory,
+then cuBLAS) pays the full 2 bytes and more.
+
+One kernel per format, two shapes of use, chosen by `default_config`:
+  GEMV-shaped (M <= GEMV_MAX_M): a program owns BLOCK_N output rows (all M activation rows) and one
+      K range; it streams its rows' packed words tile by tile. M = 1 multiplies and reduces on the
+      CUDA cores; 2..16 rows use tl.dot on a 16-row tile (the padding rows cost no memory traffic).
+      When cdiv(N, BLOCK_N) programs are too few to fill the GPU (2 programs per SM wanted), K is
+      split across programs (split-K): each writes an fp32 partial [SPLIT_K, M, N] and a second,
+      small kernel sums the splits in a fixed order and rounds to the output dtype. A second pass
+      rather than fp32 atomics: the sum is deterministic, which the engine's batch-invariance
+      tests need, and the partials are a few hundred KiB against the weight's tens of MiB.
+  Tiled (M > GEMV_MAX_M): programs over (M tiles, N tiles), tl.dot on dequantized bf16 tiles, no split.
+
+Dequantization in registers, exact where it can be:
+  int4: a K tile lies inside one group (BLOCK_K divides group_size), so the tile's partial sum is
+      sum_k x·(q − z)·s = s · (sum_k x·q − z · sum_k x): the nibbles 0..15 go into the dot as bf16
+      (exact), and scale and zero point are applied once per tile and output row.
+  int8: q in [−127, 127] is exact in bf16; the row scale multiplies the finished sum.
+Accumulation is fp32. Under TRITON_INTERPRET=1 the dots run in fp32 (DOT_FP32; the interpreter's
+bf16 tl.dot is wrong), as do fp32 activations on a GPU (ieee, not tf32).
+"""
+import torch
+
+from common.errors import LabError
+from phases.phase3_triton._support import interpreting, require, tl, triton
+
+from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
+
+GEMV_MAX_M = 16
+MAX_SPLIT_K = 16
+PROGRAMS_PER_SM = 2                 # split-K target: this many programs per SM
+DOT_MIN = 16                        # tl.dot's smallest tile side on NVIDIA GPUs
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_words, k_per_split,
+                  stride_xm, stride_qn, stride_om, stride_split,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """out[split, m, n] = sum over this split's k of x[m, k] · (q[n, k] − z[g, n]) · s[g, n]."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rows_n < N
+    words_in_tile = tl.arange(0, BLOCK_K // 8)
+    nibble = tl.arange(0, 8)
+    shifts = nibble * 4
+    k_start = pid_k * k_per_split
+    k_stop = tl.minimum(K, k_start + k_per_split)
+    qw_rows = qw_ptr + rows_n[:, None].to(tl.int64) * stride_qn
+    out_split = out_ptr + pid_k.to(tl.int64) * stride_split
+    if USE_DOT:
+        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rows_m < M
+        x_rows = x_ptr + rows_m[:, None].to(tl.int64) * stride_xm
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+            word_cols = k0 // 8 + words_in_tile
+            words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
+                            other=0)
+            nibbles = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
+            group = k0 // GROUP
+            scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
+            if DOT_FP32:
+                part = tl.dot(x.to(tl.float32), tl.trans(nibbles.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(nibbles.to(x_ptr.dtype.element_ty)))
+            x_sum = tl.sum(x.to(tl.float32), axis=1)
+            acc += (part - x_sum[:, None] * zero[None, :]) * scale[None, :]
+        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:                                                   # one activation row per program: CUDA cores
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            word_cols = k0 // 8 + words_in_tile
+            cols = word_cols[:, None] * 8 + nibble[None, :]                  # [BLOCK_K // 8, 8]: no reshape
+            x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+            words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
+                            other=0)
+            nibbles = ((words[:, :, None] >> shifts[None, None, :]) & 0xF).to(tl.float32)
+            group = k0 // GROUP
+            scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
+            part = tl.sum(tl.sum(nibbles * x[None, :, :], axis=2), axis=1)
+            x_sum = tl.sum(tl.sum(x, axis=1), axis=0)
+            total += (part - x_sum * zero) * scale
+        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
+                  stride_xm, stride_qn, stride_om, stride_split,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """out[split, m, n] = s[n] · sum over this split's k of x[m, k] · q[n, k]."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rows_n < N
+    k_start = pid_k * k_per_split
+    k_stop = tl.minimum(K, k_start + k_per_split)
+    qw_rows = qw_ptr + rows_n[:, None].to(tl.int64) * stride_qn
+    out_split = out_ptr + pid_k.to(tl.int64) * stride_split
+    scale = tl.load(scales_ptr + rows_n, mask=n_ok, other=0.0).to(tl.float32)
+    if USE_DOT:
+        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rows_m < M
+        x_rows = x_ptr + rows_m[:, None].to(tl.int64) * stride_xm
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
+            q = tl.load(qw_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0)
+            if DOT_FP32:
+                acc += tl.dot(x.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(q.to(x_ptr.dtype.element_ty)))
+        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
+                 (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            x = tl.load(x_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+            q = tl.load(qw_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0)
+            acc += q.to(tl.float32) * x[None, :]
+        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
+                 (tl.sum(acc, axis=1) * scale).to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _sum_splits_kernel(partials_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
+    """out[i] = sum over s (in order) of partials[s, i], rounded once to out's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, splits):
+        total += tl.load(partials_ptr + s * numel + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+SUM_BLOCK = 1024
+
+
+# ------------------------------------------------------------------------------ configs
+def sm_count(device) -> int:
+    """SMs of a CUDA device; 4 elsewhere (the interpreter: small enough that split-K is exercised)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def choose_split_k(m_tiles: int, n_tiles: int, k_in: int, block_k: int, sms: int) -> int:
+    """Splits of K so that m_tiles · n_tiles · splits reaches PROGRAMS_PER_SM programs per SM,
+    each split a whole number of K tiles, at most MAX_SPLIT_K."""
+    programs = m_tiles * n_tiles
+    k_tiles = -(-k_in // block_k)
+    wanted = -(-PROGRAMS_PER_SM * sms // programs)
+    return max(1, min(wanted, k_tiles, MAX_SPLIT_K))
+
+
+def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> dict:
+    """The engine's choice for a problem (starting points for the GPU sweep, not yet measured)."""
+    if m <= GEMV_MAX_M:
+        block_m = 1 if m == 1 else DOT_MIN
+        block_n, block_k = (64, min(128, group_size)) if bits == 4 else (32, 256)
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 4}
+        cfg["SPLIT_K"] = choose_split_k(1, -(-n // block_n), k, block_k, sms)
+        return cfg
+    block_m = 32 if m <= 32 else 64 if m <= 64 else 128
+    block_k = min(64, group_size) if bits == 4 else 64
+    return {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "SPLIT_K": 1,
+            "num_warps": 4 if block_m <= 64 else 8, "num_stages": 3}
+
+
+def launches(cfg: dict) -> int:
+    """Kernels one call starts: the matmul, and the split sum when K is split."""
+    return 1 if cfg["SPLIT_K"] == 1 else 2
+
+
+def _check_config(cfg: dict, bits: int, group_size: int | None) -> None:
+    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    if bm != 1 and bm < DOT_MIN:
+        raise LabError(f"BLOCK_M must be 1 (no tl.dot) or >= {DOT_MIN}, got {bm}")
+    if bm != 1 and bk < DOT_MIN:
+        raise LabError(f"BLOCK_K must be >= {DOT_MIN} with tl.dot, got {bk}")
+    if bits == 4 and (bk % NIBBLES_PER_WORD or group_size % bk):
+        raise LabError(f"int4 BLOCK_K must be a multiple of 8 dividing the group size {group_size}, got {bk}")
+    if not 1 <= cfg["SPLIT_K"] <= MAX_SPLIT_K:
+        raise LabError(f"SPLIT_K must be in [1, {MAX_SPLIT_K}], got {cfg['SPLIT_K']}")
+
+
+def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple, extra_ints: tuple, constexprs: dict):
+    """Grid, split-K partials and the split sum, shared by both formats."""
+    m = x.shape[0]
+    bm, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    k_per_split = -(-(-(-k // bk)) // splits) * bk                 # whole K tiles per split
+    splits = -(-k // k_per_split)                                 # no empty split
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    grid = (-(-m // bm), -(-n // cfg["BLOCK_N"]), splits)
+    dot_fp32 = interpreting() or x.dtype == torch.float32
+    kernel[grid](x, *weight_args, target, m, n, k, *extra_ints, k_per_split, x.stride(0), weight_args[0].stride(0),
+                 n, m * n, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm != 1,
+                 DOT_FP32=dot_fp32, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+    if splits > 1:
+        _sum_splits_kernel[(-(-(m * n) // SUM_BLOCK),)](target, out, m * n, splits, BLOCK=SUM_BLOCK, num_warps=4)
+    return out
+
+
+def _check_inputs(x, qweight, k: int, name: str) -> None:
+    require(x, qweight)
+    if x.dim() != 2 or x.shape[1] != k:
+        raise LabError(f"{name}: x must be [M, {k}], got {tuple(x.shape)}")
+    if x.stride(-1) != 1 or not qweight.is_contiguous():
+        raise LabError(f"{name}: x's rows and the packed weight must be contiguous")
+    if x.shape[0] == 0:
+        raise LabError(f"{name}: x has no rows")
+
+
+def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None = None):
+    """x [M, K] (bf16, fp16 or fp32) @ the int4 weight^T -> [M, N] in x's dtype (quantize.py's layout;
+    K = x.shape[1]). config: BLOCK_M/N/K, SPLIT_K, num_warps, num_stages; None: default_config."""
+    k = x.shape[1]
+    n = qweight.shape[0]
+    if group_size not in GROUP_SIZES:
+        raise LabError(f"w4a16_matmul: group_size must be one of {GROUP_SIZES}, got {group_size}")
+    _check_inputs(x, qweight, k, "w4a16_matmul")
+    if qweight.shape[1] != -(-k // NIBBLES_PER_WORD) or scales.shape != (-(-k // group_size), n) \
+            or zeros.shape != scales.shape:
+        raise LabError(f"w4a16_matmul: packed weight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
+                       f"{tuple(zeros.shape)} do not describe K={k}, N={n}, group_size={group_size}")
+    cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device))
+    _check_config(cfg, 4, group_size)
+    return _launch(_w4a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous(), zeros.contiguous()),
+                   (qweight.shape[1],), {"GROUP": group_size})
+
+
+def w8a16_matmul(x, qweight, scales, config: dict | None = None):
+    """x [M, K] @ the int8 weight^T (q [N, K] · scales [N]) -> [M, N] in x's dtype."""
+    k = x.shape[1]
+    n = qweight.shape[0]
+    _check_inputs(x, qweight, k, "w8a16_matmul")
+    if qweight.shape[1] != k or scales.shape != (n,):
+        raise LabError(f"w8a16_matmul: weight {tuple(qweight.shape)} and scales {tuple(scales.shape)} do not "
+                       f"describe K={k}, N={n}")
+    cfg = config or default_config(8, x.shape[0], n, k, 0, sm_count(x.device))
+    _check_config(cfg, 8, None)
+    return _launch(_w8a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous()), (), {})

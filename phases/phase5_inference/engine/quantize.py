@@ -1,0 +1,323 @@
+"""Weight-only quantization of a linear layer's weight W [N out, K in], and the drop-in module that
+multiplies by it: int8 per output channel, and int4 group-wise with zero points (AWQ-style).
+Round-to-nearest; torch only (the fused kernels are in quant_gemm.py).
+
+Layouts (what the kernels and the tests rely on):
+
+int8 (`Int8Weight`), symmetric, one scale per output row:
+    qweight  int8 [N, K], row n = output channel n, values in [-127, 127] (-128 unused)
+    scales   [N] (the scale dtype, default the weight's)
+    W[n, k] ≈ qweight[n, k] · scales[n]
+
+int4 (`Int4Weight`), asymmetric, one (scale, zero) per group of `group_size` consecutive inputs
+of one output row:
+    qweight  int32 [N, ceil(K / 8)]: packed along the INPUT dimension K. Word w of row n holds
+             the unsigned 4-bit values of k = 8w .. 8w + 7, value k = 8w + j in bits [4j, 4j + 4)
+             (nibble 0 = the lowest bits = the smallest k; plain order, not AWQ's 0,2,4,6,1,3,5,7
+             interleave). Nibbles past K (K % 8 != 0) are 0 and never used.
+    scales   [G, N], G = ceil(K / group_size): group g covers k in [g·group_size, (g+1)·group_size);
+             the last group may be partial (K need not be a multiple of group_size).
+    zeros    uint8 [G, N], integer zero points in [0, 15]
+    W[n, k] ≈ (q[n, k] − zeros[k // group_size, n]) · scales[k // group_size, n]
+    [G, N] rather than [N, G]: a program holding a tile of output rows reads one contiguous run
+    of scales per group.
+
+Error bounds (tested): each dequantized weight is within scale/2 of the original (its row's scale
+for int8, its group's for int4). Stored scales are rounded UP to the scale dtype and the int4
+range always includes 0 (zero exactly representable, as torchao's preserve_zero), so no value is
+clamped by more than rounding.
+
+`QuantizedLinear.forward` runs one of three paths on the same quantized weight:
+    "naive"    dequantize the whole weight to the activation dtype, then F.linear (the slow path
+               whose extra traffic the exercise measures)
+    "fused"    quant_gemm's Triton kernels, dequantizing in registers (CUDA, or the interpreter)
+    "library"  torch's tinygemm ops (_weight_int4pack_mm / _weight_int8pack_mm; on a CPU their
+               _for_cpu twins), in their own packed formats converted once and cached
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.errors import LabError
+
+INT4_MAX = 15
+INT8_MAX = 127
+NIBBLES_PER_WORD = 8
+GROUP_SIZES = (16, 32, 64, 128, 256, 512, 1024)      # powers of 2 >= 16: a kernel's K tile divides one
+LIBRARY_INT4_GROUP_SIZES = (32, 64, 128, 256)        # what tinygemm accepts
+LIBRARY_INNER_K_TILES = 8                            # tinygemm's K tiling (2, 4 or 8); K % (16·8) == 0
+PATHS = ("naive", "fused", "library")
+
+
+# ------------------------------------------------------------------------------ packing
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint4 values [N, K] (any integer dtype, each in [0, 15]) -> int32 [N, ceil(K / 8)], value k
+    in bits [4·(k % 8), 4·(k % 8) + 4) of word k // 8 (the module docstring's layout)."""
+    if q.dim() != 2:
+        raise LabError(f"pack_int4 takes a 2-D [N, K] tensor, got shape {tuple(q.shape)}")
+    n_rows, k_in = q.shape
+    words = -(-k_in // NIBBLES_PER_WORD)
+    padded = torch.zeros(n_rows, words * NIBBLES_PER_WORD, dtype=torch.int64, device=q.device)
+    padded[:, :k_in] = q.to(torch.int64)
+    if bool(((padded < 0) | (padded > INT4_MAX)).any()):
+        raise LabError("pack_int4: values must be in [0, 15]")
+    shifts = 4 * torch.arange(NIBBLES_PER_WORD, device=q.device, dtype=torch.int64)
+    packed = (padded.view(n_rows, words, NIBBLES_PER_WORD) << shifts).sum(-1)      # disjoint bits: sum == or
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)    # same 32 bits, signed
+
+
+def unpack_int4(packed: torch.Tensor, k_in: int) -> torch.Tensor:
+    """pack_int4's inverse: int32 [N, ceil(K / 8)] -> uint8 [N, K] values in [0, 15]."""
+    n_rows, words = packed.shape
+    if words != -(-k_in // NIBBLES_PER_WORD):
+        raise LabError(f"unpack_int4: {words} words per row do not hold K={k_in} nibbles")
+    return unpack_int4_words(packed)[:, :k_in].to(torch.uint8)
+
+
+def unpack_int4_words(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [N, W] -> int32 [N, 8·W], every nibble including the padding past K (int32 shifts:
+    the sign bits an arithmetic shift brings in are masked off)."""
+    shifts = 4 * torch.arange(NIBBLES_PER_WORD, device=packed.device, dtype=torch.int32)
+    return ((packed[:, :, None] >> shifts) & INT4_MAX).reshape(packed.shape[0], -1)
+
+
+def round_up_to(values_fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """values in `dtype`, each the nearest representable value >= the fp32 one (a scale rounded
+    down would stretch the range past the integers and clamp the extremes)."""
+    stored = values_fp32.to(dtype)
+    below = stored.float() < values_fp32
+    return torch.where(below, torch.nextafter(stored, torch.full_like(stored, float("inf"))), stored)
+
+
+# ------------------------------------------------------------------------------ formats
+@dataclass
+class Int8Weight:
+    """Symmetric per-output-channel int8 (layout in the module docstring)."""
+    qweight: torch.Tensor           # int8 [N, K]
+    scales: torch.Tensor            # [N]
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W ≈ q · scale, rounded once to `dtype` (q is exact in any float type, so computing in
+        the wider of `dtype` and the scales' gives the fp32 result)."""
+        compute = torch.promote_types(dtype, self.scales.dtype)
+        return (self.qweight.to(compute) * self.scales.to(compute)[:, None]).to(dtype)
+
+    def nbytes(self) -> int:
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def to(self, device) -> "Int8Weight":
+        return Int8Weight(self.qweight.to(device), self.scales.to(device))
+
+
+@dataclass
+class Int4Weight:
+    """Asymmetric group-wise int4, packed 8 per int32 along K (layout in the module docstring)."""
+    qweight: torch.Tensor           # int32 [N, ceil(K / 8)]
+    scales: torch.Tensor            # [G, N]
+    zeros: torch.Tensor             # uint8 [G, N]
+    in_features: int
+    group_size: int
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W ≈ (q − zero) · scale per group, rounded once to `dtype`: q − zero is exact in any float
+        type and the product is rounded once, so computing in the wider of `dtype` and the scales'
+        gives the fp32 result. Whole groups are broadcast (no gather): the naive path's cost."""
+        compute = torch.promote_types(dtype, self.scales.dtype)
+        n_rows, groups = self.out_features, self.scales.shape[0]
+        q = unpack_int4_words(self.qweight)
+        q = F.pad(q, (0, groups * self.group_size - q.shape[1])).view(n_rows, groups, self.group_size)
+        zero = self.zeros.t().to(compute)[:, :, None]
+        scale = self.scales.t().to(compute)[:, :, None]
+        w = (q.to(compute) - zero) * scale
+        return w.view(n_rows, groups * self.group_size)[:, :self.in_features].to(dtype)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
+
+    def to(self, device) -> "Int4Weight":
+        return Int4Weight(self.qweight.to(device), self.scales.to(device), self.zeros.to(device),
+                          self.in_features, self.group_size)
+
+
+def quantize_int8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) -> Int8Weight:
+    """Symmetric round-to-nearest per output row: scale = max|W[n]| / 127 (rounded up to
+    scale_dtype, default the weight's float dtype), q = round(W / scale)."""
+    if weight.dim() != 2:
+        raise LabError(f"quantize_int8 takes a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
+    w = weight.float()
+    scale_dtype = scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+    amax = w.abs().amax(dim=1).clamp(min=1e-8)
+    scales = round_up_to(amax / INT8_MAX, scale_dtype)
+    q = torch.round(w / scales.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return Int8Weight(q, scales)
+
+
+def check_group_size(group_size: int) -> None:
+    if group_size not in GROUP_SIZES:
+        raise LabError(f"int4 group_size must be one of {GROUP_SIZES} (a kernel's K tile must divide a group), "
+                       f"got {group_size}")
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None) -> Int4Weight:
+    """Asymmetric round-to-nearest per (output row, group of `group_size` inputs): the range
+    [min(W_g, 0), max(W_g, 0)] mapped onto 0..15, scale = range / 15 (rounded up to scale_dtype),
+    zero = round(−min / scale), q = clamp(round(W / scale) + zero, 0, 15). K need not be a multiple
+    of group_size (the last group is partial)."""
+    if weight.dim() != 2:
+        raise LabError(f"quantize_int4 takes a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
+    check_group_size(group_size)
+    scale_dtype = scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+    n_rows, k_in = weight.shape
+    groups = -(-k_in // group_size)
+    pad = groups * group_size - k_in
+    w = weight.float()
+    w_min = F.pad(w, (0, pad), value=float("inf")).view(n_rows, groups, group_size).amin(-1).clamp(max=0.0)
+    w_max = F.pad(w, (0, pad), value=float("-inf")).view(n_rows, groups, group_size).amax(-1).clamp(min=0.0)
+    scales = round_up_to(((w_max - w_min) / INT4_MAX).clamp(min=1e-8), scale_dtype)      # [N, G]
+    s = scales.float()
+    zeros = torch.round(-w_min / s).clamp(0, INT4_MAX)
+    group_of_k = torch.arange(k_in, device=w.device) // group_size
+    q = (torch.round(w / s[:, group_of_k]) + zeros[:, group_of_k]).clamp(0, INT4_MAX)
+    return Int4Weight(pack_int4(q.to(torch.uint8)), scales.t().contiguous(), zeros.to(torch.uint8).t().contiguous(),
+                      k_in, group_size)
+
+
+def quantize(weight: torch.Tensor, bits: int, group_size: int = 128, scale_dtype=None) -> Int8Weight | Int4Weight:
+    if bits == 8:
+        return quantize_int8(weight, scale_dtype)
+    if bits == 4:
+        return quantize_int4(weight, group_size, scale_dtype)
+    raise LabError(f"weight-only quantization supports bits=4 or bits=8, got {bits}")
+
+
+# ------------------------------------------------------------------------------ the library's formats
+def library_unavailable(qw: Int8Weight | Int4Weight, x: torch.Tensor) -> str | None:
+    """Why torch's tinygemm op cannot multiply x by this weight here, or None if it can."""
+    name = "_weight_int8pack_mm" if isinstance(qw, Int8Weight) else "_weight_int4pack_mm"
+    if not hasattr(torch.ops.aten, name if x.is_cuda else name.replace("int4pack_mm", "int4pack_mm_for_cpu")):
+        return f"this torch ({torch.__version__}) has no torch.{name}"
+    if x.device.type not in ("cuda", "cpu"):
+        return f"torch.{name} runs on CUDA or CPU, not {x.device.type}"
+    if isinstance(qw, Int4Weight):
+        if x.dtype != torch.bfloat16:
+            return f"torch.{name} takes bf16 activations, got {x.dtype}"
+        if qw.group_size not in LIBRARY_INT4_GROUP_SIZES:
+            return f"torch.{name} takes group sizes {LIBRARY_INT4_GROUP_SIZES}, got {qw.group_size}"
+        if qw.in_features % (16 * LIBRARY_INNER_K_TILES) or qw.in_features % qw.group_size:
+            return (f"torch.{name} needs K a multiple of {16 * LIBRARY_INNER_K_TILES} and of the group size, "
+                    f"got K={qw.in_features}")
+        n_multiple = 8 if x.is_cuda else 16
+        if qw.out_features % n_multiple:
+            return f"torch.{name} needs N a multiple of {n_multiple} on {x.device.type}, got N={qw.out_features}"
+    return None
+
+
+def library_int4_operands(qw: Int4Weight, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed weight, scale_and_zeros) in tinygemm's formats. tinygemm dequantizes as
+    (q − 8) · scale + zero_f, so our integer zero z becomes the float zero_f = (8 − z) · scale;
+    scale_and_zeros is bf16 [G, N, 2]. CUDA takes uint8 [N, K/2] with the even k in the high
+    nibble; the CPU twin takes the int32 values [N, K]."""
+    q = unpack_int4(qw.qweight, qw.in_features).to(device)
+    scales = qw.scales.float().to(device)
+    zero_f = (8.0 - qw.zeros.float().to(device)) * scales
+    scale_and_zeros = torch.stack([scales, zero_f], dim=-1).to(torch.bfloat16).contiguous()
+    if device.type == "cuda":
+        q8 = q.to(torch.uint8)
+        packed = torch._convert_weight_to_int4pack((q8[:, ::2] << 4 | q8[:, 1::2]).contiguous(), LIBRARY_INNER_K_TILES)
+    else:
+        packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), LIBRARY_INNER_K_TILES)
+    return packed, scale_and_zeros
+
+
+# ------------------------------------------------------------------------------ the module
+class QuantizedLinear(nn.Module):
+    """Drop-in for nn.Linear (weight-only quantized): y = x @ W^T (+ bias), W quantized once.
+    `path` picks how forward multiplies (module docstring); it can be changed at any time, the
+    quantized weight stays the same. Errors: a path that cannot run here raises LabError."""
+
+    def __init__(self, qweight: Int8Weight | Int4Weight, bias: torch.Tensor | None = None, path: str = "fused"):
+        super().__init__()
+        if path not in PATHS:
+            raise LabError(f"unknown QuantizedLinear path {path!r}; choose one of {PATHS}")
+        self.weight_format = qweight
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.path = path
+        self.bits = 8 if isinstance(qweight, Int8Weight) else 4
+        self._library_cache: dict = {}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int, group_size: int = 128, path: str = "fused",
+                    scale_dtype=None) -> "QuantizedLinear":
+        return cls(quantize(linear.weight.detach(), bits, group_size, scale_dtype), linear.bias, path)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight_format.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.weight_format.out_features
+
+    def _apply(self, fn, recurse=True):
+        """.to() / .cuda(): move the quantized tensors too (they are not registered buffers: the
+        dataclass keeps them together)."""
+        super()._apply(fn, recurse)
+        qw = self.weight_format
+        for name, tensor in list(vars(qw).items()):
+            if isinstance(tensor, torch.Tensor):
+                setattr(qw, name, fn(tensor).to(tensor.dtype))   # device follows; stored dtypes stay
+        self._library_cache.clear()
+        return self
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.weight_format.group_size}" if self.bits == 4 else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}{group}, " \
+               f"path={self.path}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.path == "naive":
+            y = F.linear(x2, self.weight_format.dequantize(x.dtype))
+        elif self.path == "fused":
+            y = self._fused(x2)
+        else:
+            y = self._library(x2)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _fused(self, x2: torch.Tensor) -> torch.Tensor:
+        from . import quant_gemm
+        if isinstance(self.weight_format, Int8Weight):
+            return quant_gemm.w8a16_matmul(x2, self.weight_format.qweight, self.weight_format.scales)
+        qw = self.weight_format
+        return quant_gemm.w4a16_matmul(x2, qw.qweight, qw.scales, qw.zeros, qw.group_size)
+
+    def _library(self, x2: torch.Tensor) -> torch.Tensor:
+        why = library_unavailable(self.weight_format, x2)
+        if why:
+            raise LabError(f"QuantizedLinear path 'library': {why}")
+        qw = self.weight_format
+        if isinstance(qw, Int8Weight):
+            return torch._weight_int8pack_mm(x2.contiguous(), qw.qweight, qw.scales.to(x2.dtype))
+        key = x2.device
+        if key not in self._library_cache:
+            self._library_cache[key] = library_int4_operands(qw, x2.device)
+        packed, scale_and_zeros = self._library_cache[key]
+        op = torch._weight_int4pack_mm if x2.is_cuda else torch._weight_int4pack_mm_for_cpu
+        return op(x2.contiguous(), packed, qw.group_size, scale_and_zeros)
