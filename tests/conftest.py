@@ -43,6 +43,20 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def passes_under_the_interpreter(test_file: str, allowed_skips: tuple[str, ...], timeout_s: int = 300) -> None:
+    """Run `test_file` again in a child pytest with TRITON_INTERPRET=1 (it must be set before triton
+    is imported, so the parent cannot switch it on) and assert that the child passed and skipped
+    nothing but the tests whose skip reasons contain one of `allowed_skips`."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", test_file],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=timeout_s,
+                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout, tail
+    skips = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
+    assert all(any(reason in ln for reason in allowed_skips) for ln in skips), tail
+
+
 def lab_cmd() -> list[str]:
     exe = shutil.which("lab")
     return [exe] if exe else [sys.executable, "-m", "common.cli"]

@@ -11,12 +11,10 @@ block table ignored) must fail the same check.
 """
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, clean_env
+from conftest import passes_under_the_interpreter
 
 from phases.phase5_inference.engine import decode_attention as attn
 
@@ -51,15 +49,7 @@ def reference(q, k, v, tables, lens, scale):
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent test")
 @pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton`")
 def test_kernels_under_the_interpreter():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_phase5_attention.py"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout, tail
-    skips = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
-    assert all("parent test" in ln or "lets CPU tensors through" in ln for ln in skips), tail   # no kernel test skipped
+    passes_under_the_interpreter("tests/test_phase5_attention.py", allowed_skips=("parent test", "lets CPU tensors through"))
 
 
 def test_splits_follow_shapes_only():

@@ -10,12 +10,10 @@ in a child pytest started with TRITON_INTERPRET=1 (as test_phase5_attention.py d
 """
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, clean_env
+from conftest import passes_under_the_interpreter
 
 from common.errors import LabError
 from phases.phase5_inference import quant_analysis as qa
@@ -151,15 +149,7 @@ def test_memory_bound_batch_follows_the_ridge():
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent test")
 @pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton`")
 def test_kernels_under_the_interpreter():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_phase5_quant.py"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout, tail
-    skips = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
-    assert all("parent test" in ln or "lets CPU tensors through" in ln for ln in skips), tail
+    passes_under_the_interpreter("tests/test_phase5_quant.py", allowed_skips=("parent test", "lets CPU tensors through"))
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the interpreter lets CPU tensors through")
