@@ -91,7 +91,7 @@ def add_columns(df: pd.DataFrame, records: list[dict], excluded: dict | None = N
         if isinstance(cal, dict):
             values.append(cal)
         elif mine:
-            values.append(calibrators[r["exercise"]](pd.Series(whole[df.index[i]]), records)
+            values.append(calibrators[r["exercise"]](whole[df.index[i]], records)      # the row as a dict: no Series per row
                           if r["status"] == "ok" else None)
         elif r["status"] == "ok" and r["hardware"] in history and r["source"] == "measured" and not skip:
             values.append(_at_report_time(r, ceilings_for(records, r["hardware"], r.get("started"))))

@@ -67,9 +67,13 @@ class Frame:
         """Every row of one exercise, with the columns it has (split once: filtering the whole, wide
         frame is the slow part). A column no row of the exercise holds is absent, not NaN."""
         if self._exercise_rows is None:             # each exercise's columns only: the frame has hundreds
-            self._exercise_rows = {ex: rows[[c for c in rows if c in ALWAYS or c.startswith("calibrated.")
-                                             or rows[c].notna().any()]]
-                                   for ex, rows in self.df.groupby("exercise", sort=False)} if len(self.df) else {}
+            self._exercise_rows = {}
+            if len(self.df):
+                held = self.df.notna().groupby(self.df["exercise"], sort=False).any()   # exercise x column, at once
+                keep = {c for c in self.df if c in ALWAYS or c.startswith("calibrated.")}
+                for ex, rows in self.df.groupby("exercise", sort=False):
+                    has = held.loc[ex]
+                    self._exercise_rows[ex] = rows[[c for c in rows if c in keep or has[c]]]
         return self._exercise_rows.get(exercise, self.df.iloc[0:0])
 
     @classmethod

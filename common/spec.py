@@ -133,7 +133,7 @@ class Phase:
     """(exercise, variant) -> why the row is not a test of the roofline ('lesson: ...'), for records
     written before rows said so themselves in `prediction.excluded`."""
     calibrators: dict = field(default_factory=dict)
-    """exercise -> fn(row, records) -> calibrated block or None, for rows the roofline's terms do
+    """exercise -> fn(row as a dict, records) -> calibrated block or None, for rows the roofline's terms do
     not describe (collectives: alpha-beta); the rest get common.roofline.calibrated."""
 
     def block_ids(self) -> list[str]:
