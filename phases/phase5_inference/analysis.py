@@ -10,6 +10,8 @@ sum of their rooflines, not one roofline over the totals (decode_parts).
 """
 import math
 
+from common.roofline import compute_ms, memory_ms
+
 from .engine.shapes import LlamaShape
 
 
@@ -46,14 +48,14 @@ def prefill_flops(shape: LlamaShape, prompt_tokens: int) -> float:
 
 
 def step_ms(flops: float, nbytes: float, bandwidth_gbps: float, peak_tflops: float) -> float:
-    return max(nbytes / (bandwidth_gbps * 1e6), flops / (peak_tflops * 1e9))
+    return max(memory_ms(nbytes, bandwidth_gbps), compute_ms(flops, peak_tflops))
 
 
 def ridge_batch(shape: LlamaShape, bandwidth_gbps: float, peak_tflops: float) -> float:
     """The decode batch at which the weights' FLOPs take as long as reading them (attention aside):
     above it a step is compute-bound, and adding sequences no longer comes for free."""
     flops_per_seq = shape.flops_per_token(0)
-    return (shape.decode_weight_bytes() / (bandwidth_gbps * 1e6)) / (flops_per_seq / (peak_tflops * 1e9))
+    return memory_ms(shape.decode_weight_bytes(), bandwidth_gbps) / compute_ms(flops_per_seq, peak_tflops)
 
 
 def mean_decode_context(prompt_tokens: int, output_tokens: int) -> float:

@@ -41,7 +41,7 @@ def level_row(ctx, variant: str, shape, concurrency: int, result: dict, identity
                                    launches=result["engine_stats"] and (result["engine_stats"].get("telemetry") or {})
                                    .get("kernels_per_decode_step") or 1,
                                    what="parts of a decode step (weight matmuls, attention)")
-    metrics = {k: v for k, v in result["metrics"].items()}
+    metrics = dict(result["metrics"])
     metrics.update({"ms": timing.median_ms, "predicted_output_tok_s": step["output_tok_s"],
                     "pct_of_predicted_tok_s": 100 * metrics["output_tok_s"] / step["output_tok_s"],
                     "predicted_bound": step["bound"], "mean_decode_context": context})

@@ -12,8 +12,8 @@ def summed_prediction(ctx, parts: list[tuple[float, float]], dtype: str, measure
     """`parts`: (flops, bytes) of each part, in order."""
     roofs = ctx.roofs(dtype)
     peak = roofs.peak(dtype)
-    mem = [b / (roofs.bandwidth_gbps * 1e6) for _, b in parts]
-    comp = [f / (peak * 1e9) if peak else 0.0 for f, _ in parts]
+    mem = [roofline.memory_ms(b, roofs.bandwidth_gbps) for _, b in parts]
+    comp = [roofline.compute_ms(f, peak) if peak else 0.0 for f, _ in parts]
     predicted = sum(max(m, c) for m, c in zip(mem, comp))
     flops, nbytes = sum(f for f, _ in parts), sum(b for _, b in parts)
     compute_bound_ms = sum(c for m, c in zip(mem, comp) if c > m)

@@ -29,7 +29,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from . import serving
-from .analysis import decode_parts, mean_decode_context, prefill_bytes, prefill_flops
+from .analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
 from .engine.shapes import SHAPES
 from .model_choice import COMMON, CPU_COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
 from .prediction import summed_prediction
@@ -40,15 +40,11 @@ NOISE_MARGIN = 3.0             # the engine may stray from the fp32 model 3x as 
 TOLERANCE_FLOOR = 1e-3         # an fp32 run: only summation order separates the two implementations
 
 
-def decode_bytes(shape, context: float) -> float:
-    return shape.decode_weight_bytes() + context * shape.kv_bytes_per_token()
-
-
 def decode_row(ctx, variant: str, identity: dict, shape, tpot_runs_ms: list[float], ttft_runs_ms: list[float],
                copy_gbps: float, check: dict, graphed: bool, extra: dict | None = None, tokens: int = 200) -> dict:
     """One decode row: TPOT per run (the timing), bandwidth achieved, % of the copy roofline."""
     context = mean_decode_context(identity["prompt_tokens"], identity["output_tokens"])
-    nbytes = decode_bytes(shape, context)
+    nbytes = decode_step_bytes(shape, 1, context)
     timing = summarize(tpot_runs_ms, "streamed inter-token time per run (TPOT), median of runs", warmup_calls=1,
                        flush_l2=False, graph_reps=tokens if graphed else None)
     tpot = timing.median_ms
@@ -142,10 +138,10 @@ def engine_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype) -> tup
     with serving.lab_server(settings) as server:
         result = serving.sequential_runs(server, prompt, params["output_tokens"], params["runs"])
         tokens = serving.greedy_token_ids(server, prompt, params["output_tokens"])
-        telemetry = serving.engine_telemetry(server)
     if not result["check"]["passed"]:
         return [row("lab-engine", identity, "failed", result["check"]["reason"], check=result["check"])], None
     tpots, ttfts = result["tpot_ms"], result["ttft_ms"]
+    telemetry = result["engine_stats"].get("telemetry") or {}      # the client's stats read of the same run
     engine_step_ms = result["metrics"]["engine_decode_step_ms"]
     extra = {"engine_step_ms": engine_step_ms,
              "serving_overhead": statistics.median(tpots) / engine_step_ms if engine_step_ms else None,
