@@ -219,7 +219,7 @@ async def run_benchmark(base_url: str, requests: list[RequestSpec], *, model: st
     if unknown:
         raise LabError(f"unknown SLO metric {unknown[0]!r}; known: {', '.join(SLO_METRICS)}")
     offsets = arrival_offsets_s(len(requests), request_rate_per_s, burstiness, seed)
-    base_url = _root(base_url)
+    base_url = root_url(base_url)
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -314,7 +314,7 @@ def summarize(results: list[RequestResult], duration_s: float, *, model: str = "
 
 
 # ---------------------------------------------------------------------- the server's side
-def _root(base_url: str) -> str:
+def root_url(base_url: str) -> str:
     """The server's root URL: "http://host:port" (a trailing /v1 or / is dropped)."""
     url = base_url.rstrip("/")
     return url[:-3] if url.endswith("/v1") else url
@@ -367,7 +367,7 @@ async def _engine_stats(session, base_url: str) -> dict | None:
 def wait_until_ready(base_url: str, timeout_s: float = 60.0, poll_s: float = 0.1) -> None:
     """Poll GET /v1/models until it answers 200 (any OpenAI-compatible server); LabError after
     timeout_s, naming the URL and the last reason."""
-    url = f"{_root(base_url)}/v1/models"
+    url = f"{root_url(base_url)}/v1/models"
     deadline = time.monotonic() + timeout_s
     reason = "no answer"
     while True:
@@ -381,7 +381,7 @@ def wait_until_ready(base_url: str, timeout_s: float = 60.0, poll_s: float = 0.1
         except (urllib.error.URLError, OSError) as exc:
             reason = str(getattr(exc, "reason", exc))
         if time.monotonic() >= deadline:
-            raise LabError(f"server at {_root(base_url)} not ready after {timeout_s:g} s ({reason})")
+            raise LabError(f"server at {root_url(base_url)} not ready after {timeout_s:g} s ({reason})")
         time.sleep(poll_s)
 
 
@@ -443,7 +443,7 @@ def launch_command(command: list[str], base_url: str, ready_timeout_s: float = 6
         except OSError as exc:
             raise LabError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
         try:
-            server.base_url = _root(base_url)
+            server.base_url = root_url(base_url)
             _wait_alive(server, ready_timeout_s)
             yield server
         finally:
@@ -485,7 +485,7 @@ def server_command(settings: dict | None = None, *, host: str = "127.0.0.1", por
 def _wait_alive(server: ServerProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     if not server.base_url:                       # the lab's server prints its URL (port 0 picks one)
-        server.base_url = _root(server.wait_for_ready_line(timeout_s))
+        server.base_url = root_url(server.wait_for_ready_line(timeout_s))
     while True:
         server.check_alive("before it was ready")
         try:

@@ -39,7 +39,7 @@ def torch_dtype(ctx) -> torch.dtype:
 
 def reachable(base_url: str) -> str | None:
     """A parameter rule: why `base_url` cannot be benchmarked (it does not answer /v1/models)."""
-    url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
+    url = client.root_url(base_url) + "/v1/models"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             json.load(response)
@@ -123,7 +123,7 @@ def greedy_token_ids(server: Server, prompt: list[int], output_tokens: int) -> l
     """The server's greedy tokens for `prompt`, as ids (vLLM's `return_token_ids` extension)."""
     body = {"prompt": prompt, "max_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True,
             "return_token_ids": True, **({"model": server.model} if server.model else {})}
-    request = urllib.request.Request(server.base_url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
+    request = urllib.request.Request(client.root_url(server.base_url) + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         choice = json.load(response)["choices"][0]
