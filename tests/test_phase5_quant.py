@@ -292,3 +292,15 @@ if INTERPRETED:
         for path, y in outs.items():
             assert float((y - ref).norm() / ref.norm()) < 2e-2, path
         assert float((outs["fused"] - outs["naive"]).norm() / outs["naive"].norm()) < 2e-2
+
+    @in_child
+    def test_exercise_runs_end_to_end_with_tuning(spec_ctx):
+        from phases.phase5_inference import quant_kernels as ex
+        params = ex.EXERCISE.resolve_params(on_cpu=True, quick=False,
+                                            overrides={"matrices": ["o"], "batches": [1, 17], "tune": True})
+        res = ex.run(spec_ctx(), params)
+        fused = [r for r in res.rows if r["variant"].endswith("_fused")]
+        assert fused and all(r["status"] == "ok" for r in fused), [(r["variant"], r["reason"]) for r in fused]
+        assert set(res.summary["tuning"]) == {f"{v} o batch={b}" for v in ("w4_fused", "w8_fused") for b in (1, 17)}
+        for table in res.summary["tuning"].values():
+            assert table and all(isinstance(ms, float) for ms in table.values()), table

@@ -30,7 +30,7 @@ from common.standalone import run_alone
 from phases.phase3_triton._support import attempt, skipped
 
 from . import quant_analysis as qa
-from .decode_attention import measure_as_engine
+from .decode_attention import measure_as_engine, time_alternatives
 from .engine import quant_gemm, quantize
 from .engine.shapes import SHAPES, named
 
@@ -134,7 +134,15 @@ def dequantized_fp32(weights: dict, prefix: str) -> torch.Tensor:
     return weights["bf16"].float() if prefix == "bf16" else weights[prefix].weight_format.dequantize(torch.float32)
 
 
-def run_problem(ctx, params, p: dict, weights: dict, sms: int) -> list[dict]:
+def fused_launcher(x, module, prefix: str):
+    """config -> one fused call on this problem's weight."""
+    qw = module.weight_format
+    if prefix == "w4":
+        return lambda cfg: quant_gemm.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, qw.group_size, cfg)
+    return lambda cfg: quant_gemm.w8a16_matmul(x, qw.qweight, qw.scales, cfg)
+
+
+def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> list[dict]:
     g = torch.Generator(device=ctx.device).manual_seed(p["batch"] * 31 + p["k_in"])
     x = torch.randn(p["batch"], p["k_in"], device=ctx.device, generator=g).to(torch.bfloat16)
     out = torch.empty(p["batch"], p["n_out"], dtype=torch.bfloat16, device=ctx.device)
@@ -153,11 +161,8 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int) -> list[dict]:
             return lambda: F.linear(x, weights["bf16"])
         module = weights[prefix]
         if path == "fused":
-            cfg = fused_config(p, variant, sms)
-            qw = module.weight_format
-            if prefix == "w4":
-                return lambda: quant_gemm.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, qw.group_size, cfg)
-            return lambda: quant_gemm.w8a16_matmul(x, qw.qweight, qw.scales, cfg)
+            launch, cfg = fused_launcher(x, module, prefix), fused_config(p, variant, sms)
+            return lambda: launch(cfg)
 
         def forward(m=module, mode=path):
             m.path = mode
@@ -188,6 +193,13 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int) -> list[dict]:
         r["metrics"]["algorithm_bytes"] = algorithm_bytes(p, variant)
         if variant.endswith("_fused"):
             r["metrics"]["config"] = fused_config(p, variant, sms)
+            if params["tune"] and r["status"] == "ok":
+                launch, bits = fused_launcher(x, weights[prefix], prefix), 4 if prefix == "w4" else 8
+                candidates = quant_gemm.candidate_configs(bits, p["batch"], p["n_out"], p["k_in"], p["group_size"], sms)
+                tuning[f"{variant} {p['matrix']} batch={p['batch']}"] = time_alternatives(
+                    ctx, params, candidates, launch,
+                    lambda cfg, launch=launch, prefix=prefix: reference_check(
+                        ctx, out, lambda: out.copy_(launch(cfg)), reference(prefix), REFERENCE, precision="bf16")())
         rows.append(r)
     add_ratios(ctx, p, rows)
     return rows
@@ -233,16 +245,16 @@ def memory_bound_summary(ctx, params, rows: list[dict]) -> dict:
 
 
 def run(ctx, params):
-    rows, sms = [], quant_gemm.sm_count(ctx.device)
+    rows, sms, tuning = [], quant_gemm.sm_count(ctx.device), {}
     for matrix in ctx.track(params["matrices"], "matrices"):
         k_in, n_out = matrix_shape(params["model"], matrix)
         weights = make_matrix(matrix, k_in, n_out, params["group_size"], ctx.device)
         for p in [q for q in problems(params) if q["matrix"] == matrix]:
-            rows += run_problem(ctx, params, p, weights, sms)
+            rows += run_problem(ctx, params, p, weights, sms, tuning)
         del weights
         if ctx.is_cuda:
             torch.cuda.empty_cache()
-    return Result(rows, {"memory_bound": memory_bound_summary(ctx, params, rows),
+    return Result(rows, {"memory_bound": memory_bound_summary(ctx, params, rows), "tuning": tuning,
                          "bytes_convention": BYTES_FORMULA + "; naive: + the bf16 copy written and read "
                                                              "(algorithm_bytes)",
                          "flops_convention": FLOPS_FORMULA,
@@ -259,7 +271,8 @@ EXERCISE = Exercise(
             "matrices": Choice(list(MATRICES), MATRICES, many=True, help="projections, K x N in the docstring"),
             "batches": Int([1, 4, 16, 64, 256], min=1, max=8192, many=True, unit="activation rows (M)"),
             "group_size": Int(128, choices=quantize.GROUP_SIZES, unit="int4 inputs per (scale, zero)"),
-            "cuda_graphs": Bool(True, help="time each call as a CUDA-graph replay (the engine's way); else eagerly")},
+            "cuda_graphs": Bool(True, help="time each call as a CUDA-graph replay (the engine's way); else eagerly"),
+            "tune": Bool(False, help="also time quant_gemm.candidate_configs per fused problem (summary.tuning)")},
     cpu_params={"model": "tiny", "batches": [1, 3, 17]},
     quick_params={"matrices": ["o"], "batches": [1, 16]},
     variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)

@@ -35,13 +35,17 @@ GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
 PROGRAMS_PER_SM = 2                 # split-K target: this many programs per SM
 DOT_MIN = 16                        # tl.dot's smallest tile side on NVIDIA GPUs
+ONE_BITS = 0x3F800000                       # fp32 1.0: a value m in its top mantissa bits reads as 1 + m/2^k
+MANTISSA_TOP = tl.constexpr(19)             # a nibble in fp32 bits 19..22 reads as 1 + q/16
+NIBBLE_AT_TOP = tl.constexpr(0xF << 19)
 
 
 @triton.jit
 def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_words, k_per_split,
-                  stride_xm, stride_qn, stride_om, stride_split,
+                  stride_xm, stride_qn, stride_om, stride_split, one_bits, magic_bits,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, MAGIC_DTYPE: tl.constexpr,
+                  MAGIC_VALUE: tl.constexpr):
     """out[split, m, n] = sum over this split's k of x[m, k] · (q[n, k] − z[g, n]) · s[g, n]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -67,39 +71,54 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
             words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
                             other=0)
             nibbles = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
+            # MAGIC_VALUE + q as a 16-bit float: the nibble ORed into the mantissa of MAGIC_VALUE, no
+            # int-to-float conversion (a quarter-rate instruction); the offset is taken out below
+            offset_q = (nibbles | magic_bits).to(tl.int16).to(MAGIC_DTYPE, bitcast=True)
             group = k0 // GROUP
             scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
             if DOT_FP32:
-                part = tl.dot(x.to(tl.float32), tl.trans(nibbles.to(tl.float32)), input_precision="ieee")
+                part = tl.dot(x.to(tl.float32), tl.trans(offset_q.to(tl.float32)), input_precision="ieee")
             else:
-                part = tl.dot(x, tl.trans(nibbles.to(x_ptr.dtype.element_ty)))
+                part = tl.dot(x, tl.trans(offset_q))
             x_sum = tl.sum(x.to(tl.float32), axis=1)
-            acc += (part - x_sum[:, None] * zero[None, :]) * scale[None, :]
+            acc += (part - x_sum[:, None] * (MAGIC_VALUE + zero)[None, :]) * scale[None, :]
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
     else:                                                   # one activation row per program: CUDA cores
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
         for k0 in range(k_start, k_stop, BLOCK_K):
             word_cols = k0 // 8 + words_in_tile
-            cols = word_cols[:, None] * 8 + nibble[None, :]                  # [BLOCK_K // 8, 8]: no reshape
-            x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
             words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
                             other=0)
-            nibbles = ((words[:, :, None] >> shifts[None, None, :]) & 0xF).to(tl.float32)
             group = k0 // GROUP
             scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
-            part = tl.sum(tl.sum(nibbles * x[None, :, :], axis=2), axis=1)
-            x_sum = tl.sum(tl.sum(x, axis=1), axis=0)
-            total += (part - x_sum * zero) * scale
-        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+            # nibble j of every word placed in the top of an fp32 mantissa: 1 + q/16 exactly, in two
+            # integer instructions (a shift fixed at trace time, then mask-and-OR), no int-to-float
+            # conversion (a quarter-rate instruction); one_bits (1.0's bits) is a runtime argument
+            # so the compiler cannot fold the trick back into one. Then
+            #   sum_j x_j (q_j − z) = 16 · sum_j x_j (1 + q_j/16) − (16 + z) · sum_j x_j
+            part = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+            x_per_word = tl.zeros([BLOCK_K // 8], dtype=tl.float32)
+            for j in tl.static_range(8):        # nibble j of every word: each thread keeps its own words
+                x = tl.load(x_row + word_cols * 8 + j, mask=word_cols * 8 + j < K, other=0.0).to(tl.float32)
+                if 4 * j >= MANTISSA_TOP:
+                    placed = words >> (4 * j - MANTISSA_TOP)
+                else:
+                    placed = words << (MANTISSA_TOP - 4 * j)
+                one_plus_q16 = ((placed & NIBBLE_AT_TOP) | one_bits).to(tl.float32, bitcast=True)
+                part += one_plus_q16 * x[None, :]
+                x_per_word += x
+            acc += (16.0 * part - (16.0 + zero)[:, None] * x_per_word[None, :]) * scale[:, None]
+        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
+                 tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
 def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
-                  stride_xm, stride_qn, stride_om, stride_split,
+                  stride_xm, stride_qn, stride_om, stride_split, one_bits,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
     """out[split, m, n] = s[n] · sum over this split's k of x[m, k] · q[n, k]."""
@@ -132,14 +151,21 @@ def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
     else:
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        x_total = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(k_start, k_stop, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             col_ok = cols < K
             x = tl.load(x_row + cols, mask=col_ok, other=0.0).to(tl.float32)
             q = tl.load(qw_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0)
-            acc += q.to(tl.float32) * x[None, :]
+            # 1 + (q + 128)/256 exactly: q + 128 (in [1, 255]) shifted into the top of an fp32
+            # mantissa and 1.0's bits added (one_bits at run time: see the int4 kernel), then
+            #   sum_k x_k q_k = 256 · sum_k x_k (1 + (q_k + 128)/256) − 384 · sum_k x_k
+            one_plus_q = ((q.to(tl.int32) << 15) + (one_bits + (128 << 15))).to(tl.float32, bitcast=True)
+            acc += one_plus_q * x[None, :]
+            x_total += x
+        dot = 256.0 * tl.sum(acc, axis=1) - 384.0 * tl.sum(x_total, axis=0)
         tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
-                 (tl.sum(acc, axis=1) * scale).to(out_ptr.dtype.element_ty), mask=n_ok)
+                 (dot * scale).to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -187,6 +213,32 @@ def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int)
             "num_warps": 4 if block_m <= 64 else 8, "num_stages": 3}
 
 
+def candidate_configs(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
+    """What `lab run phase5.quant_kernels --param tune=true` times besides default_config: tile
+    sides, warps, pipeline stages, and split-K at 1, 2 and 4 programs per SM (as SPLIT_K)."""
+    out = []
+    if m <= GEMV_MAX_M:
+        block_m = 1 if m == 1 else DOT_MIN
+        ks = (32, 64, 128) if bits == 4 else (128, 256, 512)
+        for block_n in (32, 64, 128):
+            for block_k in (bk for bk in ks if bits == 8 or group_size % bk == 0):
+                for warps in (4, 8):
+                    for per_sm in (1, 2, 4):
+                        programs = -(-n // block_n)
+                        splits = max(1, min(-(-per_sm * sms // programs), -(-k // block_k), MAX_SPLIT_K))
+                        out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": splits,
+                                    "num_warps": warps, "num_stages": 3})
+    else:
+        for block_m in (32, 64, 128):
+            for block_n in (64, 128):
+                for block_k in (bk for bk in (64, 128) if bits == 8 or group_size % bk == 0):
+                    for stages in (3, 4):
+                        out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": 1,
+                                    "num_warps": 4 if block_m * block_n <= 4096 else 8, "num_stages": stages})
+    unique = {tuple(sorted(c.items())): c for c in out}
+    return list(unique.values())
+
+
 def launches(cfg: dict) -> int:
     """Kernels one call starts: the matmul, and the split sum when K is split."""
     return 1 if cfg["SPLIT_K"] == 1 else 2
@@ -204,7 +256,8 @@ def _check_config(cfg: dict, bits: int, group_size: int | None) -> None:
         raise LabError(f"SPLIT_K must be in [1, {MAX_SPLIT_K}], got {cfg['SPLIT_K']}")
 
 
-def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple, extra_ints: tuple, constexprs: dict):
+def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple, extra_ints: tuple, magic: tuple,
+            constexprs: dict):
     """Grid, split-K partials and the split sum, shared by both formats."""
     m = x.shape[0]
     bm, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["SPLIT_K"]
@@ -215,11 +268,23 @@ def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple,
     grid = (-(-m // bm), -(-n // cfg["BLOCK_N"]), splits)
     dot_fp32 = interpreting() or x.dtype == torch.float32
     kernel[grid](x, *weight_args, target, m, n, k, *extra_ints, k_per_split, x.stride(0), weight_args[0].stride(0),
-                 n, m * n, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm != 1,
+                 n, m * n, *magic, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm != 1,
                  DOT_FP32=dot_fp32, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if splits > 1:
         _sum_splits_kernel[(-(-(m * n) // SUM_BLOCK),)](target, out, m * n, splits, BLOCK=SUM_BLOCK, num_warps=4)
     return out
+
+
+def magic_for(dtype: torch.dtype) -> dict:
+    """(runtime bits, constexprs) of the 16-bit float whose mantissa takes a nibble: bits | q read as
+    MAGIC_DTYPE is exactly MAGIC_VALUE + q (bf16: 128 + q, 8 significant bits; fp16: 1024 + q, 11).
+    fp16 activations get fp16's; bf16 and fp32 (whose dots run in fp32) get bf16's. The bits are
+    passed at run time, as is ONE_BITS, so the compiler cannot fold the trick back into an
+    int-to-float conversion."""
+    if dtype == torch.float16:
+        return 0x6400, {"MAGIC_DTYPE": tl.float16, "MAGIC_VALUE": 1024.0}
+    return 0x4300, {"MAGIC_DTYPE": tl.bfloat16, "MAGIC_VALUE": 128.0}
+
 
 
 def _check_inputs(x, qweight, k: int, name: str) -> None:
@@ -246,8 +311,9 @@ def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None
                        f"{tuple(zeros.shape)} do not describe K={k}, N={n}, group_size={group_size}")
     cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device))
     _check_config(cfg, 4, group_size)
+    bits, constexprs = magic_for(x.dtype)
     return _launch(_w4a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous(), zeros.contiguous()),
-                   (qweight.shape[1],), {"GROUP": group_size})
+                   (qweight.shape[1],), (ONE_BITS, bits), {"GROUP": group_size, **constexprs})
 
 
 def w8a16_matmul(x, qweight, scales, config: dict | None = None):
@@ -260,4 +326,4 @@ def w8a16_matmul(x, qweight, scales, config: dict | None = None):
                        f"describe K={k}, N={n}")
     cfg = config or default_config(8, x.shape[0], n, k, 0, sm_count(x.device))
     _check_config(cfg, 8, None)
-    return _launch(_w8a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous()), (), {})
+    return _launch(_w8a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous()), (), (ONE_BITS,), {})
