@@ -191,11 +191,16 @@ if INTERPRETED:
         return reference_check(CTX, out, fill, ref, "fp32 dequantize-then-matmul", precision)()
 
     def configs(m: int, bits: int, group: int) -> list[dict]:
-        """The engine's default, a split-K GEMV, and a tiled config with several M and N tiles."""
+        """The engine's default, a split-K GEMV, a tiled config with several M and N tiles, and
+        (int4, M > 1) CUDA-core rows: 2 per program (several M tiles, the last partial) and 8."""
         gemv_m = 1 if m == 1 else 16
         bk = min(32, group) if bits == 4 else 32
-        return [None, {"BLOCK_M": gemv_m, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 3},
-                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": max(16, bk // 2), "SPLIT_K": 1}]
+        out = [None, {"BLOCK_M": gemv_m, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 3},
+               {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": max(16, bk // 2), "SPLIT_K": 1}]
+        if bits == 4 and m > 1:
+            out += [{"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 2},
+                    {"BLOCK_M": 8, "BLOCK_N": 32, "BLOCK_K": min(16, group), "SPLIT_K": 1}]
+        return out
 
     def problem(m, n, k, dtype, seed=0):
         g = torch.Generator().manual_seed(seed)

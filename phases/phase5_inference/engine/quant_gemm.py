@@ -33,8 +33,8 @@ from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
 
 GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
-PROGRAMS_PER_SM = 2                 # split-K target: this many programs per SM
 DOT_MIN = 16                        # tl.dot's smallest tile side on NVIDIA GPUs
+CORE_ROWS = (1, 2, 4, 8)            # BLOCK_M below DOT_MIN: rows multiplied on the CUDA cores
 ONE_BITS = 0x3F800000                       # fp32 1.0: a value m in its top mantissa bits reads as 1 + m/2^k
 MANTISSA_TOP = tl.constexpr(19)             # a nibble in fp32 bits 19..22 reads as 1 + q/16
 NIBBLE_AT_TOP = tl.constexpr(0xF << 19)
@@ -83,6 +83,34 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 part = tl.dot(x, tl.trans(offset_q))
             x_sum = tl.sum(x.to(tl.float32), axis=1)
             acc += (part - x_sum[:, None] * (MAGIC_VALUE + zero)[None, :]) * scale[None, :]
+        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    elif BLOCK_M > 1:                                       # a few activation rows: CUDA cores, dequantized once
+        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rows_m < M
+        x_rows = x_ptr + rows_m[:, None].to(tl.int64) * stride_xm
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            word_cols = k0 // 8 + words_in_tile
+            words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
+                            other=0)
+            group = k0 // GROUP
+            scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
+            part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+            x_per_word = tl.zeros([BLOCK_M, BLOCK_K // 8], dtype=tl.float32)
+            for j in tl.static_range(8):        # as in the one-row branch below
+                cols = word_cols * 8 + j
+                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
+                if 4 * j >= MANTISSA_TOP:
+                    placed = words >> (4 * j - MANTISSA_TOP)
+                else:
+                    placed = words << (MANTISSA_TOP - 4 * j)
+                one_plus_q16 = ((placed & NIBBLE_AT_TOP) | one_bits).to(tl.float32, bitcast=True)
+                part += one_plus_q16[None, :, :] * x[:, None, :]
+                x_per_word += x
+            tile = tl.sum(16.0 * part - (16.0 + zero)[None, :, None] * x_per_word[:, None, :], axis=2)
+            acc += tile * scale[None, :]
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
     else:                                                   # one activation row per program: CUDA cores
@@ -190,44 +218,59 @@ def sm_count(device) -> int:
     return 4
 
 
-def choose_split_k(m_tiles: int, n_tiles: int, k_in: int, block_k: int, sms: int) -> int:
-    """Splits of K so that m_tiles · n_tiles · splits reaches PROGRAMS_PER_SM programs per SM,
-    each split a whole number of K tiles, at most MAX_SPLIT_K."""
-    programs = m_tiles * n_tiles
-    k_tiles = -(-k_in // block_k)
-    wanted = -(-PROGRAMS_PER_SM * sms // programs)
-    return max(1, min(wanted, k_tiles, MAX_SPLIT_K))
-
-
 def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> dict:
-    """The engine's choice for a problem (starting points for the GPU sweep, not yet measured)."""
-    if m <= GEMV_MAX_M:
-        block_m = 1 if m == 1 else DOT_MIN
-        block_n, block_k = (64, min(128, group_size)) if bits == 4 else (32, 256)
-        cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 4}
-        cfg["SPLIT_K"] = choose_split_k(1, -(-n // block_n), k, block_k, sms)
-        return cfg
-    block_m = 32 if m <= 32 else 64 if m <= 64 else 128
-    block_k = min(64, group_size) if bits == 4 else 64
-    return {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "SPLIT_K": 1,
-            "num_warps": 4 if block_m <= 64 else 8, "num_stages": 3}
+    """The engine's choice for a problem: per shape of use, the candidate (candidate_configs) with
+    the best geometric mean over the Llama-3.1-8B projections in an H200 sweep (the quant_kernels
+    record with tune=true keeps the table). CUDA-core rows for M = 2..8 are the exception: added
+    after that sweep, since the tl.dot path lost to bf16 there."""
+    block_k4 = lambda bk: min(bk, group_size)                  # an int4 tile lies inside one group
+    if m == 1:
+        cfg = {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": block_k4(128) if bits == 4 else 128, "num_warps": 4,
+               "num_stages": 3, "per_sm": 4}
+    elif m <= CORE_ROWS[-1] and bits == 4:
+        cfg = {"BLOCK_M": next(r for r in CORE_ROWS if r >= m), "BLOCK_N": 32, "BLOCK_K": block_k4(64),
+               "num_warps": 4, "num_stages": 3, "per_sm": 4}
+    elif m <= GEMV_MAX_M:
+        cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 128, "BLOCK_K": block_k4(32), "num_warps": 4, "num_stages": 3,
+               "per_sm": 4} if bits == 4 else \
+              {"BLOCK_M": DOT_MIN, "BLOCK_N": 32, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "per_sm": 1}
+    elif bits == 4:
+        block_m = 64 if m <= 64 else 128
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k4(128), "num_warps": 4 if block_m == 64 else 8,
+               "num_stages": 4, "per_sm": 0}
+    else:
+        block_m = 32 if m <= 64 else 128
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4 if block_m == 32 else 8,
+               "num_stages": 4, "per_sm": 0}
+    per_sm = cfg.pop("per_sm")
+    m_tiles = -(-m // cfg["BLOCK_M"])
+    cfg["SPLIT_K"] = split_for(m_tiles, n, k, cfg, per_sm, sms) if per_sm else 1
+    return cfg
+
+
+def split_for(m_tiles: int, n: int, k: int, cfg: dict, per_sm: int, sms: int) -> int:
+    """Splits of K so that the grid reaches per_sm programs per SM, each split a whole number of
+    K tiles, at most MAX_SPLIT_K."""
+    programs = m_tiles * -(-n // cfg["BLOCK_N"])
+    return max(1, min(-(-per_sm * sms // programs), -(-k // cfg["BLOCK_K"]), MAX_SPLIT_K))
 
 
 def candidate_configs(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
     """What `lab run phase5.quant_kernels --param tune=true` times besides default_config: tile
-    sides, warps, pipeline stages, and split-K at 1, 2 and 4 programs per SM (as SPLIT_K)."""
+    sides, warps, pipeline stages, and split-K reaching 1, 2 and 4 programs per SM."""
     out = []
     if m <= GEMV_MAX_M:
-        block_m = 1 if m == 1 else DOT_MIN
+        shapes = [(1, 4)] if m == 1 else [(r, 4) for r in CORE_ROWS if r >= m][:1] * (bits == 4) + [(DOT_MIN, 4)]
         ks = (32, 64, 128) if bits == 4 else (128, 256, 512)
-        for block_n in (32, 64, 128):
-            for block_k in (bk for bk in ks if bits == 8 or group_size % bk == 0):
-                for warps in (4, 8):
-                    for per_sm in (1, 2, 4):
-                        programs = -(-n // block_n)
-                        splits = max(1, min(-(-per_sm * sms // programs), -(-k // block_k), MAX_SPLIT_K))
-                        out.append({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": splits,
-                                    "num_warps": warps, "num_stages": 3})
+        for block_m, _ in shapes:
+            for block_n in (32, 64, 128):
+                for block_k in (bk for bk in ks if bits == 8 or group_size % bk == 0):
+                    for warps in (4, 8):
+                        for per_sm in (1, 2, 4):
+                            cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
+                                   "num_stages": 3}
+                            cfg["SPLIT_K"] = split_for(-(-m // block_m), n, k, cfg, per_sm, sms)
+                            out.append(cfg)
     else:
         for block_m in (32, 64, 128):
             for block_n in (64, 128):
@@ -246,9 +289,9 @@ def launches(cfg: dict) -> int:
 
 def _check_config(cfg: dict, bits: int, group_size: int | None) -> None:
     bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    if bm != 1 and bm < DOT_MIN:
-        raise LabError(f"BLOCK_M must be 1 (no tl.dot) or >= {DOT_MIN}, got {bm}")
-    if bm != 1 and bk < DOT_MIN:
+    if bm not in CORE_ROWS and bm < DOT_MIN:
+        raise LabError(f"BLOCK_M must be one of {CORE_ROWS} (CUDA cores) or >= {DOT_MIN} (tl.dot), got {bm}")
+    if bm >= DOT_MIN and bk < DOT_MIN:
         raise LabError(f"BLOCK_K must be >= {DOT_MIN} with tl.dot, got {bk}")
     if bits == 4 and (bk % NIBBLES_PER_WORD or group_size % bk):
         raise LabError(f"int4 BLOCK_K must be a multiple of 8 dividing the group size {group_size}, got {bk}")
@@ -268,7 +311,7 @@ def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple,
     grid = (-(-m // bm), -(-n // cfg["BLOCK_N"]), splits)
     dot_fp32 = interpreting() or x.dtype == torch.float32
     kernel[grid](x, *weight_args, target, m, n, k, *extra_ints, k_per_split, x.stride(0), weight_args[0].stride(0),
-                 n, m * n, *magic, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm != 1,
+                 n, m * n, *magic, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm >= DOT_MIN,
                  DOT_FP32=dot_fp32, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if splits > 1:
         _sum_splits_kernel[(-(-(m * n) // SUM_BLOCK),)](target, out, m * n, splits, BLOCK=SUM_BLOCK, num_warps=4)
