@@ -354,13 +354,16 @@ def rope_and_store(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num
 
 
 def _gemv_fits(x, weight) -> bool:
-    """One 16-bit row on a GPU: where the GEMV beats cuBLAS."""
-    return (_on_gpu(x) and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
+    """One 16-bit row on a GPU times a plain weight tensor: where the GEMV beats cuBLAS."""
+    return (isinstance(weight, torch.Tensor) and _on_gpu(x) and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dtype == x.dtype and x.stride(-1) == 1 and weight.stride(1) == 1)
 
 
 def linear(x, weight):
-    """x @ weight.T: the Triton GEMV for one 16-bit row on a GPU, F.linear otherwise."""
+    """x @ weight.T: the Triton GEMV for one 16-bit row on a GPU, F.linear otherwise; a quantized
+    weight (quantize.QuantizedLinear, not a tensor) multiplies by its own path."""
+    if not isinstance(weight, torch.Tensor):
+        return weight(x)
     return gemv_triton(x, weight) if _gemv_fits(x, weight) else F.linear(x, weight)
 
 
@@ -396,4 +399,4 @@ def silu_and_mul_linear(gate_up, weight):
     """SiLU(gate) * up, times weight.T: one GEMV kernel for one 16-bit row on a GPU."""
     if _gemv_fits(gate_up, weight):
         return gemv_triton(gate_up, weight, silu_mul=True)
-    return F.linear(silu_and_mul(gate_up), weight)
+    return linear(silu_and_mul(gate_up), weight)

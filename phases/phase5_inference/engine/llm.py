@@ -18,14 +18,19 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import LabError
+from phases.phase3_triton._support import interpreting
 
 from .kv_cache import BlockPool
+from .model import QuantizationConfig
+from .quantize import GROUP_SIZES
+from .quantize import PATHS as QUANT_PATHS
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .weights import resolve, weights_for
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+QUANTIZATIONS = ("none", "int8", "int4")
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
@@ -43,11 +48,20 @@ class EngineConfig:
     max_model_len: int | None = None       # default: min(shape.max_position_embeddings, 8192)
     cuda_graphs: bool = True               # decode CUDA graphs at bucketed batch sizes (CUDA only)
     attention_backend: str = "auto"
+    quantization: str = "none"             # weight-only: "int8" (per output row), "int4" (group-wise), "none"
+    quant_path: str = "fused"              # how quantized projections multiply: naive, fused, library
+    quant_group_size: int = 128            # int4 inputs per (scale, zero point)
 
     def check(self) -> None:
         """LabError for settings no engine can run with."""
         if self.dtype not in DTYPES:
             raise LabError(f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise LabError(f"quantization {self.quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+        if self.quant_path not in QUANT_PATHS:
+            raise LabError(f"quant_path {self.quant_path!r}: choose one of {', '.join(QUANT_PATHS)}")
+        if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
+            raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                     "max_num_batched_tokens": self.max_num_batched_tokens}
         if self.num_kv_blocks is not None:
@@ -71,6 +85,13 @@ class StepOutput:
     num_output_tokens: int
 
 
+def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
+    if config.quantization == "none":
+        return None
+    return QuantizationConfig(bits=int(config.quantization[3:]), path=config.quant_path,
+                              group_size=config.quant_group_size)
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,6 +110,10 @@ class LLMEngine:
         config.check()
         self.config = config
         self.device = pick_device(config.device)
+        if config.quantization != "none" and config.quant_path == "fused" and self.device.type != "cuda" \
+                and not interpreting():
+            raise LabError("quant_path 'fused' runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1); "
+                           "on a CPU use quant_path naive or library")
         dtype = DTYPES[config.dtype]
         if weights is None:
             self.shape, weights = weights_for(config.model, config.seed, dtype, self.device)
@@ -108,7 +133,7 @@ class LLMEngine:
             num_kv_blocks=config.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             cuda_graphs=config.cuda_graphs, attention_backend=config.attention_backend, seed=config.seed,
-            consume_weights=owned)
+            consume_weights=owned, quantization=quantization_of(config))
         del weights
         capacity = self.runner.num_kv_blocks * config.block_size
         if capacity < requested_len and config.max_model_len is not None:

@@ -8,8 +8,10 @@ within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhe
 token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
 the new token's K and V the same way, then attends over the cache with
 `decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
-GEMV for a single 16-bit row, with the RMSNorm before it done inside); logits are
-computed only for the rows asked for (each sequence's last token), in fp32.
+GEMV for a single 16-bit row, with the RMSNorm before it done inside); with a QuantizationConfig the
+four projections of every layer are weight-only int8 or int4 (quantize.QuantizedLinear), the
+embedding and LM head staying 16-bit. Logits are computed only for the rows asked for (each
+sequence's last token), in fp32.
 """
 import functools
 import inspect
@@ -68,13 +70,39 @@ class LayerWeights:
     __slots__ = ("input_norm", "qkv", "o", "post_norm", "gate_up", "down")
 
 
+QUANTIZED_PROJECTIONS = ("qkv", "o", "gate_up", "down")     # the embedding and the LM head stay 16-bit
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Weight-only quantization of every layer's four projections (quantize.py): bits 8 (per
+    output row) or 4 (group-wise with zero points), multiplied by `path` (naive, fused, library)."""
+    bits: int
+    path: str = "fused"
+    group_size: int = 128
+
+    def quantize(self, weight: torch.Tensor, dtype: torch.dtype):
+        """The projection as a QuantizedLinear, its scales in the model's dtype; the library path's
+        own format is made here (one call), not inside a CUDA-graph capture."""
+        from .quantize import QuantizedLinear, quantize
+        module = QuantizedLinear(quantize(weight, self.bits, self.group_size, scale_dtype=dtype), path=self.path)
+        if self.path == "library":
+            module(torch.zeros(1, weight.shape[1], dtype=dtype, device=weight.device))
+        return module
+
+    def label(self) -> str:
+        group = f" g{self.group_size}" if self.bits == 4 else ""
+        return f"int{self.bits}{group} {self.path}"
+
+
 class LlamaModel:
     """Weights as plain tensors (fused QKV and gate_up) and a forward over the paged cache.
     `kv_caches` (per-layer (k_cache, v_cache)) and the RoPE tables are set by the runner."""
 
     def __init__(self, shape: LlamaShape, dtype: torch.dtype, device: torch.device,
-                 decode_backend: str = "auto"):
+                 decode_backend: str = "auto", quantization: "QuantizationConfig | None" = None):
         self.shape = shape
+        self.quantization = quantization
         self.dtype = dtype
         self.device = torch.device(device)
         self.decode_backend = decode_backend
@@ -111,15 +139,21 @@ class LlamaModel:
             layer.post_norm = tensor(p + "post_attention_layernorm.weight")
             layer.gate_up = torch.cat([tensor(p + "mlp.gate_proj.weight"), tensor(p + "mlp.up_proj.weight")])
             layer.down = tensor(p + "mlp.down_proj.weight")
+            if self.quantization is not None:
+                for name in QUANTIZED_PROJECTIONS:
+                    setattr(layer, name, self.quantization.quantize(getattr(layer, name), self.dtype))
             self.layers.append(layer)
         self.norm = tensor("model.norm.weight")
         self.lm_head = self.embed if self.shape.tie_word_embeddings else tensor("lm_head.weight")
 
     def weight_bytes(self) -> int:
+        """Bytes the weights occupy: tensors as allocated, quantized projections as packed (their
+        weight, scales and zero points)."""
         tensors = [self.embed, self.norm] + [getattr(layer, n) for layer in self.layers for n in LayerWeights.__slots__]
         if self.lm_head is not self.embed:
             tensors.append(self.lm_head)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.weight_format.nbytes()
+                   for t in tensors)
 
     def set_rope(self, shape: LlamaShape, max_positions: int) -> None:
         self.rope_cos, self.rope_sin = rope_tables(shape, max_positions, self.device)

@@ -37,6 +37,9 @@ PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 SPLIT_TIER_BASE_TOKENS = 256       # decode graphs' context tiers: this, twice it, ...
 DECODE_TOKENS_PER_SPLIT = 64       # a split shorter than one tile of the kernel only adds partials
 DECODE_PROGRAMS_PER_SM = 4
+# the naive quantized path dequantizes a whole projection per call: int32 nibbles, the float copy
+# and its scaled result live at once (4 + 4 + 2 bytes per weight, the widest case, int4)
+NAIVE_DEQUANTIZE_BYTES_PER_WEIGHT = 10
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -92,7 +95,7 @@ class ModelRunner:
     def __init__(self, shape: LlamaShape, weights: dict, *, dtype: torch.dtype, device: torch.device,
                  block_size: int, num_kv_blocks: int | None, gpu_memory_utilization: float,
                  max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool,
-                 attention_backend: str, seed: int, consume_weights: bool):
+                 attention_backend: str, seed: int, consume_weights: bool, quantization=None):
         self.shape = shape
         self.dtype = dtype
         self.device = device
@@ -101,12 +104,14 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.use_graphs = cuda_graphs and self.is_cuda
-        self.model = LlamaModel(shape, dtype, device, decode_backend=attention_backend)
+        self.quantization = quantization
+        self.model = LlamaModel(shape, dtype, device, decode_backend=attention_backend, quantization=quantization)
         self.model.load(weights, consume=consume_weights)
         self.sampler = Sampler(device, seed)
         self.telemetry: dict = {"weights_bytes": self.model.weight_bytes(), "block_size": block_size,
                                 "prefill_attention": "flash varlen" if self.model.prefill_varlen is not None else "sdpa per sequence",
-                                "decode_attention_backend": attention_backend}
+                                "decode_attention_backend": attention_backend,
+                                "quantization": quantization.label() if quantization else "none"}
         if self.is_cuda:
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
@@ -123,9 +128,14 @@ class ModelRunner:
         resident_bytes = torch.cuda.memory_reserved(self.device)        # the weights, as allocated
         other_bytes = (total_bytes - free_bytes) - resident_bytes        # CUDA context, other processes
         reserve = activation_reserve_bytes(self.shape, max_num_batched_tokens, self.max_num_seqs, self.dtype.itemsize)
+        if self.quantization is not None and self.quantization.path == "naive":
+            reserve += NAIVE_DEQUANTIZE_BYTES_PER_WEIGHT * max(self._largest_projection_weights(), 1)
         self.telemetry.update(gpu_total_bytes=total_bytes, gpu_memory_utilization=gpu_memory_utilization,
                               activation_reserve_bytes=reserve, other_gpu_bytes=other_bytes)
         return kv_pool_blocks(total_bytes, gpu_memory_utilization, resident_bytes, reserve, block_bytes, other_bytes)
+
+    def _largest_projection_weights(self) -> int:
+        return max(layer.gate_up.out_features * layer.gate_up.in_features for layer in self.model.layers[:1])
 
     def _memory_summary(self) -> str:
         t = self.telemetry

@@ -503,10 +503,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="decode eagerly (vLLM's --enforce-eager)")
     parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--quantization", default="none", choices=("none", "int8", "int4"),
+                        help="weight-only quantization of every layer's projections")
+    parser.add_argument("--quant-path", default="fused", choices=("naive", "fused", "library"),
+                        help="how quantized projections multiply: dequantize then cuBLAS, the Triton kernels, "
+                             "or torch's tinygemm")
+    parser.add_argument("--quant-group-size", type=int, default=128, help="int4 inputs per scale and zero point")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
-                 "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend")
+                 "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend",
+                 "quantization", "quant_path", "quant_group_size")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -515,6 +522,8 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
+    from phases.phase3_triton._support import interpreting
+
     from .llm import EngineConfig, pick_device
     from .weights import resolve
 
@@ -522,6 +531,9 @@ def config_from_args(args: argparse.Namespace):
     device = pick_device(config.device)
     config.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     config.check()
+    if config.quantization != "none" and config.quant_path == "fused" and device.type != "cuda" \
+            and not interpreting():
+        raise LabError("--quant-path fused runs Triton kernels: it needs a CUDA GPU; on a CPU use naive or library")
     resolve(config.model)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
