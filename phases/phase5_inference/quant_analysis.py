@@ -64,3 +64,33 @@ def speedup_over_bf16(fmt: str, batch: int, n_out: int, k_in: int, group_size: i
     """The roofline's prediction of bf16's time over the format's, at this batch."""
     return (predicted_ms("bf16", batch, n_out, k_in, group_size, peak_tflops, bandwidth_gbps)
             / predicted_ms(fmt, batch, n_out, k_in, group_size, peak_tflops, bandwidth_gbps))
+
+
+def projection_shapes(shape) -> list[tuple[int, int]]:
+    """(N out, K in) of one layer's quantized projections: fused qkv, o, fused gate_up, down."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    return [(shape.q_size + 2 * shape.kv_size, h), (h, shape.q_size), (2 * i, h), (h, i)]
+
+
+def decode_weight_bytes(shape, fmt: str, group_size: int = 128) -> float:
+    """Bytes of weights one decode step reads with every layer's projections in `fmt` and the rest
+    (LM head, norms, the embedding rows) in bf16, as the engine holds them."""
+    dense = sum(n * k for n, k in projection_shapes(shape)) * shape.num_hidden_layers
+    packed = sum(weight_bytes(fmt, n, k, group_size) for n, k in projection_shapes(shape)) * shape.num_hidden_layers
+    return shape.decode_weight_bytes() - 2 * dense + packed
+
+
+def model_bytes(shape, fmt: str, group_size: int = 128) -> float:
+    """All the weights the engine holds (the whole embedding table included)."""
+    dense = sum(n * k for n, k in projection_shapes(shape)) * shape.num_hidden_layers
+    packed = sum(weight_bytes(fmt, n, k, group_size) for n, k in projection_shapes(shape)) * shape.num_hidden_layers
+    return shape.weight_bytes() - 2 * dense + packed
+
+
+def decode_parts(shape, fmt: str, batch: int, mean_context: float, group_size: int = 128) -> list[tuple[float, float]]:
+    """(FLOPs, bytes) of a decode step's weight matmuls (weights in `fmt`) and of its attention
+    over the bf16 cache: analysis.decode_parts with the format's weight bytes."""
+    matmul_flops = batch * shape.flops_per_token(0)
+    attention_flops = batch * shape.flops_per_token(int(mean_context)) - matmul_flops
+    return [(matmul_flops, decode_weight_bytes(shape, fmt, group_size)),
+            (attention_flops, batch * mean_context * shape.kv_bytes_per_token())]
