@@ -196,10 +196,14 @@ if INTERPRETED:
         gemv_m = 1 if m == 1 else 16
         bk = min(32, group) if bits == 4 else 32
         out = [None, {"BLOCK_M": gemv_m, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 3},
+               {"BLOCK_M": gemv_m, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 2, "FIXUP": False},   # a second kernel sums
                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": max(16, bk // 2), "SPLIT_K": 1}]
         if bits == 4 and m > 1:
             out += [{"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 2},
-                    {"BLOCK_M": 8, "BLOCK_N": 32, "BLOCK_K": min(16, group), "SPLIT_K": 1}]
+                    {"BLOCK_M": 4, "BLOCK_N": 32, "BLOCK_K": 2 * group, "SPLIT_K": 1}]     # a tile of 2 groups
+        if bits == 4 and m == 1:
+            out += [{"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 2 * group, "SPLIT_K": 2},
+                    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 3, "PREFETCH": False}]
         return out
 
     def problem(m, n, k, dtype, seed=0):
@@ -236,7 +240,10 @@ if INTERPRETED:
         w, x = problem(1, 8, 64, torch.float32)
         qw = qz.quantize_int4(w, 32)
         with pytest.raises(LabError, match="dividing the group size"):
-            qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 32, {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64,
+            qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 32, {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 48,
+                                                                    "SPLIT_K": 1})
+        with pytest.raises(LabError, match="dividing the group size"):       # tl.dot tiles stay inside a group
+            qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 32, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64,
                                                                     "SPLIT_K": 1})
         with pytest.raises(LabError, match="do not describe"):
             qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 16)
@@ -309,3 +316,15 @@ if INTERPRETED:
         assert set(res.summary["tuning"]) == {f"{v} o batch={b}" for v in ("w4_fused", "w8_fused") for b in (1, 17)}
         for table in res.summary["tuning"].values():
             assert table and all(isinstance(ms, float) for ms in table.values()), table
+
+    @in_child
+    def test_split_k_tile_counters_are_back_to_zero_and_sums_deterministic():
+        w, x = problem(17, 37, 200, torch.bfloat16, seed=5)
+        qw = qz.quantize_int4(w, 64)
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4}
+        first = qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 64, cfg)
+        again = qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 64, cfg)
+        two_kernels = qg.w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, 64, {**cfg, "FIXUP": False})
+        assert torch.equal(first, again) and torch.equal(first, two_kernels)      # the same fixed-order sum
+        assert int(qg.tile_counters(x.device, 1).abs().sum()) == 0
+        assert qg.launches(cfg) == 1 and qg.launches({**cfg, "FIXUP": False}) == 2

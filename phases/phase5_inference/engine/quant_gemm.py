@@ -7,20 +7,26 @@ then cuBLAS) pays the full 2 bytes and more.
 
 One kernel per format, two shapes of use, chosen by `default_config`:
   GEMV-shaped (M <= GEMV_MAX_M): a program owns BLOCK_N output rows (all M activation rows) and one
-      K range; it streams its rows' packed words tile by tile. M = 1 multiplies and reduces on the
-      CUDA cores; 2..16 rows use tl.dot on a 16-row tile (the padding rows cost no memory traffic).
-      When cdiv(N, BLOCK_N) programs are too few to fill the GPU (2 programs per SM wanted), K is
-      split across programs (split-K): each writes an fp32 partial [SPLIT_K, M, N] and a second,
-      small kernel sums the splits in a fixed order and rounds to the output dtype. A second pass
-      rather than fp32 atomics: the sum is deterministic, which the engine's batch-invariance
-      tests need, and the partials are a few hundred KiB against the weight's tens of MiB.
+      K range; it streams its rows' packed words tile by tile. One row (and int4's BLOCK_M of 2, 4
+      or 8 rows, dequantized once per program) multiplies on the CUDA cores, the next tile's words
+      loaded while this one is computed (PREFETCH); more rows use tl.dot on a 16-row tile (the
+      padding rows cost no memory traffic).
+      When cdiv(N, BLOCK_N) programs are too few to fill the GPU, K is split across programs
+      (split-K): each writes an fp32 partial [SPLIT_K, M, N] and counts itself in its output
+      tile's counter; the last to arrive sums the tile's partials in split order and rounds to the
+      output dtype (_last_split_sums). Not fp32 atomics into the output: the sum is deterministic,
+      which the engine's batch-invariance tests need; and one kernel, not a second for the sum.
   Tiled (M > GEMV_MAX_M): programs over (M tiles, N tiles), tl.dot on dequantized bf16 tiles, no split.
 
-Dequantization in registers, exact where it can be:
-  int4: a K tile lies inside one group (BLOCK_K divides group_size), so the tile's partial sum is
-      sum_k x·(q − z)·s = s · (sum_k x·q − z · sum_k x): the nibbles 0..15 go into the dot as bf16
-      (exact), and scale and zero point are applied once per tile and output row.
-  int8: q in [−127, 127] is exact in bf16; the row scale multiplies the finished sum.
+Dequantization in registers, exact, and without int-to-float conversions (a quarter-rate
+instruction that bound the first version): integers are placed in a float's mantissa by bit
+operations (the constants passed at run time, or the compiler folds the trick back).
+  int4, tl.dot: a K tile lies inside one group (BLOCK_K divides group_size); 0x4300 | q read as
+      bf16 is 128 + q exactly, and sum_k x·(q − z)·s = s · (sum_k x·(128 + q) − (128 + z) · sum_k x).
+  int4, CUDA cores: nibble j read as 1 + q/16 (fp32), scale and zero point per word, so a tile
+      may span several groups (BLOCK_K a multiple of group_size).
+  int8: q in [−127, 127] is exact in bf16 for tl.dot; on the CUDA cores 1 + (q + 128)/256; the row
+      scale multiplies the finished sum.
 Accumulation is fp32. Under TRITON_INTERPRET=1 the dots run in fp32 (DOT_FP32; the interpreter's
 bf16 tl.dot is wrong), as do fp32 activations on a GPU (ieee, not tf32).
 """
@@ -34,18 +40,51 @@ from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
 GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
 DOT_MIN = 16                        # tl.dot's smallest tile side on NVIDIA GPUs
-CORE_ROWS = (1, 2, 4, 8)            # BLOCK_M below DOT_MIN: rows multiplied on the CUDA cores
+CORE_ROWS = (1, 2, 4)               # BLOCK_M below DOT_MIN: rows multiplied on the CUDA cores
 ONE_BITS = 0x3F800000                       # fp32 1.0: a value m in its top mantissa bits reads as 1 + m/2^k
 MANTISSA_TOP = tl.constexpr(19)             # a nibble in fp32 bits 19..22 reads as 1 + q/16
 NIBBLE_AT_TOP = tl.constexpr(0xF << 19)
 
 
 @triton.jit
+def _int4_tile_scales(scales_ptr, zeros_ptr, k0, words_in_tile, rows_n, n_ok, word_ok, N,
+                      GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(scale, zero point) of every word of a K tile, fp32, shaped to broadcast over [BLOCK_N,
+    BLOCK_K // 8]: [BLOCK_N, 1] when the tile lies inside one group, else one per word."""
+    if BLOCK_K <= GROUP:
+        group = k0 // GROUP
+        scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)[:, None]
+    else:
+        at = ((k0 + 8 * words_in_tile) // GROUP)[None, :] * N + rows_n[:, None]
+        ok = n_ok[:, None] & word_ok[None, :]
+        scale = tl.load(scales_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + at, mask=ok, other=0).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
+def _last_split_sums(partials_ptr, final_ptr, counters_ptr, tile, offsets, mask, n_splits, stride_split):
+    """Called by every split of an output tile once its partial is stored: the split that arrives
+    last sums the tile's partials in split order (deterministic, whatever the arrival order) into
+    the final output, rounded once, and sets the tile's counter back to 0 for the next call. One
+    kernel instead of a second one for the sum: a decode step saves a launch per projection."""
+    tl.debug_barrier()                              # every thread's partial stored before the count
+    arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_splits - 1:
+        total = tl.zeros(offsets.shape, dtype=tl.float32)
+        for s in range(0, n_splits):
+            total += tl.load(partials_ptr + s * stride_split + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(final_ptr + offsets, total.to(final_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(counters_ptr + tile, 0)
+
+
+@triton.jit
 def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_words, k_per_split,
-                  stride_xm, stride_qn, stride_om, stride_split, one_bits, magic_bits,
+                  stride_xm, stride_qn, stride_om, stride_split, one_bits, magic_bits, final_ptr, counters_ptr, n_splits,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, MAGIC_DTYPE: tl.constexpr,
-                  MAGIC_VALUE: tl.constexpr):
+                  MAGIC_VALUE: tl.constexpr, PREFETCH: tl.constexpr, FIXUP: tl.constexpr):
     """out[split, m, n] = sum over this split's k of x[m, k] · (q[n, k] − z[g, n]) · s[g, n]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -85,6 +124,10 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
             acc += (part - x_sum[:, None] * (MAGIC_VALUE + zero)[None, :]) * scale[None, :]
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        if FIXUP:
+            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                             n_splits, stride_split)
     elif BLOCK_M > 1:                                       # a few activation rows: CUDA cores, dequantized once
         rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rows_m < M
@@ -94,9 +137,8 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
             word_cols = k0 // 8 + words_in_tile
             words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
                             other=0)
-            group = k0 // GROUP
-            scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
-            zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
+            scale, zero = _int4_tile_scales(scales_ptr, zeros_ptr, k0, words_in_tile, rows_n, n_ok,
+                                            word_cols < n_words, N, GROUP, BLOCK_K)
             part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
             x_per_word = tl.zeros([BLOCK_M, BLOCK_K // 8], dtype=tl.float32)
             for j in tl.static_range(8):        # as in the one-row branch below
@@ -109,20 +151,34 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 one_plus_q16 = ((placed & NIBBLE_AT_TOP) | one_bits).to(tl.float32, bitcast=True)
                 part += one_plus_q16[None, :, :] * x[:, None, :]
                 x_per_word += x
-            tile = tl.sum(16.0 * part - (16.0 + zero)[None, :, None] * x_per_word[:, None, :], axis=2)
-            acc += tile * scale[None, :]
+            acc += tl.sum((16.0 * part - (16.0 + zero)[None, :, :] * x_per_word[:, None, :]) * scale[None, :, :],
+                          axis=2)
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        if FIXUP:
+            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                             n_splits, stride_split)
     else:                                                   # one activation row per program: CUDA cores
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        word_cols = k_start // 8 + words_in_tile
+        if PREFETCH:
+            words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :], other=0)
+        else:
+            words = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.int32)
         for k0 in range(k_start, k_stop, BLOCK_K):
             word_cols = k0 // 8 + words_in_tile
-            words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
-                            other=0)
-            group = k0 // GROUP
-            scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
-            zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
+            if PREFETCH:                        # the next tile's words in flight while this one is computed
+                next_cols = word_cols + BLOCK_K // 8
+                next_words = tl.load(qw_rows + next_cols[None, :], other=0,
+                                     mask=n_ok[:, None] & (next_cols * 8 < k_stop)[None, :])   # inside this split
+            else:
+                words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
+                                other=0)
+                next_words = words
+            scale, zero = _int4_tile_scales(scales_ptr, zeros_ptr, k0, words_in_tile, rows_n, n_ok,
+                                            word_cols < n_words, N, GROUP, BLOCK_K)
             # nibble j of every word placed in the top of an fp32 mantissa: 1 + q/16 exactly, in two
             # integer instructions (a shift fixed at trace time, then mask-and-OR), no int-to-float
             # conversion (a quarter-rate instruction); one_bits (1.0's bits) is a runtime argument
@@ -139,16 +195,20 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 one_plus_q16 = ((placed & NIBBLE_AT_TOP) | one_bits).to(tl.float32, bitcast=True)
                 part += one_plus_q16 * x[None, :]
                 x_per_word += x
-            acc += (16.0 * part - (16.0 + zero)[:, None] * x_per_word[None, :]) * scale[:, None]
+            acc += (16.0 * part - (16.0 + zero) * x_per_word[None, :]) * scale
+            words = next_words
         tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
                  tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok)
+        if FIXUP:
+            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                             pid_m.to(tl.int64) * stride_om + rows_n, n_ok, n_splits, stride_split)
 
 
 @triton.jit
 def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
-                  stride_xm, stride_qn, stride_om, stride_split, one_bits,
+                  stride_xm, stride_qn, stride_om, stride_split, one_bits, final_ptr, counters_ptr, n_splits,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+                  USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FIXUP: tl.constexpr):
     """out[split, m, n] = s[n] · sum over this split's k of x[m, k] · q[n, k]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -176,6 +236,10 @@ def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
                 acc += tl.dot(x, tl.trans(q.to(x_ptr.dtype.element_ty)))
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        if FIXUP:
+            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                             n_splits, stride_split)
     else:
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -194,6 +258,9 @@ def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
         dot = 256.0 * tl.sum(acc, axis=1) - 384.0 * tl.sum(x_total, axis=0)
         tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
                  (dot * scale).to(out_ptr.dtype.element_ty), mask=n_ok)
+        if FIXUP:
+            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                             pid_m.to(tl.int64) * stride_om + rows_n, n_ok, n_splits, stride_split)
 
 
 @triton.jit
@@ -228,7 +295,7 @@ def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int)
         cfg = {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": block_k4(128) if bits == 4 else 128, "num_warps": 4,
                "num_stages": 3, "per_sm": 4}
     elif m <= CORE_ROWS[-1] and bits == 4:
-        cfg = {"BLOCK_M": next(r for r in CORE_ROWS if r >= m), "BLOCK_N": 32, "BLOCK_K": block_k4(64),
+        cfg = {"BLOCK_M": next(r for r in CORE_ROWS if r >= m), "BLOCK_N": 64, "BLOCK_K": 128,
                "num_warps": 4, "num_stages": 3, "per_sm": 4}
     elif m <= GEMV_MAX_M:
         cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 128, "BLOCK_K": block_k4(32), "num_warps": 4, "num_stages": 3,
@@ -257,20 +324,26 @@ def split_for(m_tiles: int, n: int, k: int, cfg: dict, per_sm: int, sms: int) ->
 
 def candidate_configs(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
     """What `lab run phase5.quant_kernels --param tune=true` times besides default_config: tile
-    sides, warps, pipeline stages, and split-K reaching 1, 2 and 4 programs per SM."""
+    sides, warps, split-K reaching 1, 2 and 4 programs per SM, and (one int4 row) prefetching."""
     out = []
     if m <= GEMV_MAX_M:
-        shapes = [(1, 4)] if m == 1 else [(r, 4) for r in CORE_ROWS if r >= m][:1] * (bits == 4) + [(DOT_MIN, 4)]
-        ks = (32, 64, 128) if bits == 4 else (128, 256, 512)
-        for block_m, _ in shapes:
+        core_rows = 1 if m == 1 else next((r for r in CORE_ROWS if r >= m), None) if bits == 4 else None
+        shapes = [(core_rows, k_tiles_on_cores(bits, group_size))] if core_rows else []
+        if m > 1:
+            shapes.append((DOT_MIN, tuple(bk for bk in (32, 64, 128) if bits == 8 or group_size % bk == 0)
+                           if bits == 4 else (128, 256, 512)))
+        for block_m, ks in shapes:
             for block_n in (32, 64, 128):
-                for block_k in (bk for bk in ks if bits == 8 or group_size % bk == 0):
+                for block_k in ks:
                     for warps in (4, 8):
                         for per_sm in (1, 2, 4):
-                            cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
-                                   "num_stages": 3}
-                            cfg["SPLIT_K"] = split_for(-(-m // block_m), n, k, cfg, per_sm, sms)
-                            out.append(cfg)
+                            for prefetch in ((True, False) if bits == 4 and block_m == 1 else (True,)):
+                                cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
+                                       "num_stages": 3}
+                                if bits == 4 and block_m == 1:
+                                    cfg["PREFETCH"] = prefetch
+                                cfg["SPLIT_K"] = split_for(-(-m // block_m), n, k, cfg, per_sm, sms)
+                                out.append(cfg)
     else:
         for block_m in (32, 64, 128):
             for block_n in (64, 128):
@@ -282,9 +355,18 @@ def candidate_configs(bits: int, m: int, n: int, k: int, group_size: int, sms: i
     return list(unique.values())
 
 
+def k_tiles_on_cores(bits: int, group_size: int) -> tuple:
+    """K tiles the CUDA-core paths can take: int4 any multiple of 8 that divides the group or is a
+    multiple of it (scales are then read per word)."""
+    if bits == 8:
+        return (128, 256, 512)
+    return tuple(sorted({bk for bk in (64, 128, 256, 512) if group_size % bk == 0 or bk % group_size == 0}))
+
+
 def launches(cfg: dict) -> int:
-    """Kernels one call starts: the matmul, and the split sum when K is split."""
-    return 1 if cfg["SPLIT_K"] == 1 else 2
+    """Kernels one call starts: the matmul, plus a split sum when K is split and the in-kernel sum
+    (tile counters) is turned off."""
+    return 1 if cfg["SPLIT_K"] == 1 or cfg.get("FIXUP", True) else 2
 
 
 def _check_config(cfg: dict, bits: int, group_size: int | None) -> None:
@@ -293,15 +375,18 @@ def _check_config(cfg: dict, bits: int, group_size: int | None) -> None:
         raise LabError(f"BLOCK_M must be one of {CORE_ROWS} (CUDA cores) or >= {DOT_MIN} (tl.dot), got {bm}")
     if bm >= DOT_MIN and bk < DOT_MIN:
         raise LabError(f"BLOCK_K must be >= {DOT_MIN} with tl.dot, got {bk}")
-    if bits == 4 and (bk % NIBBLES_PER_WORD or group_size % bk):
-        raise LabError(f"int4 BLOCK_K must be a multiple of 8 dividing the group size {group_size}, got {bk}")
+    if bits == 4 and (bk % NIBBLES_PER_WORD or (group_size % bk if bm >= DOT_MIN else group_size % bk and bk % group_size)):
+        raise LabError(f"int4 BLOCK_K must be a multiple of 8 dividing the group size {group_size} (or, on the CUDA-core "
+                       f"paths, a multiple of it), got {bk}")
     if not 1 <= cfg["SPLIT_K"] <= MAX_SPLIT_K:
         raise LabError(f"SPLIT_K must be in [1, {MAX_SPLIT_K}], got {cfg['SPLIT_K']}")
 
 
 def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple, extra_ints: tuple, magic: tuple,
             constexprs: dict):
-    """Grid, split-K partials and the split sum, shared by both formats."""
+    """Grid, split-K partials and their sum, shared by both formats: the last split of each tile
+    sums them in the kernel (tile counters), or, where no counters can be had (too many tiles, or
+    a first call inside a CUDA-graph capture), a second kernel does."""
     m = x.shape[0]
     bm, bk, splits = cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     k_per_split = -(-(-(-k // bk)) // splits) * bk                 # whole K tiles per split
@@ -309,13 +394,34 @@ def _launch(kernel, x, out_dtype, n: int, k: int, cfg: dict, weight_args: tuple,
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     grid = (-(-m // bm), -(-n // cfg["BLOCK_N"]), splits)
+    counters = tile_counters(x.device, grid[0] * grid[1]) if splits > 1 and cfg.get("FIXUP", True) else None
     dot_fp32 = interpreting() or x.dtype == torch.float32
     kernel[grid](x, *weight_args, target, m, n, k, *extra_ints, k_per_split, x.stride(0), weight_args[0].stride(0),
-                 n, m * n, *magic, **constexprs, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm >= DOT_MIN,
-                 DOT_FP32=dot_fp32, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
-    if splits > 1:
+                 n, m * n, *magic, out, counters if counters is not None else out, splits, **constexprs,
+                 BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, USE_DOT=bm >= DOT_MIN, DOT_FP32=dot_fp32,
+                 FIXUP=counters is not None, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+    if splits > 1 and counters is None:
         _sum_splits_kernel[(-(-(m * n) // SUM_BLOCK),)](target, out, m * n, splits, BLOCK=SUM_BLOCK, num_warps=4)
     return out
+
+
+MAX_TILE_COUNTERS = 1 << 16
+_COUNTERS: dict = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's split-K tile counters (int32, all 0 between calls: the last split of a tile
+    resets its own), made once; None where they cannot serve: more tiles than counters, or no
+    counters yet and a CUDA graph being captured (memory allocated then would belong to the graph).
+    Kernels on one device share them, so two split-K calls must not run on concurrent streams."""
+    if tiles > MAX_TILE_COUNTERS:
+        return None
+    key = (device.type, device.index)
+    if key not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(MAX_TILE_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 def magic_for(dtype: torch.dtype) -> dict:
@@ -356,7 +462,8 @@ def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None
     _check_config(cfg, 4, group_size)
     bits, constexprs = magic_for(x.dtype)
     return _launch(_w4a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous(), zeros.contiguous()),
-                   (qweight.shape[1],), (ONE_BITS, bits), {"GROUP": group_size, **constexprs})
+                   (qweight.shape[1],), (ONE_BITS, bits),
+                   {"GROUP": group_size, "PREFETCH": cfg.get("PREFETCH", True), **constexprs})
 
 
 def w8a16_matmul(x, qweight, scales, config: dict | None = None):
