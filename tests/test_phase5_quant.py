@@ -201,6 +201,8 @@ if INTERPRETED:
         if bits == 4 and m > 1:
             out += [{"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 2},
                     {"BLOCK_M": 4, "BLOCK_N": 32, "BLOCK_K": 2 * group, "SPLIT_K": 1}]     # a tile of 2 groups
+        if bits == 4 and group >= 128:                  # a tl.dot per nibble position (16+ words a tile)
+            out.append({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 2})
         if bits == 4 and m == 1:
             out += [{"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 2 * group, "SPLIT_K": 2},
                     {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": 3, "PREFETCH": False}]

@@ -22,7 +22,7 @@ Dequantization in registers, exact, and without int-to-float conversions (a quar
 instruction that bound the first version): integers are placed in a float's mantissa by bit
 operations (the constants passed at run time, or the compiler folds the trick back).
   int4, tl.dot: a K tile lies inside one group (BLOCK_K divides group_size); 0x4300 | q read as
-      bf16 is 128 + q exactly, and sum_k x·(q − z)·s = s · (sum_k x·(128 + q) − (128 + z) · sum_k x).
+      bf16 is 128 + q exactly, minus 128 + z is q − z exactly; the scale multiplies the tile's dot.
   int4, CUDA cores: nibble j read as 1 + q/16 (fp32), scale and zero point per word, so a tile
       may span several groups (BLOCK_K a multiple of group_size).
   int8: q in [−127, 127] is exact in bf16 for tl.dot; on the CUDA cores 1 + (q + 128)/256; the row
@@ -40,6 +40,7 @@ from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
 GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
 DOT_MIN = 16                        # tl.dot's smallest tile side on NVIDIA GPUs
+DOT_K_MIN = tl.constexpr(16)        # the same, readable inside kernels
 CORE_ROWS = (1, 2, 4)               # BLOCK_M below DOT_MIN: rows multiplied on the CUDA cores
 ONE_BITS = 0x3F800000                       # fp32 1.0: a value m in its top mantissa bits reads as 1 + m/2^k
 MANTISSA_TOP = tl.constexpr(19)             # a nibble in fp32 bits 19..22 reads as 1 + q/16
@@ -104,24 +105,41 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
         x_rows = x_ptr + rows_m[:, None].to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(k_start, k_stop, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
             word_cols = k0 // 8 + words_in_tile
             words = tl.load(qw_rows + word_cols[None, :], mask=n_ok[:, None] & (word_cols < n_words)[None, :],
                             other=0)
-            nibbles = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
-            # MAGIC_VALUE + q as a 16-bit float: the nibble ORed into the mantissa of MAGIC_VALUE, no
-            # int-to-float conversion (a quarter-rate instruction); the offset is taken out below
-            offset_q = (nibbles | magic_bits).to(tl.int16).to(MAGIC_DTYPE, bitcast=True)
             group = k0 // GROUP
             scale = tl.load(scales_ptr + group * N + rows_n, mask=n_ok, other=0.0).to(tl.float32)
             zero = tl.load(zeros_ptr + group * N + rows_n, mask=n_ok, other=0).to(tl.float32)
-            if DOT_FP32:
-                part = tl.dot(x.to(tl.float32), tl.trans(offset_q.to(tl.float32)), input_precision="ieee")
-            else:
-                part = tl.dot(x, tl.trans(offset_q))
-            x_sum = tl.sum(x.to(tl.float32), axis=1)
-            acc += (part - x_sum[:, None] * (MAGIC_VALUE + zero)[None, :]) * scale[None, :]
+            # q − z exactly, as a 16-bit float: MAGIC_VALUE + q made by ORing the nibble into the
+            # mantissa (no int-to-float conversion, a quarter-rate instruction), minus MAGIC_VALUE + z
+            # (both integers the 16-bit type holds exactly, so the difference is exact too)
+            offset_zero = (MAGIC_VALUE + zero).to(MAGIC_DTYPE)[:, None]
+            if BLOCK_K // 8 >= DOT_K_MIN:
+                # one dot per nibble position j over the tile's words (k = 8w + j, x gathered to
+                # match): the nibbles never need reordering into k order, which on a GPU costs a
+                # trip of the whole tile through shared memory
+                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for j in tl.static_range(8):
+                    cols = word_cols * 8 + j
+                    x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+                    offset_q = (((words >> (4 * j)) & 0xF) | magic_bits).to(tl.int16).to(MAGIC_DTYPE, bitcast=True)
+                    if DOT_FP32:                # (the interpreter's 16-bit float arithmetic is not to be trusted)
+                        q_minus_z = offset_q.to(tl.float32) - offset_zero.to(tl.float32)
+                        part += tl.dot(x.to(tl.float32), tl.trans(q_minus_z), input_precision="ieee")
+                    else:
+                        part += tl.dot(x, tl.trans(offset_q - offset_zero))
+            else:                               # too few words for a dot per nibble: reorder into k order
+                cols = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+                nibbles = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
+                offset_q = (nibbles | magic_bits).to(tl.int16).to(MAGIC_DTYPE, bitcast=True)
+                if DOT_FP32:
+                    q_minus_z = offset_q.to(tl.float32) - offset_zero.to(tl.float32)
+                    part = tl.dot(x.to(tl.float32), tl.trans(q_minus_z), input_precision="ieee")
+                else:
+                    part = tl.dot(x, tl.trans(offset_q - offset_zero))
+            acc += part * scale[None, :]
         tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
         if FIXUP:
@@ -294,11 +312,8 @@ def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int)
     if m == 1:
         cfg = {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": block_k4(128) if bits == 4 else 128, "num_warps": 4,
                "num_stages": 3, "per_sm": 4}
-    elif m <= CORE_ROWS[-1] and bits == 4:
-        cfg = {"BLOCK_M": next(r for r in CORE_ROWS if r >= m), "BLOCK_N": 64, "BLOCK_K": 128,
-               "num_warps": 4, "num_stages": 3, "per_sm": 4}
     elif m <= GEMV_MAX_M:
-        cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 128, "BLOCK_K": block_k4(32), "num_warps": 4, "num_stages": 3,
+        cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 64, "BLOCK_K": block_k4(128), "num_warps": 4, "num_stages": 3,
                "per_sm": 4} if bits == 4 else \
               {"BLOCK_M": DOT_MIN, "BLOCK_N": 32, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "per_sm": 1}
     elif bits == 4:
@@ -329,9 +344,8 @@ def candidate_configs(bits: int, m: int, n: int, k: int, group_size: int, sms: i
     if m <= GEMV_MAX_M:
         core_rows = 1 if m == 1 else next((r for r in CORE_ROWS if r >= m), None) if bits == 4 else None
         shapes = [(core_rows, k_tiles_on_cores(bits, group_size))] if core_rows else []
-        if m > 1:
-            shapes.append((DOT_MIN, tuple(bk for bk in (32, 64, 128) if bits == 8 or group_size % bk == 0)
-                           if bits == 4 else (128, 256, 512)))
+        shapes.append((DOT_MIN, tuple(bk for bk in (32, 64, 128, 256) if group_size % bk == 0)
+                       if bits == 4 else (128, 256, 512)))
         for block_m, ks in shapes:
             for block_n in (32, 64, 128):
                 for block_k in ks:
