@@ -115,10 +115,12 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
             # mantissa (no int-to-float conversion, a quarter-rate instruction), minus MAGIC_VALUE + z
             # (both integers the 16-bit type holds exactly, so the difference is exact too)
             offset_zero = (MAGIC_VALUE + zero).to(MAGIC_DTYPE)[:, None]
-            if BLOCK_K // 8 >= DOT_K_MIN:
+            if BLOCK_K // 8 >= DOT_K_MIN and BLOCK_M <= DOT_K_MIN:
                 # one dot per nibble position j over the tile's words (k = 8w + j, x gathered to
                 # match): the nibbles never need reordering into k order, which on a GPU costs a
-                # trip of the whole tile through shared memory
+                # trip of the whole tile through shared memory. Decode-sized M only: with 64 rows
+                # and more the eight gathers of x cost more than the reorder saves (an 8B decode
+                # step at batch 64 took 61.6 ms this way against 14.2 ms)
                 part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for j in tl.static_range(8):
                     cols = word_cols * 8 + j
@@ -306,14 +308,15 @@ def sm_count(device) -> int:
 def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> dict:
     """The engine's choice for a problem: per shape of use, the candidate (candidate_configs) with
     the best geometric mean over the Llama-3.1-8B projections in an H200 sweep (the quant_kernels
-    record with tune=true keeps the table). CUDA-core rows for M = 2..8 are the exception: added
-    after that sweep, since the tl.dot path lost to bf16 there."""
+    record with tune=true keeps the table)."""
     block_k4 = lambda bk: min(bk, group_size)                  # an int4 tile lies inside one group
     if m == 1:
         cfg = {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": block_k4(128) if bits == 4 else 128, "num_warps": 4,
                "num_stages": 3, "per_sm": 4}
+        if bits == 4:
+            cfg["PREFETCH"] = False
     elif m <= GEMV_MAX_M:
-        cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 64, "BLOCK_K": block_k4(128), "num_warps": 4, "num_stages": 3,
+        cfg = {"BLOCK_M": DOT_MIN, "BLOCK_N": 128, "BLOCK_K": block_k4(128), "num_warps": 8, "num_stages": 3,
                "per_sm": 4} if bits == 4 else \
               {"BLOCK_M": DOT_MIN, "BLOCK_N": 32, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "per_sm": 1}
     elif bits == 4:
