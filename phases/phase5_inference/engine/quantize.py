@@ -247,13 +247,22 @@ def library_int4_operands(qw: Int4Weight, device: torch.device) -> tuple[torch.T
 class QuantizedLinear(nn.Module):
     """Drop-in for nn.Linear (weight-only quantized): y = x @ W^T (+ bias), W quantized once.
     `path` picks how forward multiplies (module docstring); it can be changed at any time, the
-    quantized weight stays the same. Errors: a path that cannot run here raises LabError."""
+    quantized weight stays the same. Errors: a path that cannot run here raises LabError.
 
-    def __init__(self, qweight: Int8Weight | Int4Weight, bias: torch.Tensor | None = None, path: str = "fused"):
+    `input_scale` (optional, [K]): a per-input-channel factor applied to x before the matmul,
+    y = (x · input_scale) @ W^T. AWQ (awq.py) quantizes W·diag(s) and passes input_scale = 1/s,
+    so y = Q(W·diag(s)) (x / s) ≈ x W^T; kept here rather than folded into the LayerNorm before."""
+
+    def __init__(self, qweight: Int8Weight | Int4Weight, bias: torch.Tensor | None = None, path: str = "fused",
+                 input_scale: torch.Tensor | None = None):
         super().__init__()
         if path not in PATHS:
             raise LabError(f"unknown QuantizedLinear path {path!r}; choose one of {PATHS}")
+        if input_scale is not None and tuple(input_scale.shape) != (qweight.in_features,):
+            raise LabError(f"QuantizedLinear input_scale must have shape [{qweight.in_features}] (one per input "
+                           f"channel), got {tuple(input_scale.shape)}")
         self.weight_format = qweight
+        self.input_scale = None if input_scale is None else input_scale.detach()
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.path = path
         self.bits = 8 if isinstance(qweight, Int8Weight) else 4
@@ -280,17 +289,22 @@ class QuantizedLinear(nn.Module):
         for name, tensor in list(vars(qw).items()):
             if isinstance(tensor, torch.Tensor):
                 setattr(qw, name, fn(tensor).to(tensor.dtype))   # device follows; stored dtypes stay
+        if self.input_scale is not None:
+            self.input_scale = fn(self.input_scale).to(self.input_scale.dtype)
         self._library_cache.clear()
         return self
 
     def extra_repr(self) -> str:
         group = f", group_size={self.weight_format.group_size}" if self.bits == 4 else ""
+        scale = "" if self.input_scale is None else f", input_scale=[{self.input_scale.numel()}]"
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}{group}, " \
-               f"path={self.path}"
+               f"path={self.path}{scale}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
+        if self.input_scale is not None:                 # x · diag(input_scale), rounded once to x's dtype
+            x2 = (x2 * self.input_scale).to(x2.dtype)
         if self.path == "naive":
             y = F.linear(x2, self.weight_format.dequantize(x.dtype))
         elif self.path == "fused":
