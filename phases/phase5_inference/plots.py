@@ -1,5 +1,6 @@
 """Phase 5's plots, one PNG per GPU from its newest record: the batching curve (throughput and TPOT
-against concurrency, measured beside predicted) and the bandwidth each way to decode reaches.
+against concurrency, measured beside predicted), the bandwidth each way to decode reaches, and
+quantized decode's tok/s against the bytes each token reads.
 matplotlib is imported only when a plot is drawn."""
 from common.plotting import pyplot, save
 
@@ -52,4 +53,36 @@ def decode_bandwidth(view, hw: str, path) -> None:
         ax.text(i, r["metrics.gbps"], f"{r['metrics.pct_of_copy_roofline']:.0f}%", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("GB/s of weights + KV read per token")
     ax.set_title(f"Batch-1 decode bandwidth ({rows[0]['hardware_name'] if rows else hw})")
+    save(fig, path)
+
+
+def quant_tok_s(view, hw: str, path) -> None:
+    """Decode tok/s (batch / step time) against bytes read per token (the step's weight and KV bytes
+    over the batch) for every variant and batch, and the roofline tok/s = bandwidth / bytes: a
+    point on the line moves its bytes at the copy bandwidth measured in the run."""
+    plt = pyplot()
+    rows = _ok_rows(view, "phase5.quant_engine", hw)
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    colors = {"bf16": "black", "int8_fused": "tab:green", "int4_fused": "tab:blue", "int4_library": "tab:purple",
+              "int4_naive": "tab:red"}
+    markers = {1: "o", 8: "s", 64: "^"}
+    for r in rows:
+        batch = int(r["params.batch"])
+        ax.scatter(r["metrics.bytes_per_token"] / 1e9, r["metrics.decode_tok_s"], color=colors.get(r["variant"], "gray"),
+                   marker=markers.get(batch, "D"), s=40, zorder=3)
+    for variant, color in colors.items():
+        ax.scatter([], [], color=color, label=variant)
+    for batch, marker in markers.items():
+        ax.scatter([], [], color="gray", marker=marker, label=f"batch {batch}")
+    copy = rows[0]["metrics.copy_gbps"] if rows else None
+    if copy:
+        xs = [min(r["metrics.bytes_per_token"] for r in rows) / 1e9 / 1.5, max(r["metrics.bytes_per_token"] for r in rows) / 1e9 * 1.5]
+        ax.plot(xs, [copy / x for x in xs], "--", color="gray", label=f"roofline: {copy:,.0f} GB/s / bytes per token")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GB read per output token (weights in the format + KV cache, over the batch)")
+    ax.set_ylabel("decode tokens / s")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"Weight-only quantization in the engine, {rows[0]['params.model'] if rows else ''} "
+                 f"({rows[0]['hardware_name'] if rows else hw})")
     save(fig, path)

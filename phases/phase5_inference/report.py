@@ -1,6 +1,7 @@
 """Phase 5's README blocks, declared (rendered by common/render.py): startup telemetry, decode speed
 against plain PyTorch, the continuous-batching sweep and its plot, offline throughput, the paged
-attention kernel, vLLM, the goals and the findings."""
+attention kernel, vLLM, weight-only quantization (kernels, the engine, quality), the goals and the
+findings."""
 from common.formats import missing, num, pct, ratio
 from common.frame import by_hardware, find, value
 from common import render
@@ -10,6 +11,7 @@ from . import findings, plots, seed
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
+QKERNELS, QENGINE, QQUALITY = "phase5.quant_kernels", "phase5.quant_engine", "phase5.quant_quality"
 
 
 def variants(*names):
@@ -80,6 +82,43 @@ ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
     col("x gather + SDPA", "metrics.speedup_vs_gather_sdpa", ratio), col("splits", "metrics.num_splits", num)),
     brief=lambda rows: rows[rows["params.batch"].isin([1, 64, 256])])
 
+QUANT_KERNELS_TABLE = Table(QKERNELS, QKERNELS, columns=(
+    ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("variant", "variant"),
+    col("µs", lambda r: 1000 * r["metrics.ms"], num), col("GB/s", "metrics.gbps", num),
+    col("% of roofline", "metrics.pct_of_roofline", pct), col("x bf16 cuBLAS", "metrics.speedup_vs_bf16_cublas", ratio)),
+    more=(col("algorithm bytes", "metrics.algorithm_bytes", num),),
+    brief=lambda rows: rows[(rows["params.matrix"] == "gate_up") & rows["params.batch"].isin([1, 16, 256])])
+
+QUANT_ENGINE_TABLE = Table(QENGINE, QENGINE, columns=(
+    ident("variant", "variant"), ident("batch", "params.batch", num),
+    col("weights", "metrics.weights_gib", gib), col("decode step", "metrics.decode_step_ms", ms),
+    col("decode tok/s", "metrics.decode_tok_s", num), col("output tok/s (with prefills)", "metrics.output_tok_s", num),
+    col("x bf16", "metrics.speedup_vs_bf16", ratio), col("% of copy roofline", "metrics.pct_of_copy_roofline", pct),
+    col("kernels / step", "metrics.kernels_per_step", num)),
+    more=(col("bytes / token", "metrics.bytes_per_token", num), col("predicted weights", "metrics.predicted_weights_gib", gib)),
+    note=lambda view, rows: ("The seed's Llama 3.1 8B under vLLM on an A100 (" + seed.CITATION + "): " + "; ".join(
+        f"{name} {g:.2f} GiB, {num(t)} tok/s ({x:.2f}x)" for name, (g, t, x) in seed.QUANT_8B.items())
+        + f"; Mistral 7B with Marlin {seed.QUANT_MISTRAL_MARLIN_X}x."))
+
+QUANT_LAYER_TABLE = Table("phase5.quant_layers", QQUALITY, prediction=False, columns=(
+    ident("matrix", "params.matrix"), ident("format", "params.format"), ident("group", "params.group_size", num),
+    col("output rel. error", "metrics.rel_error_output", lambda x: "-" if missing(x) else f"{x:.4f}"),
+    col("predicted (uniform rounding)", "metrics.predicted_rel_error", lambda x: "-" if missing(x) else f"{x:.4f}"),
+    col("max |error| / step", "metrics.max_abs_weight_error_over_scale", lambda x: "-" if missing(x) else f"{x:.3f}"),
+    col("bits / weight", "metrics.bits_per_weight", lambda x: "-" if missing(x) else f"{x:.2f}")),
+    where=variants("layer_int8", "layer_int4"))
+
+QUANT_PERPLEXITY_TABLE = Table("phase5.quant_perplexity", QQUALITY, prediction=False, columns=(
+    ident("variant", "variant"), ident("group", "params.group_size", num),
+    col("val loss", "metrics.val_loss", lambda x: "-" if missing(x) else f"{x:.4f}"),
+    col("perplexity", "metrics.perplexity", lambda x: "-" if missing(x) else f"{x:.2f}"),
+    col("Δ loss", "metrics.delta_loss_vs_reference", lambda x: "-" if missing(x) else f"{x:+.4f}"),
+    col("KL from bf16", "metrics.kl_vs_reference", lambda x: "-" if missing(x) else f"{x:.2e}"),
+    col("top-1 unchanged", "metrics.top1_agreement", lambda x: "-" if missing(x) else f"{100 * x:.1f}%"),
+    col("bits / weight", "metrics.bits_per_weight", lambda x: "-" if missing(x) else f"{x:.2f}")),
+    where=variants("reference", "int8", "int4_rtn", "int4_awq"))
+
+
 def vllm_runs(view) -> str:
     """The sweep against vllm serve where it ran, and every GPU's newest skip with its reason (a
     skipped record has no rows, so a table alone would hide that the exercise was run at all)."""
@@ -102,6 +141,25 @@ def best_level(d):
     """Each GPU's level of the sweep with the most output tok/s (the sweep's best, whatever its ratio)."""
     ok = d[d["status"] == "ok"]
     return ok[ok["metrics.output_tok_s"] == ok.groupby("hardware")["metrics.output_tok_s"].transform("max")]
+def quant_row(variant: str, batch: int):
+    return lambda d: d[(d["variant"] == variant) & (d["params.batch"] == batch)]
+
+
+def fused_large_small_batch(d):
+    return d[(d["variant"] == "w4_fused") & d["params.matrix"].isin(["gate_up", "down"]) & (d["params.batch"] <= 16)]
+
+
+def fused_over_library(d):
+    """w4_fused rows with metrics.speedup_vs_library: tinygemm's time over the fused kernel's, the
+    same matrix and batch of the same record."""
+    key = ["hardware", "path", "params.matrix", "params.batch"]
+    ok = d[d["status"] == "ok"]
+    library = ok[ok["variant"] == "w4_library"][key + ["metrics.ms"]].rename(columns={"metrics.ms": "library_ms"})
+    fused = ok[ok["variant"] == "w4_fused"].merge(library, on=key, how="inner")
+    fused["metrics.speedup_vs_library"] = fused["library_ms"] / fused["metrics.ms"]
+    return fused
+
+
 GOALS = Goals("phase5.goals", (
     Goal("8B batch-1 decode, % of the HBM roofline (copy bandwidth of the same run)", DECODE,
          "metrics.pct_of_copy_roofline", 85, "the lab's bar for an engine: the roofline is the weight and KV bytes a token reads over the copy bandwidth measured in the same run",
@@ -122,6 +180,25 @@ GOALS = Goals("phase5.goals", (
          where=lambda d: d[(d["variant"] == "lab-engine-prefill") & (d["params.model"] == "llama-3.1-8b")]),
     Goal("client TPOT over the engine's own step time, concurrency 1", DECODE, "metrics.serving_overhead", 1.05,
          "the lab's bar: HTTP, SSE and the event loop add at most 5% to a step", op="<=", pick="min", fmt=ratio, where=LAB_8B),
+    Goal("8B batch-1 decode, int4 fused against bf16 (same run)", QENGINE, "metrics.speedup_vs_bf16", 2.5,
+         f"the seed's Marlin: {seed.QUANT_MISTRAL_MARLIN_X}x on an A100 (Mistral 7B); torchao's published int4 on an H100: about 2.0x",
+         fmt=ratio, where=quant_row("int4_fused", 1)),
+    Goal("8B batch-1 decode, int4 fused, % of the int4 roofline (copy bandwidth of the same run)", QENGINE,
+         "metrics.pct_of_copy_roofline", 85, "the lab's bar for the bf16 engine, held for the int4 bytes",
+         where=quant_row("int4_fused", 1)),
+    Goal("8B batch-1 decode, int8 fused against bf16 (same run)", QENGINE, "metrics.speedup_vs_bf16", 1.6,
+         "the lab's bar: half the weight bytes, at least 80% of the 2x they promise", fmt=ratio,
+         where=quant_row("int8_fused", 1)),
+    Goal("8B batch-1 decode, int4 through the naive path against bf16: the trap", QENGINE, "metrics.speedup_vs_bf16", 0.5,
+         f"the seed's naive AWQ kernel: {seed.QUANT_8B['AWQ int4, naive kernel'][2]}x", op="<=", pick="min", fmt=ratio,
+         where=quant_row("int4_naive", 1)),
+    Goal("W4A16 kernel against bf16 cuBLAS, batch 1 to 16, gate_up and down (the worst of them)", QKERNELS,
+         "metrics.speedup_vs_bf16_cublas", 3.0, "Marlin's ideal is about 3.9x (4 bits against 16, plus scales)",
+         pick="min", fmt=ratio, where=fused_large_small_batch,
+         detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
+    Goal("W4A16 kernel against tinygemm (torch._weight_int4pack_mm), every matrix and batch (the worst)", QKERNELS,
+         "metrics.speedup_vs_library", 1.0, "the library baseline in the same run", pick="min", fmt=ratio,
+         where=fused_over_library, detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
 ), empty="_Run `lab run 5` on a GPU to measure the goals._")
 
 
@@ -157,4 +234,10 @@ PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, b
     Plot("phase5.batching_plot", "phase5_batching", (BATCHING,), plots.batching,
          "Output tok/s and median TPOT against concurrency on the {name}, measured and predicted",
          hardware=with_ok(BATCHING)),
-    OFFLINE_TABLE, Text("phase5.vllm_serve", vllm_runs, "_No records yet: run `lab run phase5.vllm_serve`._"), GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._")))
+    OFFLINE_TABLE, Text("phase5.vllm_serve", vllm_runs, "_No records yet: run `lab run phase5.vllm_serve`._"),
+    QUANT_KERNELS_TABLE, QUANT_ENGINE_TABLE,
+    Plot("phase5.quant_plot", "phase5_quant_tok_s", (QENGINE,), plots.quant_tok_s,
+         "Decode tok/s against bytes read per token for every weight format and path on the {name}, with the "
+         "copy-bandwidth roofline drawn through them", hardware=with_ok(QENGINE)),
+    QUANT_LAYER_TABLE, QUANT_PERPLEXITY_TABLE,
+    GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._")))

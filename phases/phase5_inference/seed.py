@@ -9,3 +9,9 @@ TTFT_8B_MS = 18.1
 DECODE_8B_TOK_S = 93.0
 TTFT_70B_TP2_MS = 58.0
 KV_LEFT_70B_TP2_GIB = 3.93
+
+# Exercise 5.2, quantization (vLLM's AWQ INT4 through its naive kernel and through Marlin): model
+# size in GiB, batch-1 decode tok/s, and x the bf16 run of the same model
+QUANT_8B = {"bf16": (14.99, 93.1, 1.0), "AWQ int4, naive kernel": (5.37, 20.7, 0.2),
+            "AWQ int4, Marlin": (5.37, 199.1, 2.14)}
+QUANT_MISTRAL_MARLIN_X = 2.27
