@@ -48,6 +48,16 @@ NIBBLE_AT_TOP = tl.constexpr(0xF << 19)
 
 
 @triton.jit
+def _store_partial(out_ptr, out_split, final_ptr, counters_ptr, tile, offsets, mask, values, n_splits, stride_split,
+                   FIXUP: tl.constexpr):
+    """Store a program's result (its split's partial, or the output when K is not split) and,
+    with FIXUP, take part in its tile's split sum."""
+    tl.store(out_split + offsets, values.to(out_ptr.dtype.element_ty), mask=mask)
+    if FIXUP:
+        _last_split_sums(out_ptr, final_ptr, counters_ptr, tile, offsets, mask, n_splits, stride_split)
+
+
+@triton.jit
 def _int4_tile_scales(scales_ptr, zeros_ptr, k0, words_in_tile, rows_n, n_ok, word_ok, N,
                       GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
     """(scale, zero point) of every word of a K tile, fp32, shaped to broadcast over [BLOCK_N,
@@ -142,12 +152,9 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 else:
                     part = tl.dot(x, tl.trans(offset_q - offset_zero))
             acc += part * scale[None, :]
-        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-        if FIXUP:
-            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
-                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
-                             n_splits, stride_split)
+        _store_partial(out_ptr, out_split, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                       rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                       acc, n_splits, stride_split, FIXUP)
     elif BLOCK_M > 1:                                       # a few activation rows: CUDA cores, dequantized once
         rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rows_m < M
@@ -173,12 +180,9 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 x_per_word += x
             acc += tl.sum((16.0 * part - (16.0 + zero)[None, :, :] * x_per_word[:, None, :]) * scale[None, :, :],
                           axis=2)
-        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-        if FIXUP:
-            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
-                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
-                             n_splits, stride_split)
+        _store_partial(out_ptr, out_split, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                       rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                       acc, n_splits, stride_split, FIXUP)
     else:                                                   # one activation row per program: CUDA cores
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
@@ -217,11 +221,8 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, n_word
                 x_per_word += x
             acc += (16.0 * part - (16.0 + zero) * x_per_word[None, :]) * scale
             words = next_words
-        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
-                 tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=n_ok)
-        if FIXUP:
-            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
-                             pid_m.to(tl.int64) * stride_om + rows_n, n_ok, n_splits, stride_split)
+        _store_partial(out_ptr, out_split, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                       pid_m.to(tl.int64) * stride_om + rows_n, n_ok, tl.sum(acc, axis=1), n_splits, stride_split, FIXUP)
 
 
 @triton.jit
@@ -254,12 +255,9 @@ def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
                 acc += tl.dot(x.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(q.to(x_ptr.dtype.element_ty)))
-        tl.store(out_split + rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :],
-                 (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-        if FIXUP:
-            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
-                             rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
-                             n_splits, stride_split)
+        _store_partial(out_ptr, out_split, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                       rows_m[:, None].to(tl.int64) * stride_om + rows_n[None, :], m_ok[:, None] & n_ok[None, :],
+                       (acc * scale[None, :]), n_splits, stride_split, FIXUP)
     else:
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -276,11 +274,8 @@ def _w8a16_kernel(x_ptr, qw_ptr, scales_ptr, out_ptr, M, N, K, k_per_split,
             acc += one_plus_q * x[None, :]
             x_total += x
         dot = 256.0 * tl.sum(acc, axis=1) - 384.0 * tl.sum(x_total, axis=0)
-        tl.store(out_split + pid_m.to(tl.int64) * stride_om + rows_n,
-                 (dot * scale).to(out_ptr.dtype.element_ty), mask=n_ok)
-        if FIXUP:
-            _last_split_sums(out_ptr, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
-                             pid_m.to(tl.int64) * stride_om + rows_n, n_ok, n_splits, stride_split)
+        _store_partial(out_ptr, out_split, final_ptr, counters_ptr, pid_m * tl.num_programs(1) + pid_n,
+                       pid_m.to(tl.int64) * stride_om + rows_n, n_ok, (dot * scale), n_splits, stride_split, FIXUP)
 
 
 @triton.jit
