@@ -92,6 +92,15 @@ def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
                               group_size=config.quant_group_size)
 
 
+def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | None:
+    """Why the quantized fused path cannot run on this device (its Triton kernels need a GPU or
+    the interpreter), or None."""
+    if config.quantization != "none" and config.quant_path == "fused" and device.type != "cuda" and not interpreting():
+        return ("quant_path 'fused' runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1); "
+                "on a CPU use quant_path naive or library")
+    return None
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -110,10 +119,9 @@ class LLMEngine:
         config.check()
         self.config = config
         self.device = pick_device(config.device)
-        if config.quantization != "none" and config.quant_path == "fused" and self.device.type != "cuda" \
-                and not interpreting():
-            raise LabError("quant_path 'fused' runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1); "
-                           "on a CPU use quant_path naive or library")
+        refused = fused_path_unavailable(config, self.device)
+        if refused:
+            raise LabError(refused)
         dtype = DTYPES[config.dtype]
         if weights is None:
             self.shape, weights = weights_for(config.model, config.seed, dtype, self.device)

@@ -135,7 +135,9 @@ class ModelRunner:
         return kv_pool_blocks(total_bytes, gpu_memory_utilization, resident_bytes, reserve, block_bytes, other_bytes)
 
     def _largest_projection_weights(self) -> int:
-        return max(layer.gate_up.out_features * layer.gate_up.in_features for layer in self.model.layers[:1])
+        """Weights of the widest projection, fused gate_up (every layer has the same shapes)."""
+        gate_up = self.model.layers[0].gate_up
+        return gate_up.out_features * gate_up.in_features
 
     def _memory_summary(self) -> str:
         t = self.telemetry

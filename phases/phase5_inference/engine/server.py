@@ -522,18 +522,16 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
-    from phases.phase3_triton._support import interpreting
-
-    from .llm import EngineConfig, pick_device
+    from .llm import EngineConfig, fused_path_unavailable, pick_device
     from .weights import resolve
 
     config = EngineConfig(**{f: getattr(args, f) for f in ENGINE_FIELDS if f != "dtype"})
     device = pick_device(config.device)
     config.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     config.check()
-    if config.quantization != "none" and config.quant_path == "fused" and device.type != "cuda" \
-            and not interpreting():
-        raise LabError("--quant-path fused runs Triton kernels: it needs a CUDA GPU; on a CPU use naive or library")
+    refused = fused_path_unavailable(config, device)
+    if refused:
+        raise LabError(refused)
     resolve(config.model)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
