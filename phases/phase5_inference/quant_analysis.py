@@ -72,19 +72,21 @@ def projection_shapes(shape) -> list[tuple[int, int]]:
     return [(shape.q_size + 2 * shape.kv_size, h), (h, shape.q_size), (2 * i, h), (h, i)]
 
 
+def projection_bytes_saved(shape, fmt: str, group_size: int = 128) -> float:
+    """Bytes the model's projections take in bf16 minus what they take in `fmt`, all layers."""
+    per_layer = sum(2 * n * k - weight_bytes(fmt, n, k, group_size) for n, k in projection_shapes(shape))
+    return per_layer * shape.num_hidden_layers
+
+
 def decode_weight_bytes(shape, fmt: str, group_size: int = 128) -> float:
     """Bytes of weights one decode step reads with every layer's projections in `fmt` and the rest
     (LM head, norms, the embedding rows) in bf16, as the engine holds them."""
-    dense = sum(n * k for n, k in projection_shapes(shape)) * shape.num_hidden_layers
-    packed = sum(weight_bytes(fmt, n, k, group_size) for n, k in projection_shapes(shape)) * shape.num_hidden_layers
-    return shape.decode_weight_bytes() - 2 * dense + packed
+    return shape.decode_weight_bytes() - projection_bytes_saved(shape, fmt, group_size)
 
 
 def model_bytes(shape, fmt: str, group_size: int = 128) -> float:
     """All the weights the engine holds (the whole embedding table included)."""
-    dense = sum(n * k for n, k in projection_shapes(shape)) * shape.num_hidden_layers
-    packed = sum(weight_bytes(fmt, n, k, group_size) for n, k in projection_shapes(shape)) * shape.num_hidden_layers
-    return shape.weight_bytes() - 2 * dense + packed
+    return shape.weight_bytes() - projection_bytes_saved(shape, fmt, group_size)
 
 
 def decode_parts(shape, fmt: str, batch: int, mean_context: float, group_size: int = 128) -> list[tuple[float, float]]:

@@ -148,7 +148,7 @@ def variant_rows(ctx, params, variant: str, shape, copy_gbps: float) -> list[dic
 def measured_row(ctx, variant, identity, shape, fmt, params, step_ms_runs, wall_s, telemetry, copy_gbps, check):
     batch = identity["batch"]
     context = mean_decode_context(params["prompt_tokens"], params["output_tokens"])
-    parts = qa.decode_parts(shape, "bf16" if fmt == "bf16" else fmt, batch, context, params["group_size"])
+    parts = qa.decode_parts(shape, fmt, batch, context, params["group_size"])
     step_bytes = sum(b for _, b in parts)
     timing = summarize(step_ms_runs, "engine decode step wall time (host-synchronous), median over steps, "
                                      "then over runs", warmup_calls=1, flush_l2=False)

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from common.errors import LabError
 
-from .quantize import QuantizedLinear, quantize_int4
+from .quantize import QuantizedLinear, default_scale_dtype, quantize_int4
 
 GRID_POINTS = 20
 MIN_MAGNITUDE = 1e-4           # a channel that is always ~0 keeps a usable (tiny) scale, never 0
@@ -63,7 +63,7 @@ def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
 def effective_weight(weight: torch.Tensor, s: torch.Tensor, group_size: int,
                      scale_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Q(W · diag(s)) / s in fp32: the weight the scaled, quantized layer multiplies x by."""
-    scale_dtype = scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+    scale_dtype = default_scale_dtype(weight, scale_dtype)
     q = quantize_int4(weight.float() * s[None, :], group_size, scale_dtype)
     return q.dequantize(torch.float32) / s[None, :]
 
@@ -127,7 +127,7 @@ def awq_linear(linear: nn.Linear, x: torch.Tensor, group_size: int = 128, path: 
     exactly: s = 1, the same quantized weight as QuantizedLinear.from_linear(linear, 4, ...)."""
     w = linear.weight.detach()
     found = search_scale(w, x, group_size, alphas, scale_dtype)
-    scale_dtype = scale_dtype or (w.dtype if w.is_floating_point() else torch.float32)
+    scale_dtype = default_scale_dtype(w, scale_dtype)
     s = found.scale.to(w.device)
     qw = quantize_int4(w.float() * s[None, :], group_size, scale_dtype)
     module = QuantizedLinear(qw, linear.bias, path, input_scale=1.0 / s)

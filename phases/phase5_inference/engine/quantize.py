@@ -83,6 +83,11 @@ def unpack_int4_words(packed: torch.Tensor) -> torch.Tensor:
     return ((packed[:, :, None] >> shifts) & INT4_MAX).reshape(packed.shape[0], -1)
 
 
+def default_scale_dtype(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) -> torch.dtype:
+    """The scales' dtype: the one asked for, else the weight's float dtype (fp32 for integers)."""
+    return scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+
+
 def round_up_to(values_fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """values in `dtype`, each the nearest representable value >= the fp32 one (a scale rounded
     down would stretch the range past the integers and clamp the extremes)."""
@@ -159,7 +164,7 @@ def quantize_int8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) 
     if weight.dim() != 2:
         raise LabError(f"quantize_int8 takes a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
     w = weight.float()
-    scale_dtype = scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+    scale_dtype = default_scale_dtype(weight, scale_dtype)
     amax = w.abs().amax(dim=1).clamp(min=1e-8)
     scales = round_up_to(amax / INT8_MAX, scale_dtype)
     q = torch.round(w / scales.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
@@ -180,7 +185,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torc
     if weight.dim() != 2:
         raise LabError(f"quantize_int4 takes a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
     check_group_size(group_size)
-    scale_dtype = scale_dtype or (weight.dtype if weight.is_floating_point() else torch.float32)
+    scale_dtype = default_scale_dtype(weight, scale_dtype)
     n_rows, k_in = weight.shape
     groups = -(-k_in // group_size)
     pad = groups * group_size - k_in
