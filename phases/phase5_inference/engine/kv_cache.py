@@ -53,13 +53,23 @@ class BlockPool:
             raise RuntimeError(f"{seq}: needs {needed} blocks, {len(self._free)} free")
         seq.block_table = [self._free.popleft() for _ in range(needed)]
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Room for the keys and values of `seq`'s last token (a decode step writes them)."""
-        return self.blocks_for(seq.num_tokens) - len(seq.block_table) <= len(self._free)
+    def can_append(self, seq: Sequence, num_tokens: int | None = None) -> bool:
+        """Room for the keys and values of `seq`'s last token (a decode step writes them), or of
+        its first `num_tokens` (a speculative step writes past the last token)."""
+        return self.blocks_for(num_tokens or seq.num_tokens) - len(seq.block_table) <= len(self._free)
 
-    def append(self, seq: Sequence) -> None:
-        while len(seq.block_table) < self.blocks_for(seq.num_tokens):
+    def append(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        while len(seq.block_table) < self.blocks_for(num_tokens or seq.num_tokens):
             seq.block_table.append(self._free.popleft())
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks `seq`'s first `num_tokens` need (a speculative step's rejected
+        tokens rolled back); the table becomes a new list, so a runner that remembers which table
+        it last wrote rewrites it."""
+        keep = self.blocks_for(num_tokens)
+        if keep < len(seq.block_table):
+            self._free.extend(seq.block_table[keep:])
+            seq.block_table = seq.block_table[:keep]
 
     def free(self, seq: Sequence) -> None:
         """Give back all of `seq`'s blocks; its cached tokens are gone."""

@@ -20,13 +20,15 @@ import torch
 from common.errors import LabError
 from phases.phase3_triton._support import interpreting
 
-from .kv_cache import BlockPool
+from .kv_cache import BlockPool, activation_reserve_bytes, kv_block_bytes
 from .model import QuantizationConfig
 from .quantize import GROUP_SIZES
 from .quantize import PATHS as QUANT_PATHS
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
+from .speculative import MAX_SPECULATIVE_TOKENS, DraftProposer, NgramProposer, Speculator
+from .shapes import LlamaShape
 from .weights import resolve, weights_for
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -51,6 +53,8 @@ class EngineConfig:
     quantization: str = "none"             # weight-only: "int8" (per output row), "int4" (group-wise), "none"
     quant_path: str = "fused"              # how quantized projections multiply: naive, fused, library
     quant_group_size: int = 128            # int4 inputs per (scale, zero point)
+    speculative_model: str = "none"        # "none", "ngram" (prompt lookup), or a draft: named shape or checkpoint folder
+    num_speculative_tokens: int = 0        # k: tokens proposed per step (1 .. MAX_SPECULATIVE_TOKENS when speculating)
 
     def check(self) -> None:
         """LabError for settings no engine can run with."""
@@ -62,6 +66,11 @@ class EngineConfig:
             raise LabError(f"quant_path {self.quant_path!r}: choose one of {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
+        if self.speculative_model != "none":
+            k = self.num_speculative_tokens
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+                raise LabError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}] "
+                               f"with speculative_model {self.speculative_model!r}, got {k!r}")
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                     "max_num_batched_tokens": self.max_num_batched_tokens}
         if self.num_kv_blocks is not None:
@@ -128,6 +137,8 @@ class LLMEngine:
             owned = True
         else:
             self.shape, owned = resolve(config.model)[0], False
+        self.max_speculative_tokens = config.num_speculative_tokens if config.speculative_model != "none" else 0
+        draft_shape = self._draft_shape(config.speculative_model)
         requested_len = config.max_model_len or min(self.shape.max_position_embeddings, DEFAULT_MAX_MODEL_LEN,
                                                     config.max_num_batched_tokens)
         if requested_len > self.shape.max_position_embeddings:
@@ -139,9 +150,11 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.shape, weights, dtype=dtype, device=self.device, block_size=config.block_size,
             num_kv_blocks=config.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
-            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs * (self.max_speculative_tokens + 1),
+            max_num_batched_tokens=config.max_num_batched_tokens,
             cuda_graphs=config.cuda_graphs, attention_backend=config.attention_backend, seed=config.seed,
-            consume_weights=owned, quantization=quantization_of(config))
+            consume_weights=owned, quantization=quantization_of(config),
+            **self._companion(draft_shape, dtype))
         del weights
         capacity = self.runner.num_kv_blocks * config.block_size
         if capacity < requested_len and config.max_model_len is not None:
@@ -151,7 +164,14 @@ class LLMEngine:
         load_s = time.perf_counter() - start
         self.runner.prepare(self.max_model_len)
         self.scheduler = Scheduler(BlockPool(self.runner.num_kv_blocks, config.block_size),
-                                   config.max_num_seqs, config.max_num_batched_tokens)
+                                   config.max_num_seqs, config.max_num_batched_tokens,
+                                   lookahead_slots=self.max_speculative_tokens, max_model_len=self.max_model_len)
+        self.speculator: Speculator | None = None
+        if config.speculative_model == "ngram":
+            self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, self.device, config.seed)
+        elif draft_shape is not None:
+            self.speculator = Speculator(self.draft_proposer(config.speculative_model), config.num_speculative_tokens,
+                                         self.device, config.seed)
         eos = self.shape.eos_token_id
         self._eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
         self._requests: dict[str, Sequence] = {}
@@ -166,6 +186,57 @@ class LLMEngine:
             "max_num_batched_tokens": config.max_num_batched_tokens, "load_s": load_s,
             "startup_s": time.perf_counter() - start, "steps": 0,
         }
+
+    # -------------------------------------------------------------------------- speculative decoding
+    def _draft_shape(self, model: str) -> LlamaShape | None:
+        if model in ("none", "ngram"):
+            return None
+        shape = resolve(model)[0]
+        if shape.vocab_size != self.shape.vocab_size:
+            raise LabError(f"draft {shape.name} has a vocabulary of {shape.vocab_size}, the target "
+                           f"{self.shape.name} {self.shape.vocab_size}: a draft must share the target's vocabulary")
+        return shape
+
+    def _companion(self, draft_shape: LlamaShape | None, dtype: torch.dtype) -> dict:
+        """What the draft needs beside the target's pool (its weights, activations, its K and V per block)."""
+        if draft_shape is None:
+            return {}
+        size = dtype.itemsize
+        rows = 2 * self.config.max_num_seqs
+        return {"companion_bytes": int(draft_shape.weight_bytes(size))
+                + activation_reserve_bytes(draft_shape, self.config.max_num_batched_tokens, rows, size),
+                "companion_block_bytes": kv_block_bytes(draft_shape, self.config.block_size, size)}
+
+    def draft_proposer(self, model: str, seed: int | None = None) -> DraftProposer:
+        """A draft model (named shape with seeded random weights, or checkpoint folder) on its own
+        runner: this engine's block size and number of blocks (it follows the target's block
+        tables), rows for two tokens per sequence."""
+        config = self.config
+        shape = self._draft_shape(model)
+        dtype = DTYPES[config.dtype]
+        seed = config.seed + 1 if seed is None else seed
+        _, weights = weights_for(model, seed, dtype, self.device)
+        runner = ModelRunner(
+            shape, weights, dtype=dtype, device=self.device, block_size=config.block_size,
+            num_kv_blocks=self.runner.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
+            max_num_seqs=2 * config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            cuda_graphs=config.cuda_graphs, attention_backend=config.attention_backend, seed=seed,
+            consume_weights=True)
+        del weights
+        runner.prepare(self.max_model_len)
+        return DraftProposer(runner, torch.Generator(device=self.device).manual_seed(seed))
+
+    def speculate(self, proposer: "DraftProposer | NgramProposer | None", k: int = 0) -> None:
+        """Switch speculative decoding (a proposer and k up to the configured num_speculative_tokens)
+        or turn it off (None), between runs: no request may be unfinished."""
+        if self.has_unfinished():
+            raise LabError("speculate() between runs only: requests are still unfinished")
+        if proposer is None:
+            self.speculator = None
+            return
+        if not 1 <= k <= self.max_speculative_tokens:
+            raise LabError(f"k must be in [1, {self.max_speculative_tokens}] (the engine's num_speculative_tokens)")
+        self.speculator = Speculator(proposer, k, self.device, self.config.seed)
 
     @property
     def num_preemptions(self) -> int:
@@ -222,6 +293,8 @@ class LLMEngine:
             return
         self.scheduler.abort(seq)
         self.runner.release(seq)
+        if self.speculator is not None:
+            self.speculator.proposer.forget(seq)
         self._abort_outputs.append(StepOutput(request_id, [], True, "abort", seq.num_prompt_tokens,
                                               seq.num_output_tokens))
 
@@ -230,27 +303,49 @@ class LLMEngine:
 
     # -------------------------------------------------------------------------- a step
     def step(self) -> list[StepOutput]:
-        """One scheduler step: a prefill batch or a decode batch, one new token per sequence in it."""
+        """One scheduler step: a prefill batch or a decode batch, one new token per sequence in it
+        (with speculative decoding, a decode step gives each sequence 1 to k + 1 tokens)."""
         start = time.perf_counter()
         outputs, self._abort_outputs = self._abort_outputs, []
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
-        tokens = self.runner.run(batch.seqs, batch.is_prefill)
-        for seq, token in zip(batch.seqs, tokens):
-            seq.num_cached_tokens = seq.num_tokens
-            seq.append_token(token)
-            reason = self._finish_reason(seq, token)
+        if self.speculator is not None and not batch.is_prefill:
+            new_tokens = self.speculator.decode_step(self.runner, batch.seqs, [self._budget(s) for s in batch.seqs])
+        else:
+            new_tokens = [[token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
+            if self.speculator is not None:
+                self.speculator.proposer.prefill(batch.seqs)
+        for seq, tokens in zip(batch.seqs, new_tokens):
+            emitted, reason = [], None
+            for token in tokens:
+                seq.num_cached_tokens = seq.num_tokens
+                seq.append_token(token)
+                emitted.append(token)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    break
             if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self.runner.release(seq)
-                del self._requests[seq.request_id]
-            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason,
+                self._retire(seq, reason)
+            elif self.speculator is not None:
+                self.scheduler.block_pool.truncate(seq, seq.num_tokens)     # the rejected tokens' blocks
+            outputs.append(StepOutput(seq.request_id, emitted, reason is not None, reason,
                                       seq.num_prompt_tokens, seq.num_output_tokens))
         self.telemetry["steps"] += 1
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
                           "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}
         return outputs
+
+    def _budget(self, seq: Sequence) -> int:
+        """Tokens `seq` may still emit before max_tokens or max_model_len stops it."""
+        return min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.runner.release(seq)
+        if self.speculator is not None:
+            self.speculator.proposer.forget(seq)
+        del self._requests[seq.request_id]
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

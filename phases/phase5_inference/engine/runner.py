@@ -95,8 +95,13 @@ class ModelRunner:
     def __init__(self, shape: LlamaShape, weights: dict, *, dtype: torch.dtype, device: torch.device,
                  block_size: int, num_kv_blocks: int | None, gpu_memory_utilization: float,
                  max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool,
-                 attention_backend: str, seed: int, consume_weights: bool, quantization=None):
+                 attention_backend: str, seed: int, consume_weights: bool, quantization=None,
+                 companion_bytes: int = 0, companion_block_bytes: int = 0):
+        """companion_bytes, companion_block_bytes: what a second model sharing this pool's block
+        tables (a speculative draft, loaded later) needs beside it, counted out of the pool."""
         self.shape = shape
+        self.companion_bytes = companion_bytes
+        self.companion_block_bytes = companion_block_bytes
         self.dtype = dtype
         self.device = device
         self.is_cuda = device.type == "cuda"
@@ -121,13 +126,14 @@ class ModelRunner:
                            "or max_num_seqs, or raise gpu_memory_utilization")
 
     def _pool_blocks(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
-        block_bytes = kv_block_bytes(self.shape, self.block_size, self.dtype.itemsize)
+        block_bytes = kv_block_bytes(self.shape, self.block_size, self.dtype.itemsize) + self.companion_block_bytes
         if not self.is_cuda:
             return max(1, CPU_KV_POOL_BYTES // block_bytes)
         free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
         resident_bytes = torch.cuda.memory_reserved(self.device)        # the weights, as allocated
         other_bytes = (total_bytes - free_bytes) - resident_bytes        # CUDA context, other processes
-        reserve = activation_reserve_bytes(self.shape, max_num_batched_tokens, self.max_num_seqs, self.dtype.itemsize)
+        reserve = (activation_reserve_bytes(self.shape, max_num_batched_tokens, self.max_num_seqs, self.dtype.itemsize)
+                   + self.companion_bytes)
         if self.quantization is not None and self.quantization.path == "naive":
             reserve += NAIVE_DEQUANTIZE_BYTES_PER_WEIGHT * max(self._largest_projection_weights(), 1)
         self.telemetry.update(gpu_total_bytes=total_bytes, gpu_memory_utilization=gpu_memory_utilization,
@@ -259,16 +265,29 @@ class ModelRunner:
             torch.cuda.current_stream(self.device).synchronize()      # the host buffer is free again
         return logits
 
-    def _decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits, their argmax where a graph computed it). The caller synchronizes (sampling
-        does) before the next call rewrites the host buffer."""
+    @torch.inference_mode()
+    def rows_logits(self, seqs: list[Sequence], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(fp32 logits, their argmax where a graph computed it) of one decode-shaped forward whose
+        row r feeds token seqs[r].token_ids[positions[r]] at that position and attends over the
+        positions before it and itself: a sequence may fill several rows (speculative decoding's
+        verify pass, k + 1 tokens at once; its catching-up draft). Each row writes its K and V
+        before any row attends, so a later row of the same sequence sees the earlier ones. The
+        caller synchronizes before the next call (views of the graphs' buffers under graphs)."""
+        return self._decode(seqs, positions)
+
+    def _decode(self, seqs: list[Sequence], positions: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, their argmax where a graph computed it) of each sequence's last token (or of
+        the token at positions[row]). The caller synchronizes (sampling does) before the next call
+        rewrites the host buffer."""
         n, m, bs = len(seqs), self.max_num_seqs, self.block_size
+        if n > m:
+            raise LabError(f"{n} decode rows exceed the runner's {m}")
         words = self._host_words                               # the columns, written one int at a time
         tables, written_tables = self._host_block_tables, self._written_tables
         max_context = 0
         for row, s in enumerate(seqs):
             token_ids, table = s.token_ids, s.block_table
-            p = len(token_ids) - 1
+            p = len(token_ids) - 1 if positions is None else positions[row]
             words[row] = token_ids[p]
             words[m + row] = p
             words[2 * m + row] = table[p // bs] * bs + p % bs

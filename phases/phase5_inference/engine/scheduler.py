@@ -27,8 +27,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
+                 lookahead_slots: int = 0, max_model_len: int | None = None):
+        """lookahead_slots: cache slots a decode step writes past each sequence's last token (a
+        speculative step's proposals), allocated with it, never past max_model_len."""
         self.block_pool = block_pool
+        self.lookahead_slots = lookahead_slots
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark_blocks = int(ADMISSION_WATERMARK * block_pool.num_blocks)
@@ -62,22 +67,28 @@ class Scheduler:
             num_tokens += seq.num_tokens
         return ScheduledBatch(admitted, True, num_tokens) if admitted else None
 
+    def slots_needed(self, seq: Sequence) -> int:
+        """Cache slots `seq`'s next decode step writes into: its tokens and the lookahead."""
+        if not self.lookahead_slots:
+            return len(seq.token_ids)
+        return min(len(seq.token_ids) + self.lookahead_slots, self.max_model_len or 1 << 62)
+
     def _schedule_decode(self) -> ScheduledBatch | None:
         block_size = self.block_pool.block_size
-        if all(len(seq.block_table) * block_size >= len(seq.token_ids) for seq in self.running):
+        if all(len(seq.block_table) * block_size >= self.slots_needed(seq) for seq in self.running):
             scheduled = list(self.running)               # the common step: every last token has its slot
             return ScheduledBatch(scheduled, False, len(scheduled)) if scheduled else None
         scheduled: list[Sequence] = []
         while self.running:
             seq = self.running.popleft()
-            while not self.block_pool.can_append(seq):
+            while not self.block_pool.can_append(seq, self.slots_needed(seq)):
                 if self.running:
                     self.preempt(self.running.pop())
                 else:
                     self.preempt(seq)
                     break
             else:
-                self.block_pool.append(seq)
+                self.block_pool.append(seq, self.slots_needed(seq))
                 scheduled.append(seq)
         self.running.extend(scheduled)
         return ScheduledBatch(scheduled, False, len(scheduled)) if scheduled else None
