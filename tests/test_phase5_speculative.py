@@ -225,3 +225,19 @@ def test_bad_speculative_settings_are_refused_in_one_line():
     eng = speculative_engine()
     with pytest.raises(LabError, match="k must be"):
         eng.speculate(NgramProposer(), 9)
+
+
+def test_a_draft_sampling_at_temperature_alone_chains_its_steps_on_the_device(monkeypatch):
+    eng = speculative_engine()
+    same = proposers()["same weights"]
+    calls = []
+    chain = same.runner.chain_tokens
+    monkeypatch.setattr(same.runner, "chain_tokens", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    eng.speculate(same, 3)
+    out = eng.generate(prompts()[:3], SamplingParams(max_tokens=14, temperature=0.7, ignore_eos=True))
+    assert [len(o) for o in out] == [14, 14, 14] and calls
+    stats = eng.speculator.stats
+    assert stats["kept"] == stats["proposed"] > 0          # the draft's q is the target's p
+    eng.speculate(proposers()["other model"], 3)
+    eng.generate(prompts()[:3], SamplingParams(max_tokens=14, temperature=0.7, ignore_eos=True))
+    assert eng.speculator.stats["kept"] < eng.speculator.stats["proposed"]

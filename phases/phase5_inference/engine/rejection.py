@@ -48,7 +48,7 @@ def rejection_sample(draft_tokens: torch.Tensor, num_proposed: torch.Tensor, dra
     rows = torch.arange(n, device=device)
     p_next = target_probs[rows, kept]                              # [n, V]: after the kept proposals
     rejected = kept < num_proposed
-    if bool(rejected.any()):
+    if k > 0:                                                      # no test on `rejected`: that would wait for the GPU
         at = kept.clamp(max=k - 1)
         if draft_probs is None:
             q_next = torch.zeros_like(p_next).scatter_(1, tokens[rows, at][:, None], 1.0)

@@ -215,6 +215,7 @@ class ModelRunner:
             return self._read_tokens(greedy)
         return self.sampler.sample(logits, [s.params for s in seqs], [s.seq_id for s in seqs], greedy)
 
+    @torch.inference_mode()
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
         """A device tensor of token ids as a list: one non-blocking copy into the pinned buffer,
         waited for through an event."""
@@ -318,6 +319,97 @@ class ModelRunner:
             return self._graph_logits[:n], self._graph_argmax[:n]
         splits = decode_splits(n, self.shape.num_key_value_heads, max_context, decode_attention.sm_count(self.device))
         return self._decode_forward(n, splits), None
+
+    @torch.inference_mode()
+    def chain_tokens(self, seqs: list[Sequence], positions: list[int], last_rows: list[int], steps: int,
+                     temperatures: list[float] | None = None, probs_out: torch.Tensor | None = None,
+                     generator: torch.Generator | None = None) -> list[list[int]]:
+        """Tokens of `steps` forwards chained on the device, the host waiting once at the end (a
+        draft proposing k tokens). The first forward is rows_logits(seqs, positions); row
+        last_rows[i] gives sequence i (seqs[last_rows[i]]) its first token; each later forward
+        feeds every sequence its previous token at the next position, copied on the device.
+        Tokens are argmaxes, or with `temperatures` (one per sequence, > 0) draws from
+        softmax(logits / T) by the exponential race, each distribution written to
+        probs_out[i, step]. Every position a later step writes must have its block already.
+        [sequence][step] token ids."""
+        m, width = self.max_num_seqs, self.max_blocks_per_seq
+        n = len(last_rows)
+        owners = [seqs[r] for r in last_rows]
+        first = [positions[r] for r in last_rows]
+        host = self._chain_staging(steps)
+        columns, tables, index = host["columns"], host["tables"], host["index"]
+        for j in range(1, steps):                              # every later step's inputs, written up front
+            tokens, at, slots, context = columns[j].reshape(4, m)
+            tokens[:] = 0
+            at[:] = 0
+            slots[:] = -1
+            context[:] = 1
+            for i, seq in enumerate(owners):
+                p = first[i] + j
+                at[i] = p
+                slots[i] = seq.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                context[i] = p + 1
+        for i, seq in enumerate(owners):
+            tables[i, :len(seq.block_table)] = seq.block_table
+        index[:n] = last_rows
+        scale = None
+        if temperatures is not None:
+            host["inverse_temperatures"][:n] = [1.0 / t for t in temperatures]
+            scale = self._chain_scale[:n]
+            scale.copy_(self._chain_scale_host[:n], non_blocking=True)
+        out = self._chain_tokens
+        logits, argmax = self._decode(seqs, positions)
+        if last_rows != list(range(len(seqs))):
+            self._chain_index[:n].copy_(self._chain_index_host[:n], non_blocking=True)
+            logits = logits.index_select(0, self._chain_index[:n])
+            argmax = None if argmax is None else argmax.index_select(0, self._chain_index[:n])
+        out[0, :n].copy_(self._chain_pick(logits, argmax, scale, probs_out, 0, generator))
+        for j in range(1, steps):
+            self._inputs[:4 * m].copy_(self._chain_columns[j], non_blocking=True)
+            if j == 1:
+                self._inputs[4 * m:4 * m + n * width].copy_(self._chain_tables[:n * width], non_blocking=True)
+            self._inputs[:n].copy_(out[j - 1, :n])
+            max_context = max(first) + j + 1
+            if self._graphs:
+                padded = self._bucket_of[n]
+                self._graphs[padded, self._splits_of[padded][tier_of(max_context, len(self._context_tiers))]].replay()
+                logits, argmax = self._graph_logits[:n], self._graph_argmax[:n]
+            else:
+                splits = decode_splits(n, self.shape.num_key_value_heads, max_context,
+                                       decode_attention.sm_count(self.device))
+                logits, argmax = self._decode_forward(n, splits), None
+            out[j, :n].copy_(self._chain_pick(logits, argmax, scale, probs_out, j, generator))
+        if not self.is_cuda:                                   # on a CPU the inputs are the host buffer itself
+            self._written_tables = [(None, 0)] * m
+        flat = self._read_tokens(out[:steps, :n].reshape(-1))           # step by step
+        return [flat[i::n] for i in range(n)]
+
+    @staticmethod
+    def _chain_pick(logits, argmax, inverse_temperature, probs_out, step, generator) -> torch.Tensor:
+        if inverse_temperature is None:
+            return logits.argmax(dim=1) if argmax is None else argmax
+        probs = (logits * inverse_temperature[:, None]).softmax(dim=1)
+        probs_out[:, step] = probs
+        return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=1)
+
+    def _chain_staging(self, steps: int) -> dict:
+        """Pinned host buffers of chain_tokens (each later step's four columns, the block tables,
+        the first step's gather index) and its device buffers, made on first use."""
+        m, width = self.max_num_seqs, self.max_blocks_per_seq
+        if getattr(self, "_chain_columns", None) is None or self._chain_columns.shape[0] < steps:
+            size = max(steps, 8)
+            self._chain_columns = torch.zeros(size, 4 * m, dtype=torch.int32, pin_memory=self.is_cuda)
+            self._chain_tables = torch.zeros(m * width, dtype=torch.int32, pin_memory=self.is_cuda)
+            self._chain_index_host = torch.zeros(m, dtype=torch.int64, pin_memory=self.is_cuda)
+            self._chain_index = torch.zeros(m, dtype=torch.int64, device=self.device)
+            self._chain_tokens = torch.zeros(size, m, dtype=torch.int64, device=self.device)
+            self._chain_scale_host = torch.zeros(m, dtype=torch.float32, pin_memory=self.is_cuda)
+            self._chain_scale = torch.zeros(m, dtype=torch.float32, device=self.device)
+        if self.is_cuda and self._host_tokens.numel() < steps * m:
+            self._host_tokens = torch.zeros(steps * m, dtype=torch.int64, pin_memory=True)
+            self._host_tokens_np = self._host_tokens.numpy()
+        return {"columns": self._chain_columns.numpy(), "tables": self._chain_tables.numpy().reshape(m, width),
+                "index": self._chain_index_host.numpy(), "inverse_temperatures": self._chain_scale_host.numpy()}
 
     def _decode_forward(self, n: int, num_splits: int | None = None, out: torch.Tensor | None = None,
                         argmax_out: torch.Tensor | None = None) -> torch.Tensor:

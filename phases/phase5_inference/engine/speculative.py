@@ -38,15 +38,29 @@ MAX_SPECULATIVE_TOKENS = 8
 def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """fp32 logits [rows, V] -> the distribution each row's request samples from (temperature,
     top-k, top-p applied); greedy rows get a one-hot on their argmax."""
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
-                               device=logits.device, dtype=logits.dtype)
+    temperature = on_device([p.temperature if not p.greedy else 1.0 for p in params], logits.dtype, logits.device)
     scaled = _top_k_top_p(logits / temperature[:, None], [p.top_k for p in params], [p.top_p for p in params])
     probs = scaled.softmax(dim=-1)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
-        index = torch.tensor(greedy, device=logits.device)
+        index = on_device(greedy, torch.int64, logits.device)
         probs[index] = torch.zeros_like(probs[index]).scatter_(1, logits[index].argmax(dim=1, keepdim=True), 1.0)
     return probs
+
+
+def chainable(params: list[SamplingParams]) -> bool:
+    """Whether a draft's k steps can run chained on the device: every request greedy, or every
+    one sampling at a temperature alone (top-k and top-p take the step-by-step path)."""
+    if all(p.greedy for p in params):
+        return True
+    return all(not p.greedy and p.top_k == 0 and p.top_p == 1.0 for p in params)
+
+
+def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor through pinned memory, without waiting for the GPU
+    (a pageable copy would wait for every kernel queued before it)."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def ngram_proposal(token_ids: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> list[int]:
@@ -96,6 +110,7 @@ class DraftProposer:
         self.generator = generator
         self._cached: dict[int, int] = {}          # seq_id -> tokens whose draft K and V are written
 
+    @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> None:
         """Cache every token of `seqs` (called with the target's prefill, before its token is appended)."""
         runner = self.runner
@@ -106,6 +121,7 @@ class DraftProposer:
         for seq in seqs:
             self._cached[seq.seq_id] = seq.num_tokens
 
+    @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> tuple[list[int], torch.Tensor | None]:
         """Append ks[i] draft tokens to each sequence, sampled from the draft as its request samples
         (argmax when greedy); (ks, the draft's distributions [n, K, V] when any request samples)."""
@@ -117,6 +133,8 @@ class DraftProposer:
         sampling = not all(p.greedy for p in params)
         q = (torch.zeros(len(seqs), width, self.runner.shape.vocab_size, device=self.runner.device)
              if sampling else None)
+        if len(active) == len(seqs) and min(ks) == width and chainable(params):
+            return self._propose_chained(seqs, width, q), q
         rows, positions, last_rows = [], [], []
         for i in active:                                       # step 0: catch up, guess position L
             seq = seqs[i]
@@ -137,15 +155,30 @@ class DraftProposer:
             last_rows = list(range(len(rows)))
         return list(ks), q
 
+    def _propose_chained(self, seqs: list[Sequence], k: int, q: torch.Tensor | None) -> list[int]:
+        """k proposals for every sequence, the k draft steps chained on the device (greedy, or
+        sampled at each request's temperature with the distributions written into q)."""
+        rows, positions, last_rows = [], [], []
+        for seq in seqs:
+            for p in range(self._cached[seq.seq_id], seq.num_tokens):
+                rows.append(seq)
+                positions.append(p)
+            last_rows.append(len(rows) - 1)
+        temperatures = None if q is None else [seq.params.temperature for seq in seqs]
+        chained = self.runner.chain_tokens(rows, positions, last_rows, k, temperatures, q, self.generator)
+        for seq, tokens in zip(seqs, chained):
+            seq.token_ids.extend(tokens)
+        return [k] * len(seqs)
+
     def _choose(self, logits, argmax, picked, params, q, active, step, sampling) -> list[int]:
         if picked is not None:
-            index = torch.tensor(picked, device=logits.device)
+            index = on_device(picked, torch.int64, logits.device)
             logits = logits[index]
             argmax = None if argmax is None else argmax[index]
         if not sampling:
             return self.runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
         probs = probabilities(logits, params)
-        q[torch.tensor(active, device=q.device), step] = probs
+        q[on_device(active, torch.int64, q.device), step] = probs
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(1).tolist()
 
     def verified(self, seq: Sequence, num_verified: int, proposed: int, kept: int) -> None:
@@ -171,6 +204,7 @@ class Speculator:
         self.stats = {"verify_passes": 0, "proposed": 0, "kept": 0, "emitted": 0, "propose_s": 0.0,
                       "verify_s": 0.0}
 
+    @torch.inference_mode()
     def decode_step(self, runner, seqs: list[Sequence], budgets: list[int]) -> list[list[int]]:
         """One speculative step over `seqs` (each may still emit budgets[i] >= 1 tokens): the
         tokens each sequence gains, in order; seq.token_ids is left as it came in."""
@@ -216,19 +250,19 @@ class Speculator:
         return out
 
     def _rejection(self, seqs, lengths, proposed, q, logits, offsets, sampled) -> list[list[int]]:
+        """Rejection sampling for the sampled sequences: every index moved to the device in one
+        pinned copy, one read back at the end."""
         width = max(proposed[i] for i in sampled)
         device = logits.device
-        vocab = logits.shape[1]
         n = len(sampled)
-        row_index = torch.tensor([offsets[i] + min(j, proposed[i]) for i in sampled for j in range(width + 1)],
-                                 device=device)
+        rows = [offsets[i] + min(j, proposed[i]) for i in sampled for j in range(width + 1)]
+        tokens = [t for i in sampled for t in seqs[i].token_ids[lengths[i]:lengths[i] + proposed[i]]
+                  + [-1] * (width - proposed[i])]
+        packed = on_device(rows + tokens + [proposed[i] for i in sampled] + sampled, torch.int64, device)
+        row_index, draft_tokens, counts, which = packed.split([len(rows), len(tokens), n, n])
         params = [seqs[i].params for i in sampled for _ in range(width + 1)]
-        target = probabilities(logits[row_index], params).view(n, width + 1, vocab)
-        tokens = torch.full((n, width), -1, dtype=torch.int64)
-        for row, i in enumerate(sampled):
-            tokens[row, :proposed[i]] = torch.tensor(seqs[i].token_ids[lengths[i]:lengths[i] + proposed[i]])
-        counts = torch.tensor([proposed[i] for i in sampled], device=device)
-        draft = None if q is None else q[torch.tensor(sampled, device=q.device), :width]
-        kept, token = rejection_sample(tokens.to(device), counts, draft, target, self.generator)
-        kept, token = kept.tolist(), token.tolist()
+        target = probabilities(logits.index_select(0, row_index), params).view(n, width + 1, -1)
+        draft = None if q is None else q.index_select(0, which)[:, :width]
+        kept, token = rejection_sample(draft_tokens.view(n, width), counts, draft, target, self.generator)
+        kept, token = torch.stack([kept, token]).tolist()
         return [seqs[i].token_ids[lengths[i]:lengths[i] + kept[row]] + [token[row]] for row, i in enumerate(sampled)]
