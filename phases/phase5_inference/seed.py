@@ -15,3 +15,10 @@ KV_LEFT_70B_TP2_GIB = 3.93
 QUANT_8B = {"bf16": (14.99, 93.1, 1.0), "AWQ int4, naive kernel": (5.37, 20.7, 0.2),
             "AWQ int4, Marlin": (5.37, 199.1, 2.14)}
 QUANT_MISTRAL_MARLIN_X = 2.27
+
+# Exercise 5.3, speculative decoding (vLLM, temperature 0): (target, draft, draft kind, tok/s with
+# the draft, tok/s of the target alone, draft acceptance rate, mean tokens per verify pass)
+SPECULATIVE = (
+    ("Mistral 7B AWQ Marlin", "TinyLlama 15M", "mismatched", 67.5, 218.9, None, None),
+    ("Llama 3.1 8B AWQ Marlin", "Llama 3.2 1B", "matched", 106.4, 199.1, 0.595, 3.98),
+)
