@@ -328,7 +328,7 @@ class LLMEngine:
             if reason is not None:
                 self._retire(seq, reason)
             elif self.speculator is not None:
-                self.scheduler.block_pool.truncate(seq, seq.num_tokens)     # the rejected tokens' blocks
+                self.scheduler.block_pool.truncate(seq, self.scheduler.slots_needed(seq))   # rejected tokens' blocks
             outputs.append(StepOutput(seq.request_id, emitted, reason is not None, reason,
                                       seq.num_prompt_tokens, seq.num_output_tokens))
         self.telemetry["steps"] += 1

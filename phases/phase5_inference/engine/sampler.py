@@ -11,6 +11,13 @@ import torch
 from .sequence import SamplingParams
 
 
+def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor through pinned memory, without waiting for the GPU
+    (a pageable copy would wait for every kernel queued before it)."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = torch.device(device)
@@ -37,8 +44,8 @@ class Sampler:
             return greedy.tolist()
         greedy = greedy.clone()
         chosen = [params[i] for i in rows]
-        index = torch.tensor(rows, device=logits.device)
-        temperature = torch.tensor([p.temperature for p in chosen], device=logits.device)
+        index = on_device(rows, torch.int64, logits.device)
+        temperature = on_device([p.temperature for p in chosen], logits.dtype, logits.device)
         scaled = logits[index] / temperature[:, None]
         scaled = _top_k_top_p(scaled, [p.top_k for p in chosen], [p.top_p for p in chosen])
         probs = scaled.softmax(dim=-1)
@@ -51,7 +58,7 @@ class Sampler:
                 noise[row].exponential_(generator=self._generator(seq_ids[i], p.seed))
         if unseeded:
             shared = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self._shared)
-            noise[torch.tensor(unseeded, device=probs.device)] = shared
+            noise[on_device(unseeded, torch.int64, probs.device)] = shared
         greedy[index] = (probs / noise).argmax(dim=-1)
         return greedy.tolist()
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .rejection import greedy_accept, rejection_sample
-from .sampler import _top_k_top_p
+from .sampler import _top_k_top_p, on_device
 from .sequence import SamplingParams, Sequence
 
 NGRAM_MAX = 3
@@ -54,13 +54,6 @@ def chainable(params: list[SamplingParams]) -> bool:
     if all(p.greedy for p in params):
         return True
     return all(not p.greedy and p.top_k == 0 and p.top_p == 1.0 for p in params)
-
-
-def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list as a device tensor through pinned memory, without waiting for the GPU
-    (a pageable copy would wait for every kernel queued before it)."""
-    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
 
 
 def ngram_proposal(token_ids: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> list[int]:
