@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import REPO, clean_env
 
 from phases.phase5_inference.engine import model as model_module
@@ -409,23 +408,6 @@ for dtype in (torch.float32, torch.bfloat16):                          # the nor
     ones = torch.ones(1, 64, dtype=dtype)
     f.add_rms_norm_gemv_triton(ones, ones, ones[0], 1e-5, weight, out=logits[:, :50], argmax_out=best)
     assert int(best[0]) == 3, int(best[0])
-for m in (2, 5, 16):                                                    # several rows: the tensor-core kernels
-    for rows, cols in ((37, 300), (40, 256)):
-        x, r, g = torch.randn(m, cols), torch.randn(m, cols), torch.randn(cols)
-        weight = torch.randn(rows, cols)
-        assert torch.allclose(f.gemv_triton(x, weight), x @ weight.T, atol=1e-3)
-        gate_up = torch.randn(m, 2 * cols)
-        assert torch.allclose(f.gemv_triton(gate_up, weight, silu_mul=True),
-                              f.silu_and_mul_torch(gate_up) @ weight.T, atol=1e-3)
-        r_before, r_unfused = r.clone(), r.clone()
-        logits, best = torch.empty(m, rows), torch.empty(m, dtype=torch.int64)
-        y, h = f.add_rms_norm_gemv_triton(x, r, g, 1e-5, weight, out=logits, argmax_out=best)
-        expect = f.rms_norm_triton(x, g, 1e-5, residual=r_unfused) @ weight.T
-        assert torch.equal(r, r_before) and torch.allclose(h, r_unfused, atol=1e-6), (m, rows, cols)
-        assert y is logits and torch.allclose(y, expect, atol=1e-3), (m, rows, cols)
-        assert torch.equal(best, y.argmax(dim=1)), (m, rows, cols)
-        y0, h0 = f.add_rms_norm_gemv_triton(x, None, g, 1e-5, weight)
-        assert h0 is x and torch.allclose(y0, f.rms_norm_triton(x, g, 1e-5) @ weight.T, atol=1e-3)
 print("fused ops ok")
 """
 
@@ -438,15 +420,14 @@ from phases.phase5_inference.engine.model import AttentionMetadata, LlamaModel
 from phases.phase5_inference.engine.shapes import named
 from phases.phase5_inference.engine.weights import random_weights
 f._on_gpu = lambda x: True                                   # the GPU's dispatch, its kernels interpreted
-DTYPE = torch.float16                                        # the interpreter's bf16 tl.dot is wrong; fp16's is right
 shape = replace(named("tiny"), vocab_size=300)
-model = LlamaModel(shape, DTYPE, "cpu")
-model.load(random_weights(shape, seed=0, dtype=DTYPE))
+model = LlamaModel(shape, torch.bfloat16, "cpu")
+model.load(random_weights(shape, seed=0, dtype=torch.bfloat16))
 model.set_rope(shape, 64)
 
 def decode(ids):
+    _, model.kv_caches = allocate_kv_cache(shape, 4, 16, torch.bfloat16, "cpu")
     n = len(ids)
-    _, model.kv_caches = allocate_kv_cache(shape, max(4, n), 16, DTYPE, "cpu")
     meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.arange(n) * 16,
                              block_tables=torch.arange(n, dtype=torch.int32)[:, None],
                              context_lens=torch.ones(n, dtype=torch.int32))
@@ -458,10 +439,8 @@ def error(ours, theirs):
     return float((ours - theirs).abs().max() / theirs.abs().max())
 
 fused, fused_best = decode([5])                              # one row: norms inside the GEMVs
-rows, rows_best = decode([5, 9, 11])                         # three rows: norms inside the tensor-core GEMMs
-unfused, unfused_best = decode([5] + list(range(20, 36)))    # seventeen rows: RMSNorm kernels, F.linear
+unfused, unfused_best = decode([5, 9])                       # two rows: RMSNorm kernels, F.linear
 assert error(fused, unfused) < 2e-2 and fused_best == int(fused.argmax()), error(fused, unfused)
-assert error(rows, unfused) < 2e-2 and rows_best == int(rows.argmax()), error(rows, unfused)
 right = f.add_rms_norm_gemv_triton
 
 def forgets_the_residual(x, residual, *args, **kwargs):
@@ -592,30 +571,6 @@ def test_gpu_norm_fused_gemv_matches_unfused():
     alone = eng.runner.decode_logits(seqs[:1]).clone()
     in_batch = eng.runner.decode_logits(seqs).clone()
     assert relative_error(alone[0], in_batch[0]) < 2e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_rows_gemm_matches_cublas():
-    """2 to 16 bf16 rows through the tensor-core GEMMs (plain, SiLU-and-mul, norm inside, the LM
-    head's argmax) against cuBLAS and torch at the trained target's and the 8B shape's sizes."""
-    from phases.phase5_inference.engine import fused_ops as f
-    torch.manual_seed(0)
-    for m in (2, 5, 9, 16):
-        for k, n in ((2048, 4096), (2048, 11264), (5632, 2048), (4096, 6144), (2048, 50304)):
-            x, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
-            weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            assert relative_error(f.gemv_triton(x, weight), F.linear(x, weight)) < 1e-2, (m, k, n)
-            gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
-            assert relative_error(f.gemv_triton(gate_up, weight, silu_mul=True),
-                                  F.linear(f.silu_and_mul_torch(gate_up), weight)) < 1e-2, (m, k, n)
-            r_unfused = r.clone()
-            expect = F.linear(f.rms_norm_triton(x, g, 1e-5, residual=r_unfused), weight)
-            logits, best = torch.empty(m, n, device="cuda"), torch.empty(m, dtype=torch.int64, device="cuda")
-            y, h = f.add_rms_norm_gemv_triton(x, r, g, 1e-5, weight, out=logits, argmax_out=best)
-            assert torch.equal(h, r_unfused) and relative_error(y, expect.float()) < 1e-2, (m, k, n)
-            assert torch.equal(best, y.argmax(dim=1)), (m, k, n)
 
 
 def copy_bandwidth_bytes_per_s(nbytes=2 << 30) -> float:

@@ -6,8 +6,7 @@ one kernel where cuBLAS may split K and launch a reduction, optionally taking Si
 its input on the fly (the MLP's down projection without a kernel of its own), and a GEMV that
 takes the residual add and RMSNorm of its input on the fly (QKV, gate_up and the LM head without
 a norm kernel before them; the LM head's also finds each program's largest logit, so the argmax
-is one small kernel more). Two to ROWS_MAX rows (a speculative verify pass of k + 1 tokens, a small
-decode batch) take the same fused kernels on tensor cores, every weight tile read once for all rows.
+is one small kernel more).
 
 Each op has a Triton kernel (CUDA tensors) and a torch version (everything else); both round like
 Hugging Face's Llama (a sum is rounded to the model's dtype before it is normed, the norm's output
@@ -226,11 +225,8 @@ if triton is not None:
 
     @triton.jit
     def _argmax_of_partials_kernel(best_value_ptr, best_index_ptr, out_ptr, n_partials, BLOCK: tl.constexpr):
-        """One program per row of y: the column of the largest of its partial maxima (ties: the
-        lowest, as torch.argmax), written to out[row] as int64."""
-        row = tl.program_id(0)                     # one program per row: its partials at row * n_partials
-        best_value_ptr += row * n_partials
-        best_index_ptr += row * n_partials
+        """One program: the row of the largest of the partial maxima (ties: the lowest row, as
+        torch.argmax), written to out[0] as int64."""
         offs = tl.arange(0, BLOCK)
         best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
         best_index = tl.full([BLOCK], 2147483647, dtype=tl.int32)
@@ -242,109 +238,7 @@ if triton is not None:
             best = tl.where(better, value, best)
             best_index = tl.where(better, index, best_index)
         top = tl.max(best, axis=0)
-        tl.store(out_ptr + row, tl.min(tl.where(best == top, best_index, 2147483647), axis=0).to(tl.int64))
-
-
-    @triton.jit
-    def _rows_gemm_kernel(x_ptr, w_ptr, y_ptr, m_rows, n_rows, n_cols, x_stride, y_stride, w_stride,
-                          SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """y[m, n] = sum_k x[m, k] w[n, k] for up to BLOCK_M rows of x, each weight tile read once
-        for all of them (tensor cores; rows past m_rows masked). SILU_MUL: as _gemv_kernel, per row."""
-        n_offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_offs = tl.arange(0, BLOCK_M)
-        n_ok = n_offs < n_rows
-        m_ok = m_offs < m_rows
-        w_rows = w_ptr + n_offs[:, None].to(tl.int64) * w_stride
-        x_rows = x_ptr + m_offs[:, None] * x_stride
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            k_offs = start + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + k_offs[None, :], mask=n_ok[:, None], other=0.0)
-                x = tl.load(x_rows + k_offs[None, :], mask=m_ok[:, None], other=0.0)
-            else:
-                k_ok = k_offs < n_cols
-                w = tl.load(w_rows + k_offs[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                x = tl.load(x_rows + k_offs[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if SILU_MUL:
-                if EVEN_K:
-                    up = tl.load(x_rows + n_cols + k_offs[None, :], mask=m_ok[:, None], other=0.0)
-                else:
-                    up = tl.load(x_rows + n_cols + k_offs[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                g = x.to(tl.float32)
-                activated = (g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
-                x = (activated * up.to(tl.float32)).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w))
-        tl.store(y_ptr + m_offs[:, None] * y_stride + n_offs[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
-
-    @triton.jit
-    def _add_rms_norm_rows_gemm_kernel(x_ptr, residual_ptr, norm_ptr, w_ptr, y_ptr, residual_out_ptr,
-                                       best_value_ptr, best_index_ptr, m_rows, n_rows, n_cols, x_stride,
-                                       residual_stride, y_stride, w_stride, eps, n_programs,
-                                       HAS_RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, EVEN_K: tl.constexpr,
-                                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """_add_rms_norm_gemv_kernel for up to BLOCK_M rows: a first pass over each row's whole
-        width for its RMS (program 0 writing h = x + residual to residual_out), then the GEMM on
-        tensor cores with each slice normed and scaled as it is loaded. ARGMAX: each program's
-        largest y per row and its column, at best_*[row * n_programs + program]."""
-        program = tl.program_id(0)
-        m_offs = tl.arange(0, BLOCK_M)
-        m_ok = m_offs < m_rows
-        x_rows = x_ptr + m_offs[:, None] * x_stride
-        r_rows = residual_ptr + m_offs[:, None] * residual_stride
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            k_offs = start + tl.arange(0, BLOCK_K)
-            mask = m_ok[:, None] & (k_offs < n_cols)[None, :]
-            h = tl.load(x_rows + k_offs[None, :], mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r0 = tl.load(r_rows + k_offs[None, :], mask=mask, other=0.0)
-                h = (h.to(tl.float32) + r0.to(tl.float32)).to(r0.dtype)
-                if program == 0:
-                    tl.store(residual_out_ptr + m_offs[:, None] * residual_stride + k_offs[None, :], h, mask=mask)
-            hf = h.to(tl.float32)
-            squares += tl.sum(hf * hf, axis=1)
-        rstd = 1.0 / tl.sqrt(squares / n_cols + eps)
-
-        n_offs = program * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n_offs < n_rows
-        w_rows = w_ptr + n_offs[:, None].to(tl.int64) * w_stride
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_K):
-            k_offs = start + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + k_offs[None, :], mask=n_ok[:, None], other=0.0)
-                x = tl.load(x_rows + k_offs[None, :], mask=m_ok[:, None], other=0.0)
-                g = tl.load(norm_ptr + k_offs)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_rows + k_offs[None, :], mask=m_ok[:, None], other=0.0)
-            else:
-                k_ok = k_offs < n_cols
-                w = tl.load(w_rows + k_offs[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                x = tl.load(x_rows + k_offs[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                g = tl.load(norm_ptr + k_offs, mask=k_ok, other=0.0)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_rows + k_offs[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if HAS_RESIDUAL:
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
-            normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
-            x = (normed * g.to(tl.float32)[None, :]).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w))
-        y = acc.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + m_offs[:, None] * y_stride + n_offs[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
-        if ARGMAX:
-            values = tl.where(n_ok[None, :], y.to(tl.float32), float("-inf"))
-            best = tl.max(values, axis=1)
-            best_column = tl.min(tl.where(values == best[:, None], n_offs[None, :], n_rows), axis=1)
-            tl.store(best_value_ptr + m_offs * n_programs + program, best, mask=m_ok)
-            tl.store(best_index_ptr + m_offs * n_programs + program, best_column, mask=m_ok)
-
-
-ROWS_MAX = 16             # the multi-row GEMMs take up to this many rows (one tensor-core tile)
-ROWS_BLOCK_N = 16         # output columns per program: a program per 16 keeps every SM busy at N = 2048
-ROWS_BLOCK_K = 256
+        tl.store(out_ptr, tl.min(tl.where(best == top, best_index, 2147483647), axis=0).to(tl.int64))
 
 
 def gemv_config(n_rows: int) -> tuple[int, int, int, int]:
@@ -358,20 +252,11 @@ def gemv_config(n_rows: int) -> tuple[int, int, int, int]:
 
 
 def gemv_triton(x, weight, silu_mul: bool = False):
-    """x [M, K] (silu_mul: [M, 2K], the input being SiLU(gate) * up) times weight [N, K]^T -> [M, N],
-    M <= ROWS_MAX: one row on the CUDA cores, more on tensor cores, the weight read once."""
+    """x [1, K] (silu_mul: [1, 2K], the input being SiLU(gate) * up) times weight [N, K]^T -> [1, N]."""
     n_rows, n_cols = weight.shape
-    m_rows = x.shape[0]
-    assert 1 <= m_rows <= ROWS_MAX and x.stride(-1) == 1 and weight.stride(1) == 1
+    assert x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(1) == 1
     assert x.shape[1] == (2 if silu_mul else 1) * n_cols, "x does not match the weight's columns"
-    out = torch.empty(m_rows, n_rows, dtype=x.dtype, device=x.device)
-    if m_rows > 1:
-        block_k = min(ROWS_BLOCK_K, max(16, triton.next_power_of_2(n_cols)))
-        _rows_gemm_kernel[(triton.cdiv(n_rows, ROWS_BLOCK_N),)](
-            x, weight, out, m_rows, n_rows, n_cols, x.stride(0), out.stride(0), weight.stride(0),
-            SILU_MUL=silu_mul, EVEN_K=n_cols % block_k == 0, BLOCK_M=ROWS_MAX, BLOCK_N=ROWS_BLOCK_N,
-            BLOCK_K=block_k, num_warps=4, num_stages=3)
-        return out
+    out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = gemv_config(n_rows)
     block_k = min(block_k, triton.next_power_of_2(n_cols))
     _gemv_kernel[(triton.cdiv(n_rows, block_n),)](x, weight, out, n_rows, n_cols, weight.stride(0),
@@ -388,14 +273,11 @@ def add_rms_norm_gemv_triton(x, residual, norm_weight, eps: float, weight, out=N
     `linear(...).float()`); argmax_out: y's argmax is written to argmax_out[0] by a second, one-program
     kernel."""
     n_rows, n_cols = weight.shape
-    m_rows = x.shape[0]
-    assert 1 <= m_rows <= ROWS_MAX and x.shape[1] == n_cols and x.stride(-1) == 1 and weight.stride(1) == 1
+    assert x.shape == (1, n_cols) and x.stride(-1) == 1 and weight.stride(1) == 1
     assert residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)
-    out = torch.empty(m_rows, n_rows, dtype=x.dtype, device=x.device) if out is None else out
-    assert out.shape == (m_rows, n_rows) and out.stride(-1) == 1
+    out = torch.empty(1, n_rows, dtype=x.dtype, device=x.device) if out is None else out
+    assert out.shape == (1, n_rows) and out.stride(-1) == 1
     new_residual = x if residual is None else torch.empty_like(residual)
-    if m_rows > 1:
-        return _add_rms_norm_rows_gemm(x, residual, norm_weight, eps, weight, out, new_residual, argmax_out)
     block_n, block_k, warps, stages = gemv_config(n_rows)
     block_k = min(block_k, triton.next_power_of_2(n_cols))
     programs = triton.cdiv(n_rows, block_n)
@@ -412,29 +294,6 @@ def add_rms_norm_gemv_triton(x, residual, norm_weight, eps: float, weight, out=N
     if argmax_out is not None:
         _argmax_of_partials_kernel[(1,)](best_value, best_index, argmax_out, programs,
                                          BLOCK=min(1024, triton.next_power_of_2(programs)), num_warps=4)
-    return out, new_residual
-
-
-def _add_rms_norm_rows_gemm(x, residual, norm_weight, eps: float, weight, out, new_residual, argmax_out):
-    """add_rms_norm_gemv_triton for 2 to ROWS_MAX rows."""
-    n_rows, n_cols = weight.shape
-    m_rows = x.shape[0]
-    block_k = min(ROWS_BLOCK_K, max(16, triton.next_power_of_2(n_cols)))
-    programs = triton.cdiv(n_rows, ROWS_BLOCK_N)
-    if argmax_out is not None:
-        best_value = torch.empty(m_rows, programs, dtype=torch.float32, device=x.device)
-        best_index = torch.empty(m_rows, programs, dtype=torch.int32, device=x.device)
-    else:
-        best_value = best_index = out
-    source = x if residual is None else residual
-    _add_rms_norm_rows_gemm_kernel[(programs,)](
-        x, source, norm_weight, weight, out, new_residual, best_value, best_index, m_rows, n_rows, n_cols,
-        x.stride(0), source.stride(0), out.stride(0), weight.stride(0), eps, programs,
-        HAS_RESIDUAL=residual is not None, ARGMAX=argmax_out is not None, EVEN_K=n_cols % block_k == 0,
-        BLOCK_M=ROWS_MAX, BLOCK_N=ROWS_BLOCK_N, BLOCK_K=block_k, num_warps=4, num_stages=3)
-    if argmax_out is not None:
-        _argmax_of_partials_kernel[(m_rows,)](best_value, best_index, argmax_out, programs,
-                                              BLOCK=min(1024, triton.next_power_of_2(programs)), num_warps=4)
     return out, new_residual
 
 
@@ -495,16 +354,13 @@ def rope_and_store(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num
 
 
 def _gemv_fits(x, weight) -> bool:
-    """One to ROWS_MAX 16-bit rows on a GPU times a plain weight tensor: where the GEMV (one row)
-    and the multi-row GEMM (a speculative verify pass, a small decode batch) beat cuBLAS, which
-    needs a norm kernel of its own and splits K at these shapes."""
-    return (isinstance(weight, torch.Tensor) and _on_gpu(x) and 1 <= x.shape[0] <= ROWS_MAX
-            and x.dtype in (torch.float16, torch.bfloat16)
+    """One 16-bit row on a GPU times a plain weight tensor: where the GEMV beats cuBLAS."""
+    return (isinstance(weight, torch.Tensor) and _on_gpu(x) and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dtype == x.dtype and x.stride(-1) == 1 and weight.stride(1) == 1)
 
 
 def linear(x, weight):
-    """x @ weight.T: the Triton GEMV (GEMM up to ROWS_MAX rows) for 16-bit rows on a GPU, F.linear otherwise; a quantized
+    """x @ weight.T: the Triton GEMV for one 16-bit row on a GPU, F.linear otherwise; a quantized
     weight (quantize.QuantizedLinear, not a tensor) multiplies by its own path."""
     if not isinstance(weight, torch.Tensor):
         return weight(x)
@@ -513,7 +369,7 @@ def linear(x, weight):
 
 def add_rms_norm_linear(x, residual, norm_weight, eps: float, weight):
     """(RMSNorm(x + residual) @ weight.T, x + residual); residual None: (RMSNorm(x) @ weight.T, x).
-    One kernel for up to ROWS_MAX 16-bit rows on a GPU (the returned residual a new tensor), else the norm
+    One kernel for one 16-bit row on a GPU (the returned residual a new tensor), else the norm
     (residual updated in place, as add_rms_norm) and then `linear`."""
     if _gemv_fits(x, weight) and (residual is None or residual.stride(-1) == 1):
         return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight)
@@ -525,10 +381,10 @@ def add_rms_norm_linear(x, residual, norm_weight, eps: float, weight):
 def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, argmax_out=None):
     """fp32 logits RMSNorm(x + residual) @ weight.T, rounded to x's dtype first (as
     `linear(...).float()`), into `out` when given; argmax_out: their argmax per row written to it.
-    Up to ROWS_MAX rows of 16 bits on a GPU: the norm, the LM head and half the argmax in one kernel."""
+    One row of 16 bits on a GPU: the norm, the LM head and half the argmax in one kernel."""
     if _gemv_fits(x, weight) and residual.stride(-1) == 1:
         if out is None:
-            out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+            out = torch.empty(1, weight.shape[0], dtype=torch.float32, device=x.device)
         return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight, out=out, argmax_out=argmax_out)[0]
     logits = linear(add_rms_norm(x, residual, norm_weight, eps), weight).float()
     if out is not None:
@@ -540,7 +396,7 @@ def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, 
 
 
 def silu_and_mul_linear(gate_up, weight):
-    """SiLU(gate) * up, times weight.T: one kernel for up to ROWS_MAX 16-bit rows on a GPU."""
+    """SiLU(gate) * up, times weight.T: one GEMV kernel for one 16-bit row on a GPU."""
     if _gemv_fits(gate_up, weight):
         return gemv_triton(gate_up, weight, silu_mul=True)
     return linear(silu_and_mul(gate_up), weight)
