@@ -323,7 +323,7 @@ class ModelRunner:
     @torch.inference_mode()
     def chain_tokens(self, seqs: list[Sequence], positions: list[int], last_rows: list[int], steps: int,
                      temperatures: list[float] | None = None, probs_out: torch.Tensor | None = None,
-                     generator: torch.Generator | None = None) -> list[list[int]]:
+                     generator: torch.Generator | None = None, lengths: list[int] | None = None) -> list[list[int]]:
         """Tokens of `steps` forwards chained on the device, the host waiting once at the end (a
         draft proposing k tokens). The first forward is rows_logits(seqs, positions); row
         last_rows[i] gives sequence i (seqs[last_rows[i]]) its first token; each later forward
@@ -331,7 +331,8 @@ class ModelRunner:
         Tokens are argmaxes, or with `temperatures` (one per sequence, > 0) draws from
         softmax(logits / T) by the exponential race, each distribution written to
         probs_out[i, step]. Every position a later step writes must have its block already.
-        [sequence][step] token ids."""
+        lengths[i]: steps sequence i needs (all when None); past them its row repeats its last
+        position and writes no K or V (its tokens there are meaningless). [sequence][step] token ids."""
         m, width = self.max_num_seqs, self.max_blocks_per_seq
         n = len(last_rows)
         owners = [seqs[r] for r in last_rows]
@@ -345,6 +346,10 @@ class ModelRunner:
             slots[:] = -1
             context[:] = 1
             for i, seq in enumerate(owners):
+                if lengths is not None and j >= lengths[i]:
+                    at[i] = first[i] + lengths[i] - 1
+                    context[i] = at[i] + 1                     # slot stays -1: nothing written
+                    continue
                 p = first[i] + j
                 at[i] = p
                 slots[i] = seq.block_table[p // self.block_size] * self.block_size + p % self.block_size

@@ -21,6 +21,7 @@ Proposers:
                  sequence's last n tokens (n from NGRAM_MAX down to NGRAM_MIN); no model, no cache,
                  fixed proposals (q = one-hot).
 """
+import itertools
 import time
 
 import numpy as np
@@ -126,8 +127,9 @@ class DraftProposer:
         sampling = not all(p.greedy for p in params)
         q = (torch.zeros(len(seqs), width, self.runner.shape.vocab_size, device=self.runner.device)
              if sampling else None)
-        if len(active) == len(seqs) and min(ks) == width and chainable(params):
-            return self._propose_chained(seqs, width, q), q
+        if chainable(params):
+            self._propose_chained(seqs, ks, active, q)
+            return list(ks), q
         rows, positions, last_rows = [], [], []
         for i in active:                                       # step 0: catch up, guess position L
             seq = seqs[i]
@@ -148,20 +150,26 @@ class DraftProposer:
             last_rows = list(range(len(rows)))
         return list(ks), q
 
-    def _propose_chained(self, seqs: list[Sequence], k: int, q: torch.Tensor | None) -> list[int]:
-        """k proposals for every sequence, the k draft steps chained on the device (greedy, or
-        sampled at each request's temperature with the distributions written into q)."""
+    def _propose_chained(self, seqs: list[Sequence], ks: list[int], active: list[int], q: torch.Tensor | None) -> None:
+        """ks[i] proposals for each active sequence, the draft steps chained on the device (greedy,
+        or sampled at each request's temperature with the distributions written into q); a
+        sequence wanting fewer than the most rides along without writing its cache."""
         rows, positions, last_rows = [], [], []
-        for seq in seqs:
+        for i in active:
+            seq = seqs[i]
             for p in range(self._cached[seq.seq_id], seq.num_tokens):
                 rows.append(seq)
                 positions.append(p)
             last_rows.append(len(rows) - 1)
-        temperatures = None if q is None else [seq.params.temperature for seq in seqs]
-        chained = self.runner.chain_tokens(rows, positions, last_rows, k, temperatures, q, self.generator)
-        for seq, tokens in zip(seqs, chained):
-            seq.token_ids.extend(tokens)
-        return [k] * len(seqs)
+        lengths = [ks[i] for i in active]
+        chained_q = q if q is None or len(active) == len(seqs) else torch.zeros_like(q[:len(active)])
+        temperatures = None if q is None else [seqs[i].params.temperature for i in active]
+        chained = self.runner.chain_tokens(rows, positions, last_rows, max(lengths), temperatures, chained_q,
+                                           self.generator, lengths=lengths)
+        for i, tokens in zip(active, chained):
+            seqs[i].token_ids.extend(tokens[:ks[i]])
+        if chained_q is not q:
+            q[on_device(active, torch.int64, q.device)] = chained_q
 
     def _choose(self, logits, argmax, picked, params, q, active, step, sampling) -> list[int]:
         if picked is not None:
@@ -226,7 +234,7 @@ class Speculator:
 
     def _accept(self, runner, seqs, lengths, proposed, q, logits, argmax) -> list[list[int]]:
         """Each sequence's kept proposals and next token."""
-        offsets = np.cumsum([0] + [n + 1 for n in proposed])
+        offsets = [0, *itertools.accumulate(n + 1 for n in proposed)]          # Python ints: torch.tensor is slow on numpy's
         sampled = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
         out: list[list[int] | None] = [None] * len(seqs)
         greedy = [i for i, seq in enumerate(seqs) if seq.params.greedy]
