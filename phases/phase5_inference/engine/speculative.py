@@ -103,6 +103,7 @@ class DraftProposer:
         self.runner = runner
         self.generator = generator
         self._cached: dict[int, int] = {}          # seq_id -> tokens whose draft K and V are written
+        self._q_buffer: torch.Tensor | None = None
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> None:
@@ -125,8 +126,7 @@ class DraftProposer:
         width = max(ks)
         params = [seqs[i].params for i in active]
         sampling = not all(p.greedy for p in params)
-        q = (torch.zeros(len(seqs), width, self.runner.shape.vocab_size, device=self.runner.device)
-             if sampling else None)
+        q = self._distributions(len(seqs), width) if sampling else None
         if chainable(params):
             self._propose_chained(seqs, ks, active, q)
             return list(ks), q
@@ -150,6 +150,16 @@ class DraftProposer:
             last_rows = list(range(len(rows)))
         return list(ks), q
 
+    def _distributions(self, n: int, k: int) -> torch.Tensor:
+        """A [n, k, V] view of one buffer kept across steps (allocating and zeroing it each step cost
+        more host time than the draft's forward); entries a step does not write are never read."""
+        buffer = self._q_buffer
+        if buffer is None or buffer.shape[0] < n or buffer.shape[1] < k:
+            rows = max(n, 0 if buffer is None else buffer.shape[0])
+            buffer = self._q_buffer = torch.empty(rows, MAX_SPECULATIVE_TOKENS, self.runner.shape.vocab_size,
+                                                  device=self.runner.device)
+        return buffer[:n, :k]
+
     def _propose_chained(self, seqs: list[Sequence], ks: list[int], active: list[int], q: torch.Tensor | None) -> None:
         """ks[i] proposals for each active sequence, the draft steps chained on the device (greedy,
         or sampled at each request's temperature with the distributions written into q); a
@@ -162,7 +172,7 @@ class DraftProposer:
                 positions.append(p)
             last_rows.append(len(rows) - 1)
         lengths = [ks[i] for i in active]
-        chained_q = q if q is None or len(active) == len(seqs) else torch.zeros_like(q[:len(active)])
+        chained_q = q if q is None or len(active) == len(seqs) else torch.empty_like(q[:len(active)])
         temperatures = None if q is None else [seqs[i].params.temperature for i in active]
         chained = self.runner.chain_tokens(rows, positions, last_rows, max(lengths), temperatures, chained_q,
                                            self.generator, lengths=lengths)
@@ -180,7 +190,7 @@ class DraftProposer:
             return self.runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
         probs = probabilities(logits, params)
         q[on_device(active, torch.int64, q.device), step] = probs
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1).tolist()
+        return (probs / torch.empty_like(probs).exponential_(generator=self.generator)).argmax(dim=1).tolist()
 
     def verified(self, seq: Sequence, num_verified: int, proposed: int, kept: int) -> None:
         """The target kept `kept` of the `proposed` tokens after position num_verified - 1: the
