@@ -4,6 +4,8 @@ tokens, and rejection sampling's output distributed as the target's (a chi-squar
 wrong sampler fails)."""
 import functools
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -242,3 +244,33 @@ def test_a_draft_sampling_at_temperature_alone_chains_its_steps_on_the_device(mo
     eng.speculate(proposers()["other model"], 3)
     eng.generate(prompts()[:3], SamplingParams(max_tokens=14, temperature=0.7, ignore_eos=True))
     assert eng.speculator.stats["kept"] < eng.speculator.stats["proposed"]
+
+
+def test_exercise_runs_end_to_end_on_a_cpu(spec_ctx, monkeypatch, tmp_path):
+    """The tiny trained models (cached in a throwaway folder), every variant at k = 1 and 3: greedy
+    rows pass their gate, every row carries its predicted speedup, the summary each draft's
+    agreement with the target."""
+    from phases.phase5_inference import speculative as ex
+    from phases.phase5_inference import trained_models as tm
+    monkeypatch.setattr(tm, "CACHE_DIR", tmp_path / "cache")
+    for name in ("tiny-target", "tiny-draft", "tiny-distilled", "tiny-python-draft"):    # seconds, not a minute
+        monkeypatch.setitem(tm.MODELS, name, replace(tm.MODELS[name], settings=replace(tm.MODELS[name].settings, steps=4)))
+    params = ex.EXERCISE.resolve_params(on_cpu=True, quick=False, overrides={"concurrency": [2], "ks": [1, 3],
+                                                                              "output_tokens": 8})
+    res = ex.run(spec_ctx(), params)
+    rows = {(r["variant"], r["params"]["temperature"], r["params"]["k"]): r for r in res.rows}
+    assert set(rows) == {("target", t, 0) for t in (0.0, 0.8)} | {(v, t, k) for v in ex.DRAFTS
+                                                                   for t in (0.0, 0.8) for k in (1, 3)}
+    for (variant, temperature, k), r in rows.items():
+        assert r["status"] == "ok", r["reason"]
+        assert r["metrics"]["decode_tok_s"] > 0 and r["prediction"]["predicted_ms"] > 0
+        if variant != "target":
+            m = r["metrics"]
+            assert m["predicted_speedup"] > 0 and m["speedup_measured_over_predicted"] > 0
+            assert 1.0 <= m["tokens_per_verify"] <= k + 1
+            if temperature == 0:
+                assert r["check"]["passed"]
+    agreement = res.summary["agreement_with_target"]
+    assert set(agreement) == {"matched", "distilled", "mismatched"}
+    assert all(0.0 <= a["val_top1_agreement"] <= 1.0 for a in agreement.values())
+    assert res.summary["models"]["distilled"]["teacher"] == "tiny-target"

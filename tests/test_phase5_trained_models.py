@@ -125,6 +125,34 @@ def test_training_lowers_the_loss(shakespeare):
     json.dumps(info)
 
 
+def test_distill_loss_is_the_kl_divergence():
+    g = torch.Generator().manual_seed(1)
+    teacher, student = torch.randn(2, 3, 11, generator=g), torch.randn(2, 3, 11, generator=g)
+    p, log_p, log_q = teacher.softmax(-1), teacher.log_softmax(-1), student.log_softmax(-1)
+    expected = (p * (log_p - log_q)).sum(-1).mean()
+    assert float(lt.distill_loss(student, teacher)) == pytest.approx(float(expected), rel=1e-5)
+    assert float(lt.distill_loss(teacher, teacher)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_distillation_brings_the_student_closer_to_its_teacher(shakespeare):
+    """A student taught the teacher's distribution ends nearer to it (KL, top-1 agreement) than the
+    same student taught the text alone for the same steps."""
+    train, val = shakespeare
+    settings = lt.TrainSettings(steps=15, batch_size=4, seq_len=32, lr=3e-3, warmup_steps=2, eval_tokens=512)
+    teacher, _ = lt.train_llama(tiny_shape(hidden=32, layers=1, heads=2, kv_heads=1, inter=64), train[:50_000], val,
+                                replace(settings, steps=25), "cpu")
+    student = tiny_shape(name="student", hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+    plain, _ = lt.train_llama(student, train[:50_000], val, replace(settings, seed=1), "cpu")
+    distilled, info = lt.train_llama(student, train[:50_000], val, replace(settings, seed=1, distill_weight=1.0),
+                                     "cpu", teacher=teacher)
+    x, _ = lt.Batches(train[:50_000], val, 32, torch.device("cpu"), 0).windows("val", 512)
+    before = lt.compare_to_teacher(plain, teacher, x, 4)
+    assert info["val_kl_to_teacher"] < before["val_kl_to_teacher"], (info, before)
+    assert info["val_top1_agreement"] == pytest.approx(lt.compare_to_teacher(distilled, teacher, x, 4)["val_top1_agreement"])
+    with pytest.raises(LabError, match="distill_weight"):
+        lt.train_llama(student, train, val, replace(settings, distill_weight=1.5), "cpu", teacher=teacher)
+
+
 def test_a_diverging_run_raises(shakespeare):
     train, val = shakespeare
     settings = lt.TrainSettings(steps=12, batch_size=2, seq_len=16, lr=1e30, grad_clip=0.0, eval_tokens=64)
@@ -148,8 +176,12 @@ def test_downsample_keeps_first_and_last():
 
 # ------------------------------------------------------------------------------ the named models
 def test_the_named_models():
-    assert set(tm.MODELS) == {"shakespeare-target", "shakespeare-draft", "python-draft",
-                              "tiny-target", "tiny-draft", "tiny-python-draft"}
+    assert set(tm.MODELS) == {"shakespeare-target", "shakespeare-draft", "shakespeare-distilled", "python-draft",
+                              "tiny-target", "tiny-draft", "tiny-distilled", "tiny-python-draft"}
+    distilled = tm.MODELS["shakespeare-distilled"]
+    assert distilled.teacher == "shakespeare-target" and distilled.settings.distill_weight == 1.0
+    assert distilled.shape.params() == tm.MODELS["shakespeare-draft"].shape.params()
+    assert tm.MODELS["tiny-distilled"].teacher == "tiny-target"
     target, draft, python = (tm.MODELS[n] for n in ("shakespeare-target", "shakespeare-draft", "python-draft"))
     assert 660e6 < target.shape.params() < 680e6 and 20e6 < draft.shape.params() < 25e6
     assert python.shape.params() == draft.shape.params() and python.corpus == "python"
@@ -232,4 +264,19 @@ def test_cache_key_follows_every_input():
     assert len(key) == 12 and key == tm.cache_key(shape, settings, "abc", "cpu")
     assert len({key, tm.cache_key(replace(shape, hidden_size=48), settings, "abc", "cpu"),
                 tm.cache_key(shape, replace(settings, steps=4), "abc", "cpu"),
-                tm.cache_key(shape, settings, "abd", "cpu"), tm.cache_key(shape, settings, "abc", "cuda")}) == 5
+                tm.cache_key(shape, settings, "abd", "cpu"), tm.cache_key(shape, settings, "abc", "cuda"),
+                tm.cache_key(shape, settings, "abc", "cpu", teacher_key="t1")}) == 6
+
+
+def test_a_student_gets_its_teacher_first_and_keys_on_it(tiny_entry, shakespeare, monkeypatch):
+    student = tm.TrainedModel("tiny-student", replace(tiny_entry, name="tiny-student"), "shakespeare",
+                              replace(tm.MODELS["tiny-test"].settings, distill_weight=1.0), "test", teacher="tiny-test")
+    monkeypatch.setitem(tm.MODELS, "tiny-student", student)
+    folder, info = tm.checkpoint("tiny-student", "cpu")
+    teacher_folder, teacher_info = tm.checkpoint("tiny-test", "cpu")
+    assert teacher_info["from_cache"] is True and info["teacher"] == "tiny-test"
+    assert 0.0 <= info["val_top1_agreement"] <= 1.0 and info["val_kl_to_teacher"] > 0
+    assert info["cache_key"] == tm.cache_key(student.shape, student.settings, info["corpus"]["sha256"], "cpu",
+                                             teacher_info["cache_key"])
+    loaded = tm.load_trained(folder, student.shape, "cpu")
+    assert not loaded.training and sum(p.numel() for p in loaded.parameters()) == student.shape.params()

@@ -15,6 +15,13 @@ are reused): AdamW (fused on CUDA) with weight decay on matrices only, a cosine 
 a linear warmup, gradient clipping, bf16 autocast on CUDA (fp32 on a CPU), random windows of the
 train split. Losses stay on the device and are read every CHECK_EVERY steps, so the loop does not
 wait for the GPU each step; a non-finite loss stops the run with a LabError.
+
+Distillation (a `teacher` given to train_llama): the loss becomes
+    (1 - distill_weight) x cross-entropy(targets) + distill_weight x KL(teacher || student)
+over the same windows, the teacher's distribution from its forward pass without gradients. A
+speculative draft is accepted when it predicts what the target would, so a draft taught the
+target's distribution (DistillSpec, Zhou et al. 2023; Llama 3.2 1B learnt from 8B and 70B
+logits) is accepted more often than one taught the text alone.
 """
 import json
 import math
@@ -191,6 +198,7 @@ class TrainSettings:
     grad_clip: float = 1.0            # 0: no clipping
     seed: int = 0
     eval_tokens: int | None = None
+    distill_weight: float = 0.0       # with a teacher: the KL term's share of the loss (module docstring)
 
     def check(self, shape: LlamaShape) -> None:
         for field_name in ("steps", "batch_size", "seq_len"):
@@ -199,6 +207,8 @@ class TrainSettings:
                 raise LabError(f"{field_name} must be a positive integer, got {value!r}")
         if not self.lr > 0:
             raise LabError(f"lr must be positive, got {self.lr!r}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise LabError(f"distill_weight must be in [0, 1], got {self.distill_weight!r}")
         if self.seq_len > shape.max_position_embeddings:
             raise LabError(f"seq_len {self.seq_len} exceeds {shape.name}'s max_position_embeddings "
                            f"{shape.max_position_embeddings}")
@@ -243,21 +253,33 @@ def _check_finite(losses: torch.Tensor, start: int, end: int, shape: LlamaShape,
                        f"(lr {settings.lr:g}): lower the learning rate")
 
 
+def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(teacher || student), both [..., vocab] fp32 logits."""
+    vocab = student_logits.shape[-1]
+    return F.kl_div(F.log_softmax(student_logits.view(-1, vocab), dim=-1),
+                    F.log_softmax(teacher_logits.view(-1, vocab), dim=-1), log_target=True, reduction="batchmean")
+
+
 def train_llama(shape: LlamaShape, train_ids: np.ndarray, val_ids: np.ndarray, settings: TrainSettings,
-                device: str | torch.device, progress=None) -> tuple[LlamaForTraining, dict]:
+                device: str | torch.device, progress=None, teacher: LlamaForTraining | None = None
+                ) -> tuple[LlamaForTraining, dict]:
     """Train a LlamaForTraining of `shape` from scratch on token ids (uint16 arrays); return it
     (on `device`, fp32, in eval mode) and what the run measured:
       first_loss, last_loss (mean of the last LAST_LOSS_STEPS steps), val_loss (evaluate() over
       the validation windows), train_tokens, steps, train_s (the loop's wall time, evaluation
       excluded), tokens_per_s, params, loss_curve ([step, loss], at most CURVE_POINTS points).
     progress(step, steps, loss) is called every CHECK_EVERY steps and after the last one. A
-    non-finite loss raises LabError."""
+    non-finite loss raises LabError. With a `teacher` (same vocabulary, on `device`) the loss is
+    the distillation mix of the module docstring, and the info adds val_kl_to_teacher and
+    val_top1_agreement (the student's argmax equal to the teacher's, on the validation windows)."""
     device = torch.device(device)
     settings.check(shape)
     t = settings.seq_len
     for label, ids in (("train", train_ids), ("validation", val_ids)):
         if len(ids) < t + 2:
             raise LabError(f"the {label} split has {len(ids)} tokens, too few for windows of {t}")
+    if teacher is not None and teacher.shape.vocab_size != shape.vocab_size:
+        raise LabError(f"{shape.name}: its teacher {teacher.shape.name} has another vocabulary")
     if int(max(train_ids.max(), val_ids.max())) >= shape.vocab_size:
         raise LabError(f"token ids reach {int(max(train_ids.max(), val_ids.max()))}, beyond "
                        f"{shape.name}'s vocabulary of {shape.vocab_size}")
@@ -275,7 +297,14 @@ def train_llama(shape: LlamaShape, train_ids: np.ndarray, val_ids: np.ndarray, s
             group["lr"] = lr_at(step, tc)
         x, y = data.sample(settings.batch_size)
         with autocast(device):
-            _, loss = model(x, y)
+            logits, loss = model(x, y)
+            if teacher is not None and settings.distill_weight > 0:
+                with torch.no_grad():
+                    teacher_logits, _ = teacher(x)
+                w = settings.distill_weight
+                loss = (1 - w) * loss + w * distill_loss(logits, teacher_logits)
+                del teacher_logits
+        del logits
         loss.backward()
         if settings.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip, foreach=True)
@@ -293,6 +322,7 @@ def train_llama(shape: LlamaShape, train_ids: np.ndarray, val_ids: np.ndarray, s
     train_s = time.perf_counter() - start
     vx, vy = data.windows("val", settings.eval_tokens)
     val_loss = evaluate(model, vx, vy, settings.batch_size)
+    agreement = compare_to_teacher(model, teacher, vx, settings.batch_size) if teacher is not None else {}
     model.eval()
     loss_list = losses.cpu().tolist()
     train_tokens = settings.steps * settings.batch_size * t
@@ -300,8 +330,27 @@ def train_llama(shape: LlamaShape, train_ids: np.ndarray, val_ids: np.ndarray, s
             "val_loss": val_loss, "val_tokens": int(vy.numel()), "train_tokens": train_tokens,
             "steps": settings.steps, "train_s": train_s, "tokens_per_s": train_tokens / train_s if train_s > 0 else None,
             "params": sum(p.numel() for p in params), "device": device.type,
-            "loss_curve": downsample(loss_list)}
+            "loss_curve": downsample(loss_list), **agreement}
     return model, info
+
+
+@torch.no_grad()
+def compare_to_teacher(model: LlamaForTraining, teacher: LlamaForTraining, x: torch.Tensor, batch_size: int) -> dict:
+    """{val_kl_to_teacher, val_top1_agreement} over the windows x: how close the student's
+    distribution is to the teacher's, and how often their argmax agree (a greedy draft's acceptance
+    at one proposed token, before the engine measures it)."""
+    model.eval()
+    kl, agree, n = 0.0, 0, 0
+    for i in range(0, len(x), batch_size):
+        with autocast(x.device):
+            student, _ = model(x[i:i + batch_size])
+            master, _ = teacher(x[i:i + batch_size])
+        tokens = student.shape[0] * student.shape[1]
+        kl += float(distill_loss(student, master)) * tokens
+        agree += int((student.argmax(-1) == master.argmax(-1)).sum())
+        n += tokens
+    model.train()
+    return {"val_kl_to_teacher": kl / n, "val_top1_agreement": agree / n}
 
 
 # ------------------------------------------------------------------------------ checkpoint

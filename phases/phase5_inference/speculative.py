@@ -5,13 +5,16 @@ text, a draft of other text, and prompt lookup, against the target alone.
 
 Random weights cannot agree with each other, so the models are trained (trained_models.py, in the
 engine's Llama architecture, GPT-2 BPE): the target and the matched draft on TinyShakespeare, the
-mismatched draft on the Python standard library's sources (the same vocabulary, other text). They
-are cached in <repo>/.lab_cache/speculative/ and trained when missing; each one's validation loss
-is in the summary. Prompts are windows of the TinyShakespeare validation split.
+distilled draft on the same text against the target's distribution, the mismatched draft on the
+Python standard library's sources (the same vocabulary, other text). They are cached in
+<repo>/.lab_cache/speculative/ and trained when missing; each one's validation loss, and each
+draft's top-1 agreement with the target on the validation split, is in the summary. Prompts are
+windows of the TinyShakespeare validation split.
 
 Variants:
   target      the target alone: the baseline of every speedup, at each temperature and concurrency
   matched     the Shakespeare draft proposes k tokens
+  distilled   the Shakespeare draft taught the target's distribution proposes k tokens
   mismatched  the Python draft proposes k tokens
   ngram       prompt lookup (engine/speculative.py): no draft model
 One engine serves every row: the target with room for max(ks) proposals, its proposer switched
@@ -47,10 +50,12 @@ from .analysis import decode_parts, mean_decode_context
 from .model_choice import SEED, release_memory
 from .prediction import summed_prediction
 
-VARIANTS = ("target", "matched", "mismatched", "ngram")
-DRAFTS = ("matched", "mismatched", "ngram")
-MODEL_SETS = {"lab": {"target": "shakespeare-target", "matched": "shakespeare-draft", "mismatched": "python-draft"},
-              "tiny": {"target": "tiny-target", "matched": "tiny-draft", "mismatched": "tiny-python-draft"}}
+VARIANTS = ("target", "matched", "distilled", "mismatched", "ngram")
+DRAFTS = ("matched", "distilled", "mismatched", "ngram")
+MODEL_SETS = {"lab": {"target": "shakespeare-target", "matched": "shakespeare-draft",
+                      "distilled": "shakespeare-distilled", "mismatched": "python-draft"},
+              "tiny": {"target": "tiny-target", "matched": "tiny-draft", "distilled": "tiny-distilled",
+                       "mismatched": "tiny-python-draft"}}
 NEAR_TIE_ULPS = 2
 STEP_WARMUP = 5
 
@@ -64,6 +69,27 @@ def trained(ctx, params) -> tuple[dict, dict]:
         folders[role], infos[role] = checkpoint(name, ctx.device, use_cache=params["use_cache"],
                                                 progress=training_progress(name))
     return folders, infos
+
+
+def agreement_with_target(folders: dict, models: str, device, tokens: int) -> dict:
+    """{draft role: {val_kl_to_teacher, val_top1_agreement}} against the target on `tokens` of the
+    TinyShakespeare validation split (evenly spaced windows): how often each draft's argmax is the
+    target's, the greedy acceptance rate at k = 1 before the engine measures it."""
+    from phases.phase7_gpt.train import Batches
+
+    from .llama_training import compare_to_teacher
+    from .trained_models import MODELS, corpus_ids, load_trained
+    names = MODEL_SETS[models]
+    target = load_trained(folders["target"], MODELS[names["target"]].shape, device)
+    settings = MODELS[names["matched"]].settings
+    train, val, _ = corpus_ids("shakespeare")
+    windows, _ = Batches(train, val, settings.seq_len, device, 0).windows("val", tokens)
+    out = {}
+    for role in ("matched", "distilled", "mismatched"):
+        draft = load_trained(folders[role], MODELS[names[role]].shape, device)
+        out[role] = compare_to_teacher(draft, target, windows, settings.batch_size)
+        del draft
+    return out
 
 
 def training_progress(name: str):
@@ -209,6 +235,7 @@ def run(ctx, params):
     from .engine.speculative import NgramProposer
 
     folders, infos = trained(ctx, params)
+    agreement = agreement_with_target(folders, params["models"], ctx.device, params["agreement_tokens"])
     target_shape, draft_shape = from_checkpoint(folders["target"]), from_checkpoint(folders["matched"])
     k_max, concurrency = max(params["ks"]), list(params["concurrency"])
     prompt_len, out_len = params["prompt_tokens"], params["output_tokens"]
@@ -221,6 +248,7 @@ def run(ctx, params):
         speculative_model=str(folders["matched"]), num_speculative_tokens=k_max, seed=params["seed"]))
     try:
         proposers = {"matched": engine.speculator.proposer,
+                     "distilled": engine.draft_proposer(str(folders["distilled"])),
                      "mismatched": engine.draft_proposer(str(folders["mismatched"])),
                      "ngram": NgramProposer()}
         prompts = shakespeare_prompts(params["requests"] * max(concurrency), prompt_len, params["seed"])
@@ -252,6 +280,7 @@ def run(ctx, params):
                         engine.speculator.reset_stats()
         engine.speculate(None)
         summary = {"models": {role: public_info(info) for role, info in infos.items()},
+                   "agreement_with_target": agreement,
                    "target_params": target_shape.params(), "draft_params": draft_shape.params(),
                    "step_ms": {f"T={t} x{c}": v for (t, c), v in times.items()}, "copy_gbps": copy_gbps,
                    **memory_bound_summary(target_shape, times, copy_gbps),
@@ -370,12 +399,14 @@ EXERCISE = Exercise(
             "prompt_tokens": Int(64, min=4, max=1024, unit="tokens"),
             "output_tokens": Int(128, min=2, max=1024, unit="tokens per request"),
             "requests": Int(4, min=1, max=64, help="requests per slot: concurrency c runs requests x c, c in flight"),
+            "agreement_tokens": Int(32768, min=256, max=1 << 20, unit="validation tokens",
+                                    help="tokens over which each draft's top-1 agreement with the target is counted"),
             "step_reps": Int(50, min=5, max=1000, help="forward passes per measured step time (median)"),
             "block_size": Int(16, choices=(8, 16, 32, 64), unit="tokens per KV block"),
             "use_cache": Bool(True, help="reuse trained models from <repo>/.lab_cache/speculative/ (and save them)"),
             "seed": SEED},
     cpu_params={"models": "tiny", "ks": [1, 3], "concurrency": [1, 2], "output_tokens": 12, "requests": 2,
-                "prompt_tokens": 16, "step_reps": 5},
+                "prompt_tokens": 16, "step_reps": 5, "agreement_tokens": 512},
     quick_params={"ks": [1, 2, 4], "concurrency": [1, 4], "output_tokens": 64, "requests": 2},
     footprint_bytes=footprint_bytes, work=work)
 

@@ -6,6 +6,9 @@ corpora, and the checkpoint folders they are trained into once and then read fro
     shakespeare-draft    ~22.5M parameters (hidden 384, 2 layers, GQA 6/2 heads of 64; 19.3M of them
                          the tied embedding), same corpus: a draft that has learnt what the target
                          learnt, two layers so that its step costs a few launches
+    shakespeare-distilled  the draft's shape and corpus, taught the target's distribution (the
+                         target is its teacher: llama_training's distillation), as the seed's
+                         matched draft (Llama 3.2 1B) learnt from its family's larger models' logits
     python-draft         the draft's shape trained on Python source: a draft that shares only the
                          vocabulary, whose proposals the target should mostly reject
 
@@ -41,7 +44,7 @@ from phases.phase7_gpt import data as D
 
 from .engine.shapes import LlamaShape
 from .engine.weights import tensor_shapes
-from .llama_training import CONFIG, TRAIN_INFO, WEIGHTS, TrainSettings, save_checkpoint, train_llama
+from .llama_training import CONFIG, TRAIN_INFO, WEIGHTS, LlamaForTraining, TrainSettings, save_checkpoint, train_llama
 
 VOCAB_SIZE = 50304                 # GPT-2's 50,257 ids padded to a multiple of 64
 MAX_POSITIONS = 2048
@@ -60,6 +63,7 @@ class TrainedModel:
     corpus: str
     settings: TrainSettings
     role: str
+    teacher: str | None = None          # a MODELS name whose distribution the model is taught
 
 
 def gpt2_llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, head_dim: int,
@@ -76,19 +80,25 @@ TARGET_SHAPE = gpt2_llama("shakespeare-target", hidden=2048, intermediate=5632, 
 DRAFT_SHAPE = gpt2_llama("shakespeare-draft", hidden=384, intermediate=1056, layers=2, heads=6, head_dim=64,
                          kv_heads=2)
 DRAFT_SETTINGS = TrainSettings(steps=300, batch_size=32, seq_len=256, lr=2e-3, warmup_steps=30)
+DISTILL_SETTINGS = replace(DRAFT_SETTINGS, distill_weight=1.0)
 # Test-sized models (CPU runs of phase5.speculative): the same roles, seconds to train.
 TINY_TARGET = gpt2_llama("tiny-target", hidden=64, intermediate=176, layers=2, heads=2, head_dim=32, kv_heads=1)
 TINY_DRAFT = gpt2_llama("tiny-draft", hidden=32, intermediate=88, layers=1, heads=1, head_dim=32, kv_heads=1)
 TINY_SETTINGS = TrainSettings(steps=20, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=2, eval_tokens=4096)
+TINY_DISTILL_SETTINGS = replace(TINY_SETTINGS, distill_weight=1.0)
 
 MODELS: dict[str, TrainedModel] = {m.name: m for m in (
     TrainedModel("shakespeare-target", TARGET_SHAPE, "shakespeare",
                  TrainSettings(steps=250, batch_size=16, seq_len=256, lr=3e-4, warmup_steps=25), role="target"),
     TrainedModel("shakespeare-draft", DRAFT_SHAPE, "shakespeare", DRAFT_SETTINGS, role="draft"),
+    TrainedModel("shakespeare-distilled", replace(DRAFT_SHAPE, name="shakespeare-distilled"), "shakespeare",
+                 DISTILL_SETTINGS, role="distilled draft", teacher="shakespeare-target"),
     TrainedModel("python-draft", replace(DRAFT_SHAPE, name="python-draft"), "python", DRAFT_SETTINGS,
                  role="off-domain draft"),
     TrainedModel("tiny-target", TINY_TARGET, "shakespeare", TINY_SETTINGS, role="target"),
     TrainedModel("tiny-draft", TINY_DRAFT, "shakespeare", TINY_SETTINGS, role="draft"),
+    TrainedModel("tiny-distilled", replace(TINY_DRAFT, name="tiny-distilled"), "shakespeare", TINY_DISTILL_SETTINGS,
+                 role="distilled draft", teacher="tiny-target"),
     TrainedModel("tiny-python-draft", replace(TINY_DRAFT, name="tiny-python-draft"), "python-small", TINY_SETTINGS,
                  role="off-domain draft"),
 )}
@@ -142,9 +152,12 @@ def corpus_ids(corpus: str, data_dir: str | None = None) -> tuple[np.ndarray, np
 
 
 # ------------------------------------------------------------------------------ the cache
-def cache_key(shape: LlamaShape, settings: TrainSettings, corpus_sha256, device_type: str) -> str:
+def cache_key(shape: LlamaShape, settings: TrainSettings, corpus_sha256, device_type: str,
+              teacher_key: str | None = None) -> str:
     blob = {"shape": shape.to_dict(), "settings": asdict(settings), "corpus": corpus_sha256, "device": device_type,
             "version": CACHE_VERSION}
+    if teacher_key is not None:
+        blob["teacher"] = teacher_key
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -176,7 +189,9 @@ def checkpoint(name: str, device: str | torch.device, *, data_dir: str | None = 
     repository), from_cache, and cache_error when a cached folder was incomplete or unreadable and
     the model trained again. `steps` overrides the settings' (a quick run: its own cache entry).
     use_cache=False trains again even when the cache holds the run, and overwrites it (the folder
-    is where the checkpoint lives). Weights are saved in bf16 on CUDA, fp32 on a CPU."""
+    is where the checkpoint lives). Weights are saved in bf16 on CUDA, fp32 on a CPU. A model with
+    a teacher gets the teacher's checkpoint first (from the cache when there, whatever use_cache
+    says: the exercise has just made it), and its key is part of the student's."""
     if name not in MODELS:
         raise LabError(f"unknown trained model {name!r}; known: {', '.join(MODELS)}")
     entry = MODELS[name]
@@ -187,10 +202,14 @@ def checkpoint(name: str, device: str | torch.device, *, data_dir: str | None = 
             raise LabError(f"steps must be a positive integer, got {steps!r}")
         settings = replace(settings, steps=steps)
     train_ids, val_ids, corpus = corpus_ids(entry.corpus, data_dir)
-    key = cache_key(entry.shape, settings, corpus["sha256"], device.type)
+    teacher_folder, teacher_key = None, None
+    if entry.teacher is not None:
+        teacher_folder, teacher_info = checkpoint(entry.teacher, device, data_dir=data_dir, progress=progress)
+        teacher_key = teacher_info["cache_key"]
+    key = cache_key(entry.shape, settings, corpus["sha256"], device.type, teacher_key)
     folder = CACHE_DIR / f"{name}-{key}"
     about = {"model": name, "role": entry.role, "params": entry.shape.params(), "corpus": corpus,
-             "cache_key": key, "cache_dir": relative_to_repo(folder)}
+             "cache_key": key, "cache_dir": relative_to_repo(folder), "teacher": entry.teacher}
     cache_error = None
     if use_cache and folder.is_dir():
         try:
@@ -200,7 +219,9 @@ def checkpoint(name: str, device: str | torch.device, *, data_dir: str | None = 
             cache_error = f"incomplete (no {exc.args[0] if exc.args else 'file'}): trained again"
         except Exception as exc:  # noqa: BLE001 - a damaged cache: train again, and say so
             cache_error = f"unreadable ({type(exc).__name__}): trained again"   # no message: it may hold a path
-    model, trained = train_llama(entry.shape, train_ids, val_ids, settings, device, progress=progress)
+    teacher = load_trained(teacher_folder, MODELS[entry.teacher].shape, device) if teacher_folder else None
+    model, trained = train_llama(entry.shape, train_ids, val_ids, settings, device, progress=progress, teacher=teacher)
+    del teacher
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     stored = {**trained, "settings": asdict(settings), "torch_dtype": str(dtype).removeprefix("torch.")}
     try:
@@ -212,3 +233,14 @@ def checkpoint(name: str, device: str | torch.device, *, data_dir: str | None = 
     if cache_error:
         info["cache_error"] = cache_error
     return folder, info
+
+
+def load_trained(folder: Path, shape: LlamaShape, device: str | torch.device) -> LlamaForTraining:
+    """A checkpoint folder back in a LlamaForTraining (fp32, eval mode, on `device`): a teacher for
+    distillation."""
+    from safetensors.torch import load_file
+
+    model = LlamaForTraining(shape, seed=None)
+    state = {k: v.float() for k, v in load_file(str(Path(folder) / WEIGHTS)).items()}
+    model.load_state_dict(state)
+    return model.to(device).eval()
