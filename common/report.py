@@ -1,6 +1,6 @@
 """`lab report`: records -> the READMEs' generated blocks and the plots; `--check` changes nothing.
 
-A generated block in README.md or phases/*/README.md looks like
+A generated block in README.md, phases/*/README.md or a further page phases/*/*.md looks like
 
     <!-- lab:begin phase1.elementwise -->
     ...generated...
@@ -78,7 +78,10 @@ def blocks() -> dict:
 
 
 def readmes() -> list[Path]:
-    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "phases").glob("phase*/README.md"))]
+    """The pages that hold generated blocks: the top README, each phase's README and the further
+    pages a phase splits its topics into (phases/phaseN_*/*.md, linked from its README)."""
+    pages = sorted((REPO_ROOT / "phases").glob("phase*/*.md"), key=lambda p: (p.parent.name, p.name != "README.md", p.name))
+    return [REPO_ROOT / "README.md", *pages]
 
 
 def render_readme(text: str, view: render.View, known: dict) -> str:

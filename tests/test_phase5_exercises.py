@@ -184,6 +184,8 @@ def test_offline_rejects_a_length_range_that_runs_backwards(tmp_path):
     (["--port", "99999"], "not a TCP port"),
     (["--gpu-memory-utilization", "2"], "gpu_memory_utilization must be in (0, 1]"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--speculative-model", "ngram"], "num_speculative_tokens must be an integer in [1, 8]"),
+    (["--speculative-model", "nope", "--num-speculative-tokens", "4"], "unknown model shape 'nope'"),
 ])
 def test_lab_serve_refuses_bad_flags_in_one_line(argv, message):
     proc = lab("serve", *argv, timeout=60)

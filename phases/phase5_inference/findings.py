@@ -98,3 +98,80 @@ def quantization(got: dict) -> list[str]:
                          + (f", with AWQ's scales {awq['metrics.perplexity']:.2f}" if awq is not None else "")
                          + f"; the top token stays the same {pct(100 * rtn['metrics.top1_agreement'])} of the time at int4.")
     return parts
+
+
+def speculative(view) -> str:
+    """What the speculative-decoding records say, per GPU: is the target memory-bound, what each draft
+    buys at batch 1 and why (its agreement with the target), how the gain shrinks with concurrency,
+    and how well the speedup formula predicted it."""
+    out = []
+    for _, got in sorted(by_hardware(view.frame, ["phase5.speculative"]).items()):
+        d = got["phase5.speculative"]
+        ok = d[d["status"] == "ok"]
+        if not len(ok):
+            continue
+        first = ok.iloc[0]
+        agreement = value(first, "summary.agreement_with_target") or {}
+        greedy1 = ok[(ok["params.temperature"] == 0) & (ok["params.concurrency"] == 1)]
+        parts = [f"At batch 1 the {value(first, 'summary.target_params', 0) / 1e6:.0f}M-parameter target takes "
+                 f"{num(value(first, 'summary.target_step_ms'))} ms a token, "
+                 f"{pct(value(first, 'summary.target_pct_of_copy_roofline'))} of its copy roofline "
+                 f"({num(value(first, 'summary.target_copy_roofline_ms'))} ms) and "
+                 f"{ratio(value(first, 'summary.target_over_draft_step'))} a draft step."]
+        best = {}
+        for variant in ("matched", "distilled", "mismatched", "ngram"):
+            rows = greedy1[greedy1["variant"] == variant]
+            if len(rows):
+                best[variant] = rows.loc[rows["metrics.speedup_vs_target"].idxmax()]
+        said = []
+        for variant, label in (("matched", "the matched draft"), ("distilled", "the distilled draft"),
+                               ("ngram", "prompt lookup")):
+            r = best.get(variant)
+            if r is not None:
+                said.append(f"{label} {ratio(r['metrics.speedup_vs_target'])} at k = {int(r['params.k'])} "
+                            f"(acceptance {100 * r['metrics.acceptance_rate']:.0f}%, "
+                            f"{r['metrics.tokens_per_verify']:.2f} tokens per verify pass)")
+        if said:
+            parts.append("Greedy, one request at a time, the best k gives " + "; ".join(said) + ".")
+        if agreement:
+            parts.append("On TinyShakespeare's validation split the drafts' top token is the target's "
+                         + ", ".join(f"{100 * a['val_top1_agreement']:.0f}% of the time ({role})"
+                                     for role, a in agreement.items()) + ".")
+        mis = best.get("mismatched")
+        if mis is not None:
+            worst = greedy1[greedy1["variant"] == "mismatched"]
+            worst = worst.loc[worst["metrics.speedup_vs_target"].idxmin()]
+            parts.append(f"The Python draft shares only the vocabulary: it keeps "
+                         f"{100 * mis['metrics.acceptance_rate']:.0f}% of its proposals at its best k "
+                         f"(k = {int(mis['params.k'])}), so a step emits {mis['metrics.tokens_per_verify']:.2f} tokens "
+                         f"while paying k draft steps and a wider verify pass: {ratio(mis['metrics.speedup_vs_target'])} "
+                         f"the target alone at best, {ratio(worst['metrics.speedup_vs_target'])} at k = "
+                         f"{int(worst['params.k'])} (the seed's TinyLlama draft: "
+                         f"{ratio(seed.SPECULATIVE[0][3] / seed.SPECULATIVE[0][4])}).")
+        shrink = []
+        for c in sorted(set(ok["params.concurrency"])):
+            rows = ok[(ok["params.temperature"] == 0) & (ok["params.concurrency"] == c) & (ok["variant"] != "target")]
+            if len(rows):
+                r = rows.loc[rows["metrics.speedup_vs_target"].idxmax()]
+                shrink.append(f"{ratio(r['metrics.speedup_vs_target'])} at {int(c)} at once ({r['variant']}, "
+                              f"k = {int(r['params.k'])})")
+        if len(shrink) > 1:
+            parts.append("The best greedy speedup falls as requests share the step: " + ", ".join(shrink)
+                         + "; a verify pass of k + 1 rows per request stops being nearly free once the batch's rows "
+                           "approach the ridge, and the target alone already reads its weights once for all of them.")
+        spec = ok[ok["variant"] != "target"]
+        if len(spec):
+            error = (spec["metrics.speedup_measured_over_predicted"] - 1).abs()
+            worst = spec.loc[error.idxmax()]
+            error1 = (greedy1[greedy1["variant"] != "target"]["metrics.speedup_measured_over_predicted"] - 1).abs()
+            parts.append(f"The formula E[tokens per verify] x t_target / (k t_draft + t_verify(k + 1)) holds within "
+                         f"{100 * error1.max():.0f}% on every greedy batch-1 row; its worst row over the whole sweep "
+                         f"({worst['variant']}, k = {int(worst['params.k'])}, T = {worst['params.temperature']:g}, "
+                         f"{int(worst['params.concurrency'])} at once) measured {ratio(worst['metrics.speedup_measured_over_predicted'])} "
+                         f"its prediction: the engine spent {num(worst['metrics.propose_ms_per_step'])} + "
+                         f"{num(worst['metrics.verify_ms_per_step'])} ms per step proposing and verifying where the "
+                         f"formula's step times add to {num(worst['metrics.t_propose_ms'])} + "
+                         f"{num(worst['metrics.t_verify_ms'])} ms; the rest is what they leave out (acceptance, "
+                         "rejection sampling, rollback and the host's bookkeeping).")
+        out.append(f"**{first['hardware_name']}.** " + " ".join(parts))
+    return "\n\n".join(out)

@@ -1,7 +1,7 @@
 """Phase 5's plots, one PNG per GPU from its newest record: the batching curve (throughput and TPOT
-against concurrency, measured beside predicted), the bandwidth each way to decode reaches, and
-quantized decode's tok/s against the bytes each token reads.
-matplotlib is imported only when a plot is drawn."""
+against concurrency, measured beside predicted), the bandwidth each way to decode reaches,
+quantized decode's tok/s against the bytes each token reads, and speculative decoding's speedup
+against k. matplotlib is imported only when a plot is drawn."""
 from common.plotting import pyplot, save
 
 
@@ -85,4 +85,40 @@ def quant_tok_s(view, hw: str, path) -> None:
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"Weight-only quantization in the engine, {rows[0]['params.model'] if rows else ''} "
                  f"({rows[0]['hardware_name'] if rows else hw})")
+    save(fig, path)
+
+
+def speculative_speedup(view, hw: str, path) -> None:
+    """Speedup over the target alone against k: one panel per temperature (rows) and concurrency
+    (columns), a colour per draft, measured solid and predicted dashed, 1x the line to beat."""
+    plt = pyplot()
+    rows = [r for r in _ok_rows(view, "phase5.speculative", hw) if r["variant"] != "target"]
+    temperatures = sorted({r["params.temperature"] for r in rows})
+    concurrency = sorted({int(r["params.concurrency"]) for r in rows})
+    colors = {"matched": "tab:blue", "distilled": "tab:green", "mismatched": "tab:red", "ngram": "tab:purple"}
+    fig, axes = plt.subplots(len(temperatures), len(concurrency), figsize=(4.2 * len(concurrency), 3.4 * len(temperatures)),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, t in enumerate(temperatures):
+        for j, c in enumerate(concurrency):
+            ax = axes[i][j]
+            for variant, color in colors.items():
+                mine = sorted((r for r in rows if r["variant"] == variant and r["params.temperature"] == t
+                               and int(r["params.concurrency"]) == c), key=lambda r: r["params.k"])
+                if not mine:
+                    continue
+                k = [int(r["params.k"]) for r in mine]
+                ax.plot(k, [r["metrics.speedup_vs_target"] for r in mine], "o-", color=color, ms=3,
+                        label=f"{variant}, measured")
+                ax.plot(k, [r["metrics.predicted_speedup"] for r in mine], "--", color=color, alpha=0.7,
+                        label=f"{variant}, predicted")
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_title(f"T = {t:g}, {c} at once", fontsize=9)
+            if i == len(temperatures) - 1:
+                ax.set_xlabel("k (tokens proposed per step)")
+            if j == 0:
+                ax.set_ylabel("x the target alone")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, bbox_to_anchor=(0.5, -0.01))
+    fig.suptitle(f"Speculative decoding, the lab's trained models ({rows[0]['hardware_name'] if rows else hw})")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     save(fig, path)

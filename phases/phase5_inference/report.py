@@ -7,7 +7,7 @@ from common.frame import by_hardware, find, value
 from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
-from . import findings, plots, seed
+from . import findings, plots, seed, speculative_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
@@ -225,7 +225,11 @@ def headline(view) -> list[str]:
     return out
 
 
-PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, blocks=(
+# Speculative rows recorded before they carried prediction.excluded (speculative.NOT_A_ROOFLINE_TEST)
+EXCLUDED = {(speculative_report.SPEC, v): "speedup formula: a speculative step's prediction is metrics.predicted_speedup"
+            for v in speculative_report.DRAFTS}
+
+PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, excluded=EXCLUDED, blocks=(
     STARTUP_TABLE, ATTENTION_TABLE, DECODE_TABLE,
     Plot("phase5.decode_plot", "phase5_decode_bandwidth", (DECODE,), plots.decode_bandwidth,
          "Batch-1 decode bandwidth of each way to decode on the {name}, against the copy roofline",
@@ -240,4 +244,5 @@ PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, b
          "Decode tok/s against bytes read per token for every weight format and path on the {name}, with the "
          "copy-bandwidth roofline drawn through them", hardware=with_ok(QENGINE)),
     QUANT_LAYER_TABLE, QUANT_PERPLEXITY_TABLE,
-    GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._")))
+    GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._"),
+    *speculative_report.BLOCKS))

@@ -58,6 +58,8 @@ MODEL_SETS = {"lab": {"target": "shakespeare-target", "matched": "shakespeare-dr
                        "mismatched": "tiny-python-draft"}}
 NEAR_TIE_ULPS = 2
 STEP_WARMUP = 5
+NOT_A_ROOFLINE_TEST = ("speedup formula: a speculative step chains k draft forwards, a verify pass and the host's "
+                       "acceptance; its prediction is metrics.predicted_speedup, the roofline of its forwards a reference")
 
 
 # ------------------------------------------------------------------------------ the models and prompts
@@ -361,6 +363,7 @@ def speculative_row(ctx, variant, identity, spec, base, engine, prompts, times, 
     prediction = summed_prediction(ctx, parts, dtype, timing.median_ms,
                                    launches=(engine.telemetry.get("kernels_per_decode_step") or 1) * (1 + (variant != "ngram") * k),
                                    graphed=ctx.is_cuda, what="forward passes of a speculative step (k drafts, one verify)")
+    prediction["excluded"] = NOT_A_ROOFLINE_TEST
     return row(variant, identity, check=check, timing=timing, metrics=metrics, prediction=prediction)
 
 

@@ -509,11 +509,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how quantized projections multiply: dequantize then cuBLAS, the Triton kernels, "
                              "or torch's tinygemm")
     parser.add_argument("--quant-group-size", type=int, default=128, help="int4 inputs per scale and zero point")
+    parser.add_argument("--speculative-model", default="none",
+                        help="speculative decoding: 'ngram' (prompt lookup), or a draft sharing the target's "
+                             "vocabulary (a named shape or a checkpoint folder)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=0, help="k: tokens proposed per step (1..8)")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
                  "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend",
-                 "quantization", "quant_path", "quant_group_size")
+                 "quantization", "quant_path", "quant_group_size", "speculative_model", "num_speculative_tokens")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -533,6 +537,8 @@ def config_from_args(args: argparse.Namespace):
     if refused:
         raise LabError(refused)
     resolve(config.model)
+    if config.speculative_model not in ("none", "ngram"):
+        resolve(config.speculative_model)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
     if args.max_queue < 1:
