@@ -280,3 +280,11 @@ def test_a_student_gets_its_teacher_first_and_keys_on_it(tiny_entry, shakespeare
                                              teacher_info["cache_key"])
     loaded = tm.load_trained(folder, student.shape, "cpu")
     assert not loaded.training and sum(p.numel() for p in loaded.parameters()) == student.shape.params()
+
+
+def test_load_trained_gives_back_the_saved_model(tmp_path):
+    model = lt.LlamaForTraining(tm.TINY_TARGET, seed=3).eval()
+    folder = lt.save_checkpoint(model, tm.TINY_TARGET, tmp_path / "ckpt", dtype=torch.float32)
+    loaded = tm.load_trained(folder, tm.TINY_TARGET, "cpu")
+    x = torch.randint(0, D.EOT, (2, 17), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model(x)[0], loaded(x)[0]) and not loaded.training

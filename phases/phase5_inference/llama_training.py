@@ -142,11 +142,16 @@ class LlamaForTraining(nn.Module):
         self.shape = shape
         self.model = Backbone(shape)
         self.lm_head = None if shape.tie_word_embeddings else nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        positions = torch.arange(shape.max_position_embeddings, dtype=torch.int64).float()
-        freqs = positions[:, None] * inverse_frequencies(shape)[None, :]       # as engine/model.py's rope_tables
-        self.register_buffer("rope_cos", freqs.cos(), persistent=False)
-        self.register_buffer("rope_sin", freqs.sin(), persistent=False)
+        cos, sin = self.rope_tables()
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights(seed)
+
+    def rope_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos and sin [max_position_embeddings, head_dim / 2], as engine/model.py's rope_tables."""
+        positions = torch.arange(self.shape.max_position_embeddings, dtype=torch.int64, device=device).float()
+        freqs = positions[:, None] * inverse_frequencies(self.shape).to(positions.device)[None, :]
+        return freqs.cos(), freqs.sin()
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = 0) -> None:

@@ -240,7 +240,10 @@ def load_trained(folder: Path, shape: LlamaShape, device: str | torch.device) ->
     distillation."""
     from safetensors.torch import load_file
 
-    model = LlamaForTraining(shape, seed=None)
-    state = {k: v.float() for k, v in load_file(str(Path(folder) / WEIGHTS)).items()}
-    model.load_state_dict(state)
-    return model.to(device).eval()
+    device = torch.device(device)
+    with torch.device("meta"):                         # no initialization of weights about to be replaced
+        model = LlamaForTraining(shape, seed=None)
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(Path(folder) / WEIGHTS), device=str(device)).items()})
+    model.rope_cos, model.rope_sin = model.rope_tables(device)
+    return model.eval()
