@@ -219,7 +219,8 @@ def plot(view: View, spec: Plot) -> str:
     lines = []
     for hw in plot_hardware(view, spec):
         names = view.frame.df
-        name = names[names["hardware"] == hw]["hardware_name"].iloc[-1]
+        named = names[names["hardware"] == hw]["hardware_name"] if len(names) else names
+        name = named.iloc[-1] if len(named) else hw          # a plot of no one GPU (all of them) keeps its key
         caption = spec.caption.format(name=name)
         lines.append(f"![{caption}]({os.path.relpath(plot_path(view, spec, hw), view.readme.parent).replace(os.sep, '/')})")
     return "\n\n".join(lines) or NO_RECORDS.format(ex=spec.exercises[0])

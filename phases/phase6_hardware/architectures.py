@@ -93,9 +93,9 @@ def decode(spec: HardwareSpec, shape: LlamaShape) -> Decode | None:
         return None
     weights, per_token = shape.weight_bytes(BF16_BYTES), shape.decode_weight_bytes(BF16_BYTES)
     n = devices_to_hold(weights, memory)
-    binds = (f"{CAPACITY}: {weights / 1e9:.1f} GB of weights need {n} devices of {memory:g} GB, "
-             "and every token then crosses their links" if n > 1 else
-             f"{MEMORY}: a token reads {per_token / 1e9:.1f} GB at about 1 FLOP/byte")
+    binds = (f"{CAPACITY}: {weights / 1e9:.1f} GB of weights need {n} devices of {memory:g} GB, and every "
+             "token then crosses their links" if n > 1 else
+             f"{MEMORY}: {per_token / 1e9:.1f} GB read per token, about 1 FLOP/byte")
     rate = bandwidth * 1e9 / per_token
     return Decode(shape.name, weights, per_token, shape.flops_per_token(0), n == 1, n, rate, n * rate, binds)
 
@@ -130,8 +130,8 @@ def matmul_binds(a: Architecture) -> str:
     """Which constraint binds a training-sized matmul, in words."""
     if a.matmul_bound == CAPACITY:
         return (f"{CAPACITY}: the three {MATMUL_N} x {MATMUL_N} bf16 operands ({a.matmul_operand_bytes / 1e9:.2f} GB) "
-                f"exceed its {a.memory_gb:g} GB, so they stream in from off-chip")
+                f"exceed one device's {a.memory_gb:g} GB, so they must be split across devices")
     if a.ridge is None:
         return "unknown: no compute peak in hardware.yaml"
     side = COMPUTE if a.matmul_intensity > a.ridge else MEMORY
-    return f"{side}: intensity {a.matmul_intensity:,.0f} FLOP/byte against a ridge of {a.ridge:,.0f}"
+    return f"{side}: {a.matmul_intensity:,.0f} FLOP/byte against a ridge of {a.ridge:,.3g}"

@@ -17,6 +17,7 @@ class Quote:
     who measured it, and on how many devices."""
     value: float
     source: str
+    by: str = "the seed"          # who, in a few words (a table cell)
     low: float | None = None
     high: float | None = None
     devices: int = 1
@@ -33,7 +34,7 @@ MATMUL_TFLOPS = {
     "a100_sxm_80gb": Quote(250, SEED, note="about 250, the seed's phase 2 cuBLAS figure as its phase 6 table gives it"),
     "rtx_4090": Quote(130, SEED, note="about 130, the seed's phase 1 figure as its phase 6 table gives it"),
     "wormhole_n300": Quote(157.5, "community benchmarks (corsix.org, FOSDEM 2025), as quoted by the " + SEED,
-                           low=140, high=175, note="not measured by the seed: its Koyeb deployments failed"),
+                           by="corsix.org, FOSDEM 2025, via the seed", low=140, high=175, note="not measured by the seed: its Koyeb deployments failed"),
 }
 
 # Attention on the TPU: batch 4, 16 heads, 2048 tokens, head dim 64, bf16, through jax.jit
@@ -47,9 +48,9 @@ DECODE_TOK_S = {
     ("a100_sxm_80gb", "llama-3.1-8b"): Quote(93.0, SEED, note="vLLM, local"),
     ("a100_sxm_80gb", "llama-3.3-70b"): Quote(21.2, SEED, devices=2, note="vLLM, tensor parallel over 2 A100s"),
     ("wormhole_n300", "llama-3.1-8b"): Quote(24, "Tenstorrent's own figure (hand-optimized), as quoted by the " + SEED,
-                                             note="about 24"),
+                                             by="Tenstorrent, via the seed", note="about 24"),
     ("mi300x", "llama-3.3-70b"): Quote(37, "Chips and Cheese; AMD MLPerf Inference v4.1, as quoted by the " + SEED,
-                                       note="about 37, one GPU (the 70B weights fit in 192 GB)"),
+                                       by="Chips and Cheese, AMD MLPerf v4.1, via the seed", note="about 37, one GPU (the 70B weights fit in 192 GB)"),
 }
 
 # The seed's Groq table: model -> (output tok/s, TTFT ms) per source; ~100-token prompt, 200 tokens,
@@ -62,6 +63,6 @@ GROQ_RUNS = {
 GROQ_SOURCES = {"groq_lpu": SEED + " (GroqCloud API)", "a100_sxm_80gb": SEED + ", from its Phase 5 (vLLM, local)",
                 "cloud_api_median": "ArtificialAnalysis, as quoted by the " + SEED}
 GROQ_SPEC_DECODE_70B_TOK_S = Quote(1665, "Groq's published figure (speculative decoding, Llama 3 70B), as quoted by the "
-                                   + SEED)
+                                   + SEED, by="Groq, via the seed")
 # The seed's split of Groq's 8B TTFT: network, LPU compute, the API's own infrastructure (ms)
 GROQ_TTFT_SPLIT_MS = {"network": 6.5, "lpu_compute": 14.0, "api_overhead": 110.0, "round_trip": 13.0}
