@@ -19,7 +19,7 @@ from . import seed
 
 TITLES = {"phase6.jax_matmul": "bf16 matmul, quoted", "phase6.jax_attention": "attention through XLA, quoted",
           "phase6.groq_api": "batch-1 streaming decode, quoted"}
-NAMES = {"cloud_api_median": "Cloud API median (ArtificialAnalysis)"}
+NAMES = {"cloud_api_median": "Cloud API median"}
 SEED_MODELS = {"llama-3.1-8b": "Llama 3.1 8B", "llama-3.3-70b": "Llama 3.3 70B"}
 
 
@@ -31,7 +31,7 @@ def quoted_row(variant: str, params: dict, metrics: dict) -> dict:
 def matmul_rows(key: str, quote: seed.Quote) -> list[dict]:
     spec = load_hardware().get(key)
     peak = spec.peak("bf16").value if spec else None
-    variant = {"tpu_v5e": "jax_jit", "wormhole_n300": "tt-metal"}.get(key, "torch")
+    variant = {"tpu_v5e": "jax_jit", "wormhole_n300": "community"}.get(key, "torch")
     return [quoted_row(variant, {"n": None, "dtype": "bf16"},
                        {"tflops": quote.value, "tflops_low": quote.low, "tflops_high": quote.high,
                         "peak_tflops": peak, "pct_of_peak_tflops": 100 * quote.value / peak if peak else None,

@@ -7,8 +7,14 @@ Keys are hardware.yaml keys, so the cross-architecture table finds them beside t
 describe; `quoted.py` turns the same figures into quoted records."""
 from dataclasses import dataclass
 
-SEED = "seed write-up (shared/seeds/000_d50e6b73398ffa0d.txt), Phase 6"
-SEED_PHASE5 = "seed write-up (shared/seeds/000_d50e6b73398ffa0d.txt), Phase 5 (vLLM on an A100 SXM4 80GB)"
+SEED_FILE = "shared/seeds/000_d50e6b73398ffa0d.txt"
+SEED = f"seed write-up ({SEED_FILE}), Phase 6"
+
+
+def citing(whom: str) -> str:
+    """A figure the seed relayed from someone else: the seed first (a table labels a row with the
+    words before the first parenthesis), then whose figure it is."""
+    return f"seed write-up, citing {whom} ({SEED_FILE}, Phase 6)"
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ MATMUL_TFLOPS = {
     "tpu_v5e": Quote(142.3, SEED, note="jax.jit on one TPU v5e chip (Google Colab), 72.2% of 197"),
     "a100_sxm_80gb": Quote(250, SEED, note="about 250, the seed's phase 2 cuBLAS figure as its phase 6 table gives it"),
     "rtx_4090": Quote(130, SEED, note="about 130, the seed's phase 1 figure as its phase 6 table gives it"),
-    "wormhole_n300": Quote(157.5, "community benchmarks (corsix.org, FOSDEM 2025), as quoted by the " + SEED,
+    "wormhole_n300": Quote(157.5, citing("community benchmarks: corsix.org, FOSDEM 2025"),
                            by="corsix.org, FOSDEM 2025, via the seed", low=140, high=175, note="not measured by the seed: its Koyeb deployments failed"),
 }
 
@@ -47,9 +53,9 @@ DECODE_TOK_S = {
     ("groq_lpu", "llama-3.3-70b"): Quote(263.1, SEED, note="GroqCloud API, streamed"),
     ("a100_sxm_80gb", "llama-3.1-8b"): Quote(93.0, SEED, note="vLLM, local"),
     ("a100_sxm_80gb", "llama-3.3-70b"): Quote(21.2, SEED, devices=2, note="vLLM, tensor parallel over 2 A100s"),
-    ("wormhole_n300", "llama-3.1-8b"): Quote(24, "Tenstorrent's own figure (hand-optimized), as quoted by the " + SEED,
+    ("wormhole_n300", "llama-3.1-8b"): Quote(24, citing("Tenstorrent's own hand-optimized figure"),
                                              by="Tenstorrent, via the seed", note="about 24"),
-    ("mi300x", "llama-3.3-70b"): Quote(37, "Chips and Cheese; AMD MLPerf Inference v4.1, as quoted by the " + SEED,
+    ("mi300x", "llama-3.3-70b"): Quote(37, citing("Chips and Cheese and AMD's MLPerf Inference v4.1"),
                                        by="Chips and Cheese, AMD MLPerf v4.1, via the seed", note="about 37, one GPU (the 70B weights fit in 192 GB)"),
 }
 
@@ -61,8 +67,8 @@ GROQ_RUNS = {
     "cloud_api_median": {"llama-3.1-8b": (154.8, 930.0), "llama-3.3-70b": (85.5, 1410.0)},
 }
 GROQ_SOURCES = {"groq_lpu": SEED + " (GroqCloud API)", "a100_sxm_80gb": SEED + ", from its Phase 5 (vLLM, local)",
-                "cloud_api_median": "ArtificialAnalysis, as quoted by the " + SEED}
-GROQ_SPEC_DECODE_70B_TOK_S = Quote(1665, "Groq's published figure (speculative decoding, Llama 3 70B), as quoted by the "
-                                   + SEED, by="Groq, via the seed")
+                "cloud_api_median": citing("ArtificialAnalysis' cloud API medians")}
+GROQ_SPEC_DECODE_70B_TOK_S = Quote(1665, citing("Groq's published figure for Llama 3 70B with speculative decoding"),
+                                   by="Groq, via the seed")
 # The seed's split of Groq's 8B TTFT: network, LPU compute, the API's own infrastructure (ms)
 GROQ_TTFT_SPLIT_MS = {"network": 6.5, "lpu_compute": 14.0, "api_overhead": 110.0, "round_trip": 13.0}
