@@ -14,6 +14,28 @@ def _ms(r) -> str:
     return f"{num(value(r, 'metrics.wall_ms'))} ms"
 
 
+def fused(r) -> bool:
+    """XLA fused attention: no S x S buffer of its own between kernels."""
+    return value(r, "metrics.score_materialized") is False
+
+
+def verdict(r) -> str:
+    """What the HLO of one JAX attention row says, in a sentence."""
+    hlo = value(r, "metrics.hlo", {}) or {}
+    one = hlo.get("attention_in_one_fusion")
+    if not fused(r):
+        return (f"its scores sit in device memory between kernels (largest {hlo.get('largest_score_buffer')}, "
+                f"{size_bytes(hlo.get('largest_score_buffer_bytes'))}; temp {size_bytes(hlo.get('temp_bytes'))}, "
+                f"{num(hlo.get('temp_over_bf16_scores'))}x a bf16 score matrix): XLA did not fuse attention.")
+    if one:
+        return (f"one fusion ({one}) holds both matmuls and the softmax and XLA allocated no S x S buffer: XLA fused "
+                "attention" + (" (into a library's fusion, whose own scratch memory the HLO does not show)."
+                               if one.startswith("kCustom") else "."))
+    if hlo.get("library_attention"):
+        return f"XLA handed attention to a library's fused kernel ({hlo['library_attention']}), no S x S buffer of its own."
+    return "no S x S buffer is in device memory: XLA fused attention."
+
+
 def fusion(view) -> str:
     """Did XLA fuse attention on this GPU: the HLO's answer, beside the library's and our kernel's times."""
     out = []
@@ -29,17 +51,11 @@ def fusion(view) -> str:
             plain = find(mine, "jax_jit_math")
             if plain is None:
                 continue
-            hlo = value(plain, "metrics.hlo", {}) or {}
-            fused = not value(plain, "metrics.score_materialized", True)
             targets = value(plain, "metrics.hlo_custom_call_targets")
             text = (f"At B={p['batch']}, H={p['heads']}, S={p['seq']}, d={p['head_dim']}, jax.jit of the plain math compiled to "
                     f"{num(value(plain, 'metrics.hlo_kernels'))} kernels ({num(value(plain, 'metrics.hlo_fusions'))} fusions, "
                     f"{num(value(plain, 'metrics.hlo_custom_calls'))} library calls{': ' + targets if targets else ''}); "
-                    + (f"no buffer of S x S scores is in device memory: XLA fused attention. " if fused else
-                       f"its scores stay in device memory between them (largest {hlo.get('largest_score_buffer')}, "
-                       f"{size_bytes(hlo.get('largest_score_buffer_bytes'))}; temp {size_bytes(value(plain, 'metrics.hlo_temp_bytes'))}, "
-                       f"{num(hlo.get('temp_over_bf16_scores'))}x a bf16 score matrix): XLA did not fuse attention. ")
-                    + f"It takes {_ms(plain)}")
+                    + verdict(plain) + f" It takes {_ms(plain)}")
             best = mine[mine["variant"].str.startswith("sdpa") & (mine["status"] == "ok")]
             if len(best):
                 b = best.loc[best["metrics.wall_ms"].astype(float).idxmin()]
@@ -48,7 +64,7 @@ def fusion(view) -> str:
             if tri is not None:
                 text += f", the phase 3 Triton kernel {_ms(tri)}"
             avoided = [r["variant"] for _, r in mine.iterrows() if r["status"] == "ok" and r["variant"].startswith("jax")
-                       and value(r, "metrics.score_materialized") is False]
+                       and fused(r)]
             refused = [f"{r['variant']} ({r['reason']})" for _, r in mine.iterrows()
                        if r["status"] == "skipped" and r["variant"].startswith("jax")]
             text += (". Without S x S buffers: " + (", ".join(avoided) or "none of the JAX variants") + "."

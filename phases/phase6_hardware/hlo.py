@@ -13,7 +13,11 @@ fusion's own result. A `custom-call` hands work to a library (cuBLAS, cuDNN). So
   bitcasts and tuples do none);
 * the attention question, "is an S x S score matrix ever in device memory?", is answered from the
   buffers those instructions produce: any result with two dimensions equal to S, or as many
-  elements as B x H x S x S, is one. memory_analysis()'s temp bytes corroborate it.
+  elements as B x H x S x S, is one. memory_analysis()'s temp bytes corroborate it;
+* and "did XLA fuse matmul, softmax and matmul?" from the fusions' bodies: one fusion holding two
+  dots and an exponential. A fusion is one kernel on a GPU (its S x S intermediates stay in
+  registers and shared memory); a library fusion (XLA:CPU's YNNPACK/XNNPACK subgraphs, cuDNN
+  graphs) runs inside the library, whose own scratch the HLO does not show.
 """
 import re
 from dataclasses import dataclass, field
@@ -59,6 +63,7 @@ class Analysis:
     kernels: int = 0                                     # fusions + custom calls + other instructions that do work
     unfused_ops: dict = field(default_factory=dict)      # those other instructions, by op
     buffers: list = field(default_factory=list)          # (instruction, op, dtype, dims, bytes) of every result
+    inside: list = field(default_factory=list)           # (fusion, its label, {op: count}, [dims]) of each fusion's body
 
     def as_dict(self) -> dict:
         return {"fusions": self.fusions, "fusion_kinds": dict(sorted(self.fusion_kinds.items())),
@@ -106,6 +111,21 @@ def running_computations(computations: dict, entry: str | None) -> list[str]:
     return seen
 
 
+def fused_body(computations: dict, names: list[str]) -> list[Instruction]:
+    """Every instruction of a fused computation, nested fusions and calls included."""
+    out, seen, todo = [], set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in computations:
+            continue
+        seen.add(name)
+        for ins in computations[name]:
+            out.append(ins)
+            if ins.op not in SCALAR_CALLERS:
+                todo += [callee for _, callee in ins.calls()]
+    return out
+
+
 def analyze(text: str) -> Analysis:
     computations, entry = parse(text)
     out = Analysis()
@@ -127,6 +147,11 @@ def analyze(text: str) -> Analysis:
                 backend = BACKEND_KIND.search(ins.rest)
                 label = (kind.group(1) if kind else "?") + (f" {backend.group(1)}" if backend else "")
                 out.fusion_kinds[label] = out.fusion_kinds.get(label, 0) + 1
+                body = fused_body(computations, [c for how, c in ins.calls() if how == "calls"])
+                ops: dict = {}
+                for inner in body:
+                    ops[inner.op] = ops.get(inner.op, 0) + 1
+                out.inside.append((ins.name, label, ops, [dims for inner in body for _, dims in inner.shapes]))
             elif ins.op == "custom-call":
                 out.custom_calls += 1
                 target = TARGET.search(ins.rest)
@@ -155,7 +180,13 @@ def attention_report(text: str, batch: int, heads: int, seq: int, temp_bytes: in
     scores = score_buffers(a, batch, heads, seq)
     largest = max(scores, key=lambda b: b[4]) if scores else None
     whole = batch * heads * seq * seq
+    one = next(((name, label) for name, label, ops, _ in a.inside
+                if ops.get("dot", 0) >= 2 and ops.get("exponential", 0) >= 1), None)
+    inside = any(sum(d == seq for d in dims) >= 2 for _, _, _, shapes in a.inside for dims in shapes)
+    library = [t for t in a.custom_call_targets if "fmha" in t.lower() or "attention" in t.lower()]
     return {**a.as_dict(), "score_materialized": bool(scores), "score_buffers": len(scores),
+            "attention_in_one_fusion": one[1] if one else None,
+            "scores_inside_a_fusion": inside, "library_attention": ", ".join(library) or None,
             "largest_score_buffer": (f"{largest[1]} {largest[2]}[{','.join(map(str, largest[3]))}]"
                                      if largest else None),
             "largest_score_buffer_bytes": largest[4] if largest else 0,

@@ -91,7 +91,8 @@ def sdpa_row(ctx, variant, p, q, k, v, check):
             r = measure(ctx, variant, p, fn=call, check=lambda: check(lambda o: o.copy_(call())), **cost(p))
             return add_wall(ctx, r, call)
     except (RuntimeError, AttributeError) as exc:       # a backend that refuses these inputs here
-        return skipped(variant, p, f"{SDPA[variant]} unavailable here: {str(exc).splitlines()[0][:160].rstrip('.')}")
+        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
+        return skipped(variant, p, f"{SDPA[variant]} unavailable here: {first[:160].rstrip('.')}")
 
 
 def triton_row(ctx, p, q, k, v, check):
@@ -126,7 +127,7 @@ def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
         result = compiled(*args)
     except Exception as exc:  # noqa: BLE001 - an implementation this backend does not have
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        return skipped(variant, p, f"{type(exc).__name__}: {lines[0][:200] if lines else 'refused'}")
+        return skipped(variant, p, f"{type(exc).__name__}: {lines[0][:200].rstrip('.') if lines else 'refused'}")
     fusion = hlo.attention_report(text, p["batch"], p["heads"], p["seq"], temp)
 
     def check():
