@@ -93,37 +93,31 @@ def parse(text: str) -> tuple[dict[str, list[Instruction]], str | None]:
     return computations, entry
 
 
-def running_computations(computations: dict, entry: str | None) -> list[str]:
-    """The entry and what it calls as control flow (loop bodies, branches, `call`s, command buffers),
-    never a fused body or a reduction's scalar function."""
-    if entry is None:
-        return []
-    seen, todo = [], [entry]
+def walk(computations: dict, roots: list[str], follow) -> list[str]:
+    """The computations reachable from `roots` through the calls of the instructions `follow` accepts."""
+    seen, todo = [], list(roots)
     while todo:
         name = todo.pop()
         if name in seen or name not in computations:
             continue
         seen.append(name)
         for ins in computations[name]:
-            if ins.op in ("fusion", "custom-call") or ins.op in SCALAR_CALLERS:
-                continue
-            todo += [callee for _, callee in ins.calls()]
+            if follow(ins):
+                todo += [callee for _, callee in ins.calls()]
     return seen
+
+
+def running_computations(computations: dict, entry: str | None) -> list[str]:
+    """The entry and what it calls as control flow (loop bodies, branches, `call`s, command buffers),
+    never a fused body or a reduction's scalar function."""
+    return walk(computations, [entry] if entry else [],
+                lambda ins: ins.op not in ("fusion", "custom-call") and ins.op not in SCALAR_CALLERS)
 
 
 def fused_body(computations: dict, names: list[str]) -> list[Instruction]:
     """Every instruction of a fused computation, nested fusions and calls included."""
-    out, seen, todo = [], set(), list(names)
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in computations:
-            continue
-        seen.add(name)
-        for ins in computations[name]:
-            out.append(ins)
-            if ins.op not in SCALAR_CALLERS:
-                todo += [callee for _, callee in ins.calls()]
-    return out
+    return [ins for name in walk(computations, names, lambda ins: ins.op not in SCALAR_CALLERS)
+            for ins in computations[name]]
 
 
 def analyze(text: str) -> Analysis:
