@@ -96,3 +96,25 @@ def test_the_phase3_triton_rows_run_under_the_interpreter():
     rows = eval(proc.stdout.strip().splitlines()[-1])                 # noqa: S307 - our own printout
     triton = [r for r in rows if r[0] == "triton"]
     assert len(triton) == 2 and all(r[1] == "ok" and r[3] > 0 for r in triton), rows
+
+
+def test_a_tpu_is_held_to_its_own_spec_sheet():
+    """On a TPU VM torch sees only the CPU: JAX's rows are predicted from the TPU's hardware.yaml
+    entry (matched on JAX's device_kind), torch's rows cannot stand beside them."""
+    import torch
+    from types import SimpleNamespace
+    from common.errors import Skip
+    from common.exercise import Context
+    from common.timing import summarize
+    from phases.phase6_hardware import jax_backend
+    ctx = Context(torch.device("cpu"), None, "cpu")
+    tpu = SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")
+    assert "no same-device comparison" in jax_backend.mismatch(ctx, tpu)
+    assert jax_backend.spec_of(ctx, tpu).key == "tpu_v5e"
+    timing = summarize([1.0, 1.1], "test", 1, flush_l2=False)
+    p = jax_backend.predict(ctx, tpu, 2 * 4096**3, 3 * 4096**2 * 2, "bf16", timing)
+    assert p["roofs_source"] == "hardware.yaml:tpu_v5e" and p["peak_tflops"] == 197 and p["bound"] == "compute"
+    with pytest.raises(Skip, match="no hardware.yaml entry matches"):
+        jax_backend.spec_of(ctx, SimpleNamespace(platform="tpu", device_kind="TPU v99"))
+    gpu_ctx = Context(torch.device("cuda", 0), None, "gpu")
+    assert "JAX found no GPU" in jax_backend.mismatch(gpu_ctx, SimpleNamespace(platform="cpu", device_kind="cpu"))

@@ -20,6 +20,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
+from common.paths import scrub_paths
 from phases.phase5_inference.client import RequestResult
 
 GROQ_URL = "https://api.groq.com"
@@ -109,7 +110,7 @@ def one_line(exc: BaseException) -> str:
     message = body.get("message") if isinstance(body, dict) and body.get("message") else str(exc)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         message = body["error"].get("message") or message
-    text = " ".join(str(message).split())[:300]
+    text = scrub_paths(" ".join(str(message).split())[:300])
     key = os.environ.get("GROQ_API_KEY")
     if key:
         text = text.replace(key, "***")

@@ -29,7 +29,7 @@ from common.params import Choice, Int
 from common.standalone import run_alone
 
 from . import hlo, jax_backend
-from .side_by_side import add_wall, compare as compare_rows, jax_row
+from .side_by_side import add_wall, compare as compare_rows, jax_row, scrubbed
 
 SEED_SHAPE = [4, 16, 2048, 64]
 PHASE3_SHAPE = [1, 16, 16384, 128]
@@ -91,8 +91,7 @@ def sdpa_row(ctx, variant, p, q, k, v, check):
             r = measure(ctx, variant, p, fn=call, check=lambda: check(lambda o: o.copy_(call())), **cost(p))
             return add_wall(ctx, r, call)
     except (RuntimeError, AttributeError) as exc:       # a backend that refuses these inputs here
-        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
-        return skipped(variant, p, f"{SDPA[variant]} unavailable here: {first[:160].rstrip('.')}")
+        return skipped(variant, p, f"{SDPA[variant]} unavailable here: {jax_backend.why(exc).split('. ')[0]}")
 
 
 def triton_row(ctx, p, q, k, v, check):
@@ -120,14 +119,13 @@ def triton_row(ctx, p, q, k, v, check):
 
 # ------------------------------------------------------------------------------ JAX's rows
 def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
-    """Compile (a refusal is a skipped row), read the HLO, check, time."""
-    from phases.phase3_triton._support import skipped
+    """Compile (a refusal is a skipped row), read the HLO, check, time (an error there: a failed row)."""
+    from phases.phase3_triton._support import attempt, skipped
     try:
         compiled, text, temp = hlo.compiled(fn, *args)
         result = compiled(*args)
     except Exception as exc:  # noqa: BLE001 - an implementation this backend does not have
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        return skipped(variant, p, f"{type(exc).__name__}: {lines[0][:200].rstrip('.') if lines else 'refused'}")
+        return skipped(variant, p, jax_backend.why(exc))
     fusion = hlo.attention_report(text, p["batch"], p["heads"], p["seq"], temp)
 
     def check():
@@ -140,8 +138,9 @@ def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
              "hlo_custom_call_targets": ", ".join(fusion["custom_call_targets"]) or None,
              "hlo_temp_bytes": temp, "score_bytes_bf16": 2 * p["batch"] * p["heads"] * p["seq"] ** 2}
     c = cost(p)
-    return jax_row(ctx, dev, variant, p, run=lambda: compiled(*args), check=check, flops=c["flops"],
-                   nbytes=c["bytes_moved"], dtype=c["dtype"], launches=max(1, fusion["kernels"]), extra=extra)
+    return attempt(variant, p, lambda: jax_row(ctx, dev, variant, p, run=lambda: compiled(*args), check=check,
+                                               flops=c["flops"], nbytes=c["bytes_moved"], dtype=c["dtype"],
+                                               launches=max(1, fusion["kernels"]), extra=extra))
 
 
 def jax_rows(ctx, p, q, k, v, ref, heads) -> list[dict]:
@@ -204,7 +203,7 @@ def run(ctx, params):
                                    and r["metrics"].get("score_materialized") is False]}
         rows += here
         del q, k, v, ref
-    return Result(rows, {"fusion": answers, "timing_note": "ratios compare wall_ms, every row timed by the same host "
+    return Result(scrubbed(rows), {"fusion": answers, "timing_note": "ratios compare wall_ms, every row timed by the same host "
                                                           "wall clock over back-to-back calls"})
 
 

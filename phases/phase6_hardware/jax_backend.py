@@ -12,6 +12,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from common import roofline  # noqa: E402
 from common.errors import Skip  # noqa: E402
 from common.hardware import load_hardware, match_gpu  # noqa: E402
+from common.paths import scrub_paths  # noqa: E402
 
 FUNCTIONAL = "JAX returns a new array (no output buffer to poison): the check compares that array"
 
@@ -24,8 +25,14 @@ def load():
     except ImportError:
         raise Skip("needs the Python package `jax`; not installed (pip install jax; jax[cuda13] on an NVIDIA GPU)") from None
     except RuntimeError as exc:
-        raise Skip(f"jax could not start a backend: {str(exc).splitlines()[0][:200]}") from None
+        raise Skip(f"jax could not start a backend: {why(exc)}") from None
     return jax
+
+
+def why(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line for a record: its type and first line, without absolute paths."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return scrub_paths(f"{type(exc).__name__}: {lines[0][:limit].rstrip('.') if lines else 'no message'}")
 
 
 def device():

@@ -18,8 +18,10 @@ from common.exercise import Exercise, Needs, Result, Work, measure, reference_ch
 from common.params import Choice, Int
 from common.standalone import run_alone
 
+from phases.phase3_triton._support import attempt
+
 from . import hlo, jax_backend
-from .side_by_side import add_wall, compare as compare_rows, jax_row
+from .side_by_side import add_wall, compare as compare_rows, jax_row, scrubbed
 
 VARIANTS = ("jax_jit", "torch", "triton")
 REFERENCE = "float64 matmul of the same inputs"
@@ -99,13 +101,13 @@ def run(ctx, params):
         if ctx.wants("triton"):
             here.append(triton_row(ctx, a, b, c, ref, size, dtype))
         if ctx.wants("jax_jit"):
-            here.append(jax_rows(ctx, a, b, ref, size, dtype))
+            here.append(attempt("jax_jit", size, lambda: jax_rows(ctx, a, b, ref, size, dtype)))
         compare_rows(here, ("torch",), "pct_of_torch")
         rows += here
         del a, b, c, ref
         if ctx.is_cuda:
             torch.cuda.empty_cache()                     # leave the memory to JAX's allocator in the next size
-    return Result(rows, {"timing_note": "ratios (pct_of_torch) compare wall_ms: every row timed by the same host "
+    return Result(scrubbed(rows), {"timing_note": "ratios (pct_of_torch) compare wall_ms: every row timed by the same host "
                                         "wall clock over back-to-back calls; torch and Triton rows keep the harness's "
                                         "CUDA-event timing in ms", "library": library(ctx)})
 

@@ -2,6 +2,7 @@
 row gets `wall_ms` from the same wall-clock method (wall_timing.py), and the ratios between rows
 are taken on it."""
 from common.exercise import row, throughput_metrics
+from common.paths import scrub_paths
 
 from . import jax_backend, wall_timing
 
@@ -40,3 +41,13 @@ def compare(rows: list[dict], baselines: tuple[str, ...], key: str) -> dict | No
             r["metrics"][key] = 100 * best["metrics"]["wall_ms"] / r["metrics"]["wall_ms"]
             r["metrics"][key + "_of"] = best["variant"]
     return best
+
+
+def scrubbed(rows: list[dict]) -> list[dict]:
+    """Rows whose reasons (a library's error message) carry no absolute path: a record may not."""
+    for r in rows:
+        if r.get("reason"):
+            r["reason"] = scrub_paths(r["reason"])
+        if (r.get("check") or {}).get("reason"):
+            r["check"]["reason"] = scrub_paths(r["check"]["reason"])
+    return rows
