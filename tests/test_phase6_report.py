@@ -15,14 +15,21 @@ from phases.phase6_hardware import findings
 from phases.phase6_hardware.report import GOALS, PHASE, headline
 
 
-@pytest.fixture
-def attention_view(spec_ctx, static_for, tmp_path):
+@pytest.fixture(scope="module")
+def attention_view(tmp_path_factory):
+    """One record of the attention exercise on the CPU, at the seed's S and d, under the H200's spec."""
     pytest.importorskip("jax")
-    ctx = spec_ctx(variants=("jax_jit_math", "jax_dpa_cudnn", "sdpa_math"))
+    import torch
+    from common.exercise import Context
+    from common.hardware import load_hardware
+    from common.runner import static_blocks
+    ctx = Context(torch.device("cpu"), load_hardware()["h200_sxm"], "h200_sxm",
+                  ("jax_jit_math", "jax_dpa_cudnn", "sdpa_math"), True)
     [ex] = select(["phase6.jax_attention"])
-    rec = run_one(ex, ctx, ex.resolve_params(True, True, {"shapes": [[1, 2, 2048, 64]]}), static_for(ctx), None, None)
-    write_record(rec, tmp_path)
-    return render.View(report.frame_of(load_records(tmp_path)), tmp_path / "README.md", tmp_path)
+    params = ex.resolve_params(True, True, {"shapes": [[1, 2, 2048, 64]]})
+    folder = tmp_path_factory.mktemp("phase6-results")
+    write_record(run_one(ex, ctx, params, static_blocks(ctx, ["lab", "run", "test"]), None, None), folder)
+    return render.View(report.frame_of(load_records(folder)), folder / "README.md", folder)
 
 
 def test_the_fusion_answer_is_generated_from_the_hlo(attention_view):
