@@ -147,7 +147,7 @@ def cmd_list(args) -> int:
     for ex in all_exercises():
         needs = []
         if ex.needs.cuda:
-            needs.append("CUDA" + (f" x{ex.needs.gpus}" if ex.needs.gpus > 1 else ""))
+            needs.append(("NVIDIA CUDA" if ex.needs.nvidia else "CUDA") + (f" x{ex.needs.gpus}" if ex.needs.gpus > 1 else ""))
         needs += list(ex.needs.tools) + list(ex.needs.modules) + list(ex.needs.env)
         reason = ex.needs.unmet(ctx) if ctx else _unmet_on_gpu(ex)
         table.add_row(ex.id, ex.title, ", ".join(ex.variants) or "-", ", ".join(needs) or "-",

@@ -117,9 +117,12 @@ def gpu_info() -> dict | None:
         return None
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", None)
+    rocm = getattr(torch.version, "hip", None) is not None
     info = {
         "name": props.name,
         "count": torch.cuda.device_count(),
+        "backend": "rocm" if rocm else "cuda",
+        "gcn_arch": (getattr(props, "gcnArchName", None) or None) if rocm else None,   # AMD's ISA (gfx942)
         "compute_capability": f"{props.major}.{props.minor}",
         "sm_count": props.multi_processor_count,
         "memory_gib": round(props.total_memory / 2**30, 2),
@@ -157,6 +160,7 @@ def software_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
+        "torch_hip": getattr(torch.version, "hip", None),
         "cudnn": cudnn,
         "nccl": nccl,
         "triton": package_version("triton"),

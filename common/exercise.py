@@ -24,6 +24,7 @@ from .timing import Timing, benchmark
 class Needs:
     """What an exercise requires; the runner skips it, with the reason, when unmet."""
     cuda: bool = False
+    nvidia: bool = False             # NVIDIA only: CUDA C built by nvcc, Nsight (not a ROCm build)
     gpus: int = 1
     tools: tuple[str, ...] = ()      # executables on PATH, e.g. ("ncu",)
     modules: tuple[str, ...] = ()    # importable Python modules, e.g. ("triton",)
@@ -33,6 +34,9 @@ class Needs:
         if self.cuda and not ctx.is_cuda:
             return "needs a CUDA GPU; " + ("running with --device cpu" if torch.cuda.is_available()
                                             else "none is visible on this machine")
+        if self.nvidia and ctx.is_rocm:
+            return (f"needs an NVIDIA GPU (CUDA C built by nvcc, NVIDIA tools); this torch is a ROCm build "
+                    f"(HIP {torch.version.hip}) on {torch.cuda.get_device_name(ctx.device)}")
         if self.cuda and ctx.gpu_count < self.gpus:
             return f"needs {self.gpus} GPUs; this machine has {ctx.gpu_count}"
         for tool in self.tools:
@@ -134,6 +138,12 @@ class Context:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def is_rocm(self) -> bool:
+        """A GPU reached through a ROCm build of PyTorch (torch.cuda speaks HIP there): Triton and
+        torch run; CUDA C and NVIDIA's tools do not."""
+        return self.is_cuda and getattr(torch.version, "hip", None) is not None
 
     @property
     def gpu_count(self) -> int:

@@ -195,6 +195,9 @@ def goals(view: View, spec: Goals) -> str:
     labels = sorted({label for _, rows in candidates if len(rows) for label in set(rows["hardware_name"])})
     lines = [line for label in labels for g, rows in candidates if len(rows)
              for line in [goal_line(g, label, rows[rows["hardware_name"] == label])] if line is not None]
+    if spec.list_unmeasured:
+        judged = {line[1] for line in lines}
+        lines += [["-", g.text, target_text(g), "-", VERDICTS[2], g.anchor] for g in spec.goals if g.text not in judged]
     if not lines:
         return spec.empty or NO_RECORDS.format(ex=spec.goals[0].exercise if spec.goals else "it")
     return markdown(lines, GOAL_HEADER)
@@ -219,7 +222,8 @@ def plot(view: View, spec: Plot) -> str:
     lines = []
     for hw in plot_hardware(view, spec):
         names = view.frame.df
-        name = names[names["hardware"] == hw]["hardware_name"].iloc[-1]
+        named = names[names["hardware"] == hw]["hardware_name"] if len(names) else names
+        name = named.iloc[-1] if len(named) else hw          # a plot of no one GPU (all of them) keeps its key
         caption = spec.caption.format(name=name)
         lines.append(f"![{caption}]({os.path.relpath(plot_path(view, spec, hw), view.readme.parent).replace(os.sep, '/')})")
     return "\n\n".join(lines) or NO_RECORDS.format(ex=spec.exercises[0])

@@ -93,6 +93,7 @@ class Goals:
     goals: tuple[Goal, ...]
     rows: Callable[["object", Goal], pd.DataFrame] | None = None
     empty: str | None = None                 # what the block says before any record (default: run the exercise)
+    list_unmeasured: bool = False            # a goal no GPU has measured yet: one line, hardware '-', not measured
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def run(ctx, params):
 
 
 EXERCISE = Exercise(id="phase1.nsight", title="Nsight Compute: DRAM and SM throughput of the two anchors",
-                    run=run, needs=Needs(cuda=True, tools=("ncu",)),
+                    run=run, needs=Needs(cuda=True, nvidia=True, tools=("ncu",)),
                     params={"elementwise_n": Int(33554432, min=1, unit="fp32 elements"),
                             "matmul_n": Int(8192, min=1, max=65536, unit="rows = columns"),
                             "timeout_s": Float(300, min=1, max=86400, unit="seconds per profiled anchor")},

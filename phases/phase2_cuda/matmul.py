@@ -294,7 +294,7 @@ def run(ctx, params):
 
 EXERCISE = Exercise(
     id="phase2.matmul", title="CUDA matmul ladder: naive to warp-tiled fp32, mma.sync and wgmma+TMA bf16, vs cuBLAS",
-    run=run, needs=Needs(cuda=True, tools=("nvcc",)),
+    run=run, needs=Needs(cuda=True, nvidia=True, tools=("nvcc",)),
     params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
             "naive_max_n": Int(8192, min=0, unit="largest N the naive rung is timed at"),
             "irregular_shape": Int([1000, 777, 555], min=1, max=INT32_MAX, length=3,

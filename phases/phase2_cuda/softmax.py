@@ -395,7 +395,7 @@ EXERCISE = Exercise(
     id="phase2.softmax",
     title="CUDA softmax: the seed's warp per row, then block, cluster and online kernels to 65,536 columns, "
           "fp32 and bf16, vs torch.softmax and copy",
-    run=run, needs=Needs(cuda=True, tools=("nvcc",)),
+    run=run, needs=Needs(cuda=True, nvidia=True, tools=("nvcc",)),
     params={"cols": Int([32, 128, 512, 1024, 4096, 16384, 65536], min=1, max=INT32_MAX, unit="columns (row length)",
                         many=True),
             "total_elements": Int(2**28, min=1, max=INT32_MAX, unit="elements per tensor (rows = this // cols)"),

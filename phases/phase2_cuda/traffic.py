@@ -87,7 +87,7 @@ def run(ctx, params):
 
 EXERCISE = Exercise(
     id="phase2.traffic", title="Nsight Compute: global-load, L2 and DRAM bytes of vector add, naive and tiled matmul",
-    run=run, needs=Needs(cuda=True, tools=("nvcc", "ncu")),
+    run=run, needs=Needs(cuda=True, nvidia=True, tools=("nvcc", "ncu")),
     params={"vector_add_sizes": Int([2**20], min=1, unit="fp32 elements", many=True),
             # The predicted counts assume N a multiple of 16 (full tiles); the kernels take any N.
             "matmul_n": Int(4096, min=1, max=MAX_N, unit="rows = columns (N x N < 2^31 elements)"),

@@ -170,7 +170,7 @@ def run(ctx, params):
 
 EXERCISE = Exercise(
     id="phase2.vector_add", title="CUDA vector add: the seed's 1M elements (4096 x 256) and 2^28, vs copy",
-    run=run, needs=Needs(cuda=True, tools=("nvcc",)),
+    run=run, needs=Needs(cuda=True, nvidia=True, tools=("nvcc",)),
     params={"sizes": Int([2**20, 2**28], min=1, unit="fp32 elements", many=True),
             "irregular_n": Int(IRREGULAR_N, min=1, unit="fp32 elements (checked, not timed)"),
             "graph_below_n": Int(2**22, min=0, unit="elements; sizes up to this are timed as CUDA-graph replays")},

@@ -30,6 +30,7 @@ from ._support import (
     label,
     launch_options,
     require,
+    skipped,
     sm_count,
     tl,
     triton,
@@ -231,6 +232,9 @@ def run(ctx, params):
         for variant, impl, cands in (("triton", matmul, [INTERPRETER_CONFIG] if interpreting() else CONFIGS),
                                      ("triton_tma", matmul_tma, [INTERPRETER_TMA_CONFIG] if interpreting() else tma_cands)):
             if not ctx.wants(variant):
+                continue
+            if variant == "triton_tma" and ctx.is_rocm:
+                here.append(skipped(variant, size, "TMA descriptors are NVIDIA Hopper hardware; this is a ROCm GPU"))
                 continue
 
             def triton_row(variant=variant, impl=impl, cands=cands):
