@@ -117,8 +117,6 @@ def speculative_speedup(view, hw: str, path) -> None:
                 ax.set_xlabel("k (tokens proposed per step)")
             if j == 0:
                 ax.set_ylabel("x the target alone")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, bbox_to_anchor=(0.5, -0.01))
+    axes[0][-1].legend(fontsize=6, ncol=2, loc="upper right")
     fig.suptitle(f"Speculative decoding, the lab's trained models ({rows[0]['hardware_name'] if rows else hw})")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
     save(fig, path)
