@@ -112,6 +112,9 @@ def bench_model(me, p: dict, spec: dict) -> dict:
         if me.world > 1:
             out["graph_step_noop_ms"] = engine.runner.time_decode_step(context, p["step_reps"], allreduce=False)
         out["step_context_tokens"] = context
+        if me.world > 1:                  # one all-reduce of a batch-1 step's size, as the model makes it
+            out["allreduce_step_ms"] = engine.tp.time_all_reduce(engine.shape.hidden_size)
+            out["allreduce_step_bytes"] = engine.shape.hidden_size * engine.tp.dtype.itemsize
     else:
         me.stage(f"{spec['model']}: reference tokens")
         tokens = timed_request(engine, prompt, p["check_tokens"])["tokens"]

@@ -408,6 +408,23 @@ class TensorParallel:
         del graph
         return us
 
+    def time_all_reduce(self, numel: int, calls: int = COMPARE_CALLS, reps: int = COMPARE_REPS) -> float:
+        """ms per all_reduce of `numel` elements of the model's dtype as the model calls it (the
+        implementation chosen for that size), back to back: in a CUDA graph on GPUs (the slowest
+        rank's time), eager calls timed by perf_counter on CPU processes. Every rank calls it."""
+        x = torch.zeros(numel, dtype=self.dtype, device=self.device)
+        if self.device.type == "cuda":
+            us = torch.tensor([self._graph_us(lambda: self.all_reduce(x), calls, reps)], device=self.device)
+            dist.all_reduce(us, op=dist.ReduceOp.MAX, group=self.group)
+            return float(us) / 1e3
+        import time
+        self.all_reduce(x)
+        self.line_up()
+        start = time.perf_counter()
+        for _ in range(calls * reps):
+            self.all_reduce(x)
+        return (time.perf_counter() - start) * 1e3 / (calls * reps)
+
     def describe(self) -> dict:
         return {"tensor_parallel": self.size, "allreduce_mode": self.mode, "tp_backend": self.backend,
                 "one_shot_available": self.one_shot is not None, "one_shot_unavailable_reason": self.one_shot_why,
