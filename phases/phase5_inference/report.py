@@ -7,7 +7,7 @@ from common.frame import by_hardware, find, value
 from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
-from . import findings, plots, seed, speculative_report
+from . import findings, plots, seed, speculative_report, tp_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
@@ -229,7 +229,12 @@ def headline(view) -> list[str]:
 EXCLUDED = {(speculative_report.SPEC, v): "speedup formula: a speculative step's prediction is metrics.predicted_speedup"
             for v in speculative_report.DRAFTS}
 
-PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, excluded=EXCLUDED, blocks=(
+# Tensor-parallel rows carry their own calibrated prediction (the ceilings' roofline plus phase 4's
+# alpha-beta for the all-reduces); the report never recomputes them from HBM ceilings alone.
+CALIBRATORS = {tp_report.TP: lambda r, records: None}
+
+PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, excluded=EXCLUDED,
+              calibrators=CALIBRATORS, blocks=(
     STARTUP_TABLE, ATTENTION_TABLE, DECODE_TABLE,
     Plot("phase5.decode_plot", "phase5_decode_bandwidth", (DECODE,), plots.decode_bandwidth,
          "Batch-1 decode bandwidth of each way to decode on the {name}, against the copy roofline",
@@ -245,4 +250,4 @@ PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, e
          "copy-bandwidth roofline drawn through them", hardware=with_ok(QENGINE)),
     QUANT_LAYER_TABLE, QUANT_PERPLEXITY_TABLE,
     GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._"),
-    *speculative_report.BLOCKS))
+    *speculative_report.BLOCKS, *tp_report.BLOCKS))

@@ -609,7 +609,10 @@ class ModelRunner:
     def _count_decode_kernels(self) -> int | None:
         """GPU kernels one batch-1 decode step launches (what its graph replays, at the shortest
         context tier), counted by the profiler on an eager step; None where the profiler cannot
-        see the GPU."""
+        see the GPU, and under tensor parallelism (a profiler failing on one rank alone would leave
+        the others waiting in the step's collectives)."""
+        if self.tp is not None:
+            return None
         try:
             from torch.autograd import DeviceType
             from torch.profiler import ProfilerActivity, profile
