@@ -12,7 +12,8 @@ writes the result. Tasks:
   generate  greedy tokens on every rank and each rank's shards and KV pool (the CPU tests);
             drive=rank0 has rank 0 drive (DrivenEngine) while the others follow
   allreduce every all-reduce the engine can use, against exact sums at irregular sizes
-Markers (pid, stage, error) and the process group come from phase 4's worker.Rank.
+Markers (pid, stage, error), the process group and the test hook LAB_PHASE4_FAULT (crash:R or
+hang:R) come from phase 4's worker.
 """
 import gc
 import json
@@ -148,7 +149,8 @@ def generate(me, p: dict) -> dict:
         from .engine.shapes import named
         weights = random_weights(named(p["model"]), p["seed"], torch.float32)
     from .engine.llm import EngineConfig, LLMEngine
-    engine = LLMEngine(EngineConfig(model=p["model"], seed=p["seed"], dtype=p["dtype"], device="cpu",
+    engine = LLMEngine(EngineConfig(model=p["model"], seed=p["seed"], dtype=p["dtype"],
+                                    device="cuda" if me.backend == "nccl" else "cpu",
                                     num_kv_blocks=p.get("num_kv_blocks"), max_num_seqs=p.get("max_num_seqs", 8),
                                     cuda_graphs=False, tensor_parallel=me.world, allreduce=p.get("allreduce", "auto")),
                        weights=weights)
@@ -199,7 +201,7 @@ TASKS = {"bench": bench, "generate": generate, "allreduce": allreduce}
 
 
 def main(argv: list[str]) -> int:
-    from phases.phase4_distributed.worker import Rank
+    from phases.phase4_distributed.worker import Rank, _fault
     task, job_json, result_path = argv[1], argv[2], Path(argv[3])
     job = json.loads(job_json)
     me = Rank(job["backend"], job["work_dir"])
@@ -207,6 +209,7 @@ def main(argv: list[str]) -> int:
     try:
         me.stage("init_process_group")
         me.init(job["params"].get("pg_timeout_s", 300))
+        _fault(me)
         me.stage(task)
         out = TASKS[task](me, job["params"])
         if me.rank == 0:
