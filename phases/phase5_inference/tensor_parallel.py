@@ -31,7 +31,7 @@ Correctness gates timing: each shape's reference is TP=1 where its weights fit a
 `reference_utilization`, without CUDA graphs, only for the reference), else its smallest TP. The
 reference's greedy tokens are fed to every TP (teacher forcing, one prefill) and each TP's logits
 compared with the reference's: each reference token must score within a tolerance of the best logit
-(3x what the reference itself strays between its prefill and its decode, at least 5% of the logits'
+(3x what the reference itself strays between its prefill and its decode, at least 10% of the logits'
 spread), and the logits of 128 fixed vocabulary ids must agree within 25% (relative L2; a wrong
 split is off by ~140%). On CPU processes (fp32) the tests ask for identical greedy tokens instead.
 """
@@ -59,7 +59,7 @@ from .prediction import summed_prediction
 GIB = 2**30
 WORKER = "phases.phase5_inference.tp_worker"
 OTHER_BYTES = 1 << 30             # per GPU, besides weights, KV and activations: CUDA context, NCCL, graphs
-NOISE_MARGIN, SPREAD_FLOOR, REL_L2_TOLERANCE = 3.0, 0.05, 0.25
+NOISE_MARGIN, SPREAD_FLOOR, REL_L2_TOLERANCE = 3.0, 0.10, 0.25
 EXCLUDED_ALLREDUCE = ("the all-reduce itself at decode sizes, NCCL beside the one-shot (phase 4's exercises test "
                       "the collectives' model)")
 
@@ -181,7 +181,7 @@ def tp_check(ref: dict, mine: dict, ref_label: str) -> dict:
         reason = f"logits differ from the reference's by {100 * rel:.1f}% (relative L2; tolerance {100 * REL_L2_TOLERANCE:.0f}%)"
     return {"passed": passed, "reference": f"{ref_label}, teacher-forced on its {len(r['reference_tokens'])} greedy "
                                            "tokens: each must score within the tolerance of this TP's best logit "
-                                           "(3x the reference's own prefill-against-decode gap, at least 5% of the "
+                                           "(3x the reference's own prefill-against-decode gap, at least 10% of the "
                                            "logits' spread); 128 fixed vocabulary ids' logits within 25% (relative L2)",
             "max_logit_gap": worst, "tolerance": tolerance, "reference_own_gap": noise,
             "logits_rel_l2": rel, "tokens_checked": len(m["gaps"]),
@@ -276,6 +276,9 @@ def run(ctx, params):
                 failures[m, tp] = str(exc)
             continue
         for out in res["models"]:
+            if out.get("error"):
+                failures[out["model"], tp] = out["error"]
+                continue
             outputs[out["model"], tp] = out
             if p["reference"].get(out["model"]) == tp:
                 references[out["model"]] = {**out["check"], "tp": tp}

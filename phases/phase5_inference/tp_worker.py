@@ -135,7 +135,21 @@ def bench_model(me, p: dict, spec: dict) -> dict:
 
 
 def bench(me, p: dict) -> dict:
-    return {"world": me.world, "models": [{"model": spec["model"], **bench_model(me, p, spec)} for spec in p["models"]]}
+    """Each model in turn; one that raises on every rank alike (no room for its KV pool, out of
+    memory while loading) becomes an error line and the next model still runs."""
+    out = []
+    for spec in p["models"]:
+        error = None
+        try:
+            out.append({"model": spec["model"], **bench_model(me, p, spec)})
+        except Exception as exc:                   # noqa: BLE001 - recorded as the row's failure
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            traceback.print_exc()
+        if error is not None:                      # outside the except: its traceback no longer holds the engine
+            out.append({"model": spec["model"], "error": error})
+            release()
+    return {"world": me.world, "models": out}
 
 
 # ------------------------------------------------------------------------------ the CPU tests' tasks
