@@ -2,7 +2,8 @@
 against plain PyTorch, the continuous-batching sweep and its plot, offline throughput, the paged
 attention kernel, vLLM, weight-only quantization (kernels, the engine, quality), the goals and the
 findings."""
-from common.formats import missing, num, pct, ratio
+from common.formats import count as tokens
+from common.formats import gib, missing, ms, num, pct, ratio
 from common.frame import by_hardware, find, value
 from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
@@ -16,18 +17,6 @@ QKERNELS, QENGINE, QQUALITY = "phase5.quant_kernels", "phase5.quant_engine", "ph
 
 def variants(*names):
     return lambda d: d[d["variant"].isin(names)]
-
-
-def gib(x) -> str:
-    return "-" if missing(x) else f"{x:.2f} GiB"
-
-
-def ms(x) -> str:
-    return "-" if missing(x) else f"{num(x)} ms"
-
-
-def tokens(x) -> str:
-    return "-" if missing(x) else f"{int(x):,}"
 
 
 STARTUP_TABLE = Table(STARTUP, STARTUP, prediction=False, columns=(

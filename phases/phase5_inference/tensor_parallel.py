@@ -264,14 +264,19 @@ def run(ctx, params):
                                          "block_size", "max_num_seqs", "allreduce", "step_reps", "pg_timeout_s")}
     job_params.update(dtype="bfloat16" if ctx.is_cuda else "float32", compare_allreduce=params["compare_allreduce"],
                       compare_sizes=list(COMPARE_SIZES))
-    tables = {}
+    tables, hung = {}, None
     for tp in ctx.track(list(p["jobs"]), "tensor-parallel sizes"):
+        if hung is not None and tp > 1:
+            for m in p["jobs"][tp]:
+                failures[m, tp] = f"not run: the TP={hung} job ran out of time, and a larger one would too"
+            continue
         specs = [model_spec(params, m, cells[m, tp]["run"], (references.get(m) or {}).get("reference_tokens"))
                  for m in p["jobs"][tp]]
         try:
             res = launch("bench", tp, backend, {**job_params, "models": specs}, params["timeout_s"],
                          f"phase5.tensor_parallel at TP={tp}", extra_env=env, module=WORKER)
         except LabError as exc:
+            hung = tp if "no result after" in str(exc) and tp > 1 else hung
             for m in p["jobs"][tp]:
                 failures[m, tp] = str(exc)
             continue
@@ -300,8 +305,12 @@ def run(ctx, params):
             continue
         if tp > 1 and tp not in fits:
             fits[tp] = phase4_fit(ctx, tp)
+        ref_tp = p["reference"].get(model)
+        ref_label = ("this row: the shape's reference (its smallest TP)" if ref_tp == tp else
+                     f"TP={ref_tp} of the same weights" + ("" if cells[model, ref_tp]["run"] else
+                                                           " (loaded for the check alone, untimed)"))
         rows.append(engine_row(ctx, identity, shape, tp, dtype, outputs[model, tp], references.get(model),
-                               p["reference"].get(model), fits.get(tp), copy_gbps, cell["predicted"], params))
+                               ref_tp, ref_label, fits.get(tp), copy_gbps, cell["predicted"], params))
     speedups(rows)
     for tp, table in sorted(tables.items()):
         rows += allreduce_rows(table, tp, dtype, fits.get(tp) or phase4_fit(ctx, tp))
@@ -314,10 +323,9 @@ def run(ctx, params):
     return Result(rows, summary)
 
 
-def engine_row(ctx, identity, shape, tp, dtype, out, ref, ref_tp, fit, copy_gbps, predicted, params) -> dict:
+def engine_row(ctx, identity, shape, tp, dtype, out, ref, ref_tp, ref_label, fit, copy_gbps, predicted,
+               params) -> dict:
     t = out["telemetry"]
-    ref_label = ("this row: the shape's reference (its smallest TP)" if ref_tp == tp else
-                 f"TP={ref_tp} of the same weights" + (" (loaded for the check alone)" if ref_tp == 1 else ""))
     check = tp_check({"check": ref}, out, ref_label) if ref else \
         {"passed": False, "reference": "none", "reason": f"the reference run (TP={ref_tp}) gave no result"}
     if not check["passed"]:
@@ -450,8 +458,9 @@ EXERCISE = Exercise(
         "compare_allreduce": Bool(True, help="rows of NCCL against the one-shot per size (GPUs)"),
         "cuda_graphs": Bool(True),
         "step_reps": Int(20, min=1, max=1000, unit="graph replays timing one step alone"),
-        "timeout_s": Int(900, min=10, unit="s", help="one TP size's job, killed after this"),
-        "pg_timeout_s": Int(300, min=10, unit="s", help="a collective whose peer never arrives fails after this"),
+        "timeout_s": Int(300, min=10, unit="s", help="one TP size's job, killed after this (a hung job also "
+                                                         "skips the larger sizes: device time is dear)"),
+        "pg_timeout_s": Int(180, min=10, unit="s", help="a collective whose peer never arrives fails after this"),
     },
     cpu_params={"models": ["tiny"], "tp_sizes": [1, 2], "prompt_tokens": 12, "output_tokens": 8, "runs": 1,
                 "check_tokens": 6, "step_reps": 3, "min_kv_tokens": 64, "timeout_s": 300, "pg_timeout_s": 60},

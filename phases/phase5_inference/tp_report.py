@@ -8,7 +8,8 @@ the record of the machine with the most GPUs of its kind (every row of every rec
 """
 import pandas as pd
 
-from common.formats import missing, num, pct, ratio
+from common.formats import count as tokens
+from common.formats import gib, missing, ms, num, pct, ratio
 from common.frame import value
 from common.spec import Goal, Goals, Plot, Table, Text, col, ident
 
@@ -17,18 +18,6 @@ from . import plots, seed
 TP = "phase5.tensor_parallel"
 GB8, GB70 = "llama-3.1-8b", "llama-3.3-70b"
 LACKING = "GPUs; this machine has"          # a skipped row's reason when the machine has too few GPUs
-
-
-def gib(x) -> str:
-    return "-" if missing(x) else f"{x:.2f} GiB"
-
-
-def ms(x) -> str:
-    return "-" if missing(x) else f"{num(x)} ms"
-
-
-def tokens(x) -> str:
-    return "-" if missing(x) else f"{int(x):,}"
 
 
 def share(x) -> str:

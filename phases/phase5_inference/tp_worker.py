@@ -12,19 +12,15 @@ writes the result. Tasks:
   generate  greedy tokens on every rank and each rank's shards and KV pool (the CPU tests);
             drive=rank0 has rank 0 drive (DrivenEngine) while the others follow
   allreduce every all-reduce the engine can use, against exact sums at irregular sizes
-Markers (pid, stage, error), the process group and the test hook LAB_PHASE4_FAULT (crash:R or
-hang:R) come from phase 4's worker.
+A rank's life (markers pid, stage, error; the process group; the result file; the test hook
+LAB_PHASE4_FAULT, crash:R or hang:R) is phase 4's worker.main with these tasks.
 """
 import gc
-import json
-import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 FINGERPRINT_IDS = 128           # vocabulary ids whose logits the check compares, at every checked position
 FINGERPRINT_SEED = 1234
@@ -50,6 +46,8 @@ def timed_request(engine, prompt: list[int], tokens: int) -> dict:
     """One greedy request alone: the first step's time (prefill and first token: TTFT as the engine
     sees it) and the mean of the decode steps after it (TPOT), by the host clock."""
     from .engine.sequence import SamplingParams
+    if engine.tp is not None:                    # every rank starts the request together
+        engine.tp.line_up()
     engine.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
     out, stamps = [], []
     start = time.perf_counter()
@@ -214,37 +212,6 @@ def allreduce(me, p: dict) -> dict:
 TASKS = {"bench": bench, "generate": generate, "allreduce": allreduce}
 
 
-def main(argv: list[str]) -> int:
-    from phases.phase4_distributed.worker import Rank, _fault
-    task, job_json, result_path = argv[1], argv[2], Path(argv[3])
-    job = json.loads(job_json)
-    me = Rank(job["backend"], job["work_dir"])
-    me.mark("pid", str(os.getpid()))
-    try:
-        me.stage("init_process_group")
-        me.init(job["params"].get("pg_timeout_s", 300))
-        _fault(me)
-        me.stage(task)
-        out = TASKS[task](me, job["params"])
-        if me.rank == 0:
-            tmp = result_path.with_name(".result.tmp")
-            tmp.write_text(json.dumps(out))
-            os.replace(tmp, result_path)
-        del out
-        release()
-        me.stage("done")
-        dist.barrier()
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)                   # skip interpreter teardown: background threads of c10d may abort it
-    except BaseException as exc:  # noqa: BLE001 - reported in one line, then the rank leaves
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        me.mark("error", f"{type(exc).__name__}" + (f": {first}" if first else ""))
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)                   # no teardown: a peer may be gone, and destroy would wait for it
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    from phases.phase4_distributed.worker import main
+    sys.exit(main(sys.argv, TASKS))

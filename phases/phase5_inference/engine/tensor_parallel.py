@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from common.errors import LabError
 
+from .fused_ops import logits_into
 from .shapes import LlamaShape
 from .weights import tensor_shapes
 
@@ -359,13 +360,7 @@ class TensorParallel:
             dist.all_gather_into_tensor(gathered, local.contiguous(), group=self.group)
         else:
             dist.all_gather(list(gathered.unbind(0)), local.contiguous(), group=self.group)
-        full = gathered.permute(1, 0, 2).reshape(rows, self.size * width)[:, :vocab]
-        if out is not None:
-            out.copy_(full)
-            full = out
-        if argmax_out is not None:
-            torch.argmax(full, dim=-1, out=argmax_out)
-        return full
+        return logits_into(gathered.permute(1, 0, 2).reshape(rows, self.size * width)[:, :vocab], out, argmax_out)
 
     # ------------------------------------------------------------------ NCCL against one-shot, per size
     def compare(self, sizes, calls: int = COMPARE_CALLS, reps: int = COMPARE_REPS) -> list[dict]:
