@@ -42,6 +42,19 @@ def ratio(x) -> str:
     return "-" if missing(x) else f"{float(x):.2f}x"
 
 
+def gib(x) -> str:
+    return "-" if missing(x) else f"{float(x):.2f} GiB"
+
+
+def ms(x) -> str:
+    return "-" if missing(x) else f"{num(x)} ms"
+
+
+def count(x) -> str:
+    """A whole number with thousands separators: 881,904."""
+    return "-" if missing(x) else f"{int(x):,}"
+
+
 def size_bytes(n) -> str:
     if missing(n):
         return "-"

@@ -151,20 +151,24 @@ def link_roofs(ctx, backend: str, dtype: str | None = None) -> roofline.Roofs:
 
 
 # ------------------------------------------------------------------------------ torchrun
-def worker_command(task: str, n: int, job: dict, result: Path) -> list[str]:
+WORKER = "phases.phase4_distributed.worker"
+
+
+def worker_command(task: str, n: int, job: dict, result: Path, module: str = WORKER) -> list[str]:
     # --log-dir: torchrun's own folder (otherwise a torchelastic_* left in TMPDIR) goes inside the
     # job's folder and is removed with it
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc_per_node", str(n), "--max_restarts", "0", "--log-dir", str(result.parent / "torchelastic"),
-            "-m", "phases.phase4_distributed.worker", task, json.dumps(job), str(result)]
+            "-m", module, task, json.dumps(job), str(result)]
 
 
 class Job:
     """One torchrun launch: started, watched, killed if need be, diagnosed."""
 
     def __init__(self, task: str, n: int, backend: str, params: dict, label: str, nccl_debug: bool = False,
-                 extra_env: dict | None = None):
-        self.task, self.n, self.label = task, n, label
+                 extra_env: dict | None = None, module: str = WORKER):
+        """module: the worker the ranks run (phase 5's tensor-parallel worker uses the same launcher)."""
+        self.task, self.n, self.label, self.module = task, n, label, module
         self._tmp = tempfile.TemporaryDirectory(prefix="lab-phase4-")
         self.dir = Path(self._tmp.name)
         self.result = self.dir / "result.json"
@@ -178,7 +182,7 @@ class Job:
         self._err = open(self.dir / "torchrun.err", "w")
         self.started = time.monotonic()
         try:
-            self.proc = subprocess.Popen(worker_command(task, n, job, self.result), cwd=REPO_ROOT, env=env,
+            self.proc = subprocess.Popen(worker_command(task, n, job, self.result, module), cwd=REPO_ROOT, env=env,
                                          stdout=self._out, stderr=self._err, start_new_session=True)
         except BaseException:                  # nothing started: leave no folder behind
             self.close()
@@ -204,7 +208,7 @@ class Job:
             except ValueError:
                 continue
         pids |= _children(self.proc.pid)
-        return {pid for pid in pids if _is_rank(pid)}
+        return {pid for pid in pids if _is_rank(pid, self.module)}
 
     def stop(self, grace_s: float | None = None) -> None:
         """Stop the job now (the lab was interrupted, or the job ran out of time): SIGTERM to
@@ -217,7 +221,7 @@ class Job:
         self._signal_all(ranks, signal.SIGTERM)
         while time.monotonic() < deadline:
             ranks |= self.rank_pids()
-            if self.proc.poll() is not None and not any(_is_rank(pid) for pid in ranks):
+            if self.proc.poll() is not None and not any(_is_rank(pid, self.module) for pid in ranks):
                 break
             time.sleep(0.05)
         ranks |= self.rank_pids()
@@ -227,7 +231,7 @@ class Job:
         except subprocess.TimeoutExpired:
             pass
         end = time.monotonic() + 1.0                # a SIGKILLed rank is gone within milliseconds
-        while any(_is_rank(pid) for pid in ranks) and time.monotonic() < end:
+        while any(_is_rank(pid, self.module) for pid in ranks) and time.monotonic() < end:
             time.sleep(0.02)
 
     def _signal_all(self, ranks: set[int], sig) -> None:
@@ -237,7 +241,7 @@ class Job:
         except (ProcessLookupError, PermissionError):
             pass
         for pid in ranks:
-            _signal(pid, sig)
+            _signal(pid, sig, self.module)
 
     def finish(self) -> None:
         """The end of every job, however it ends: one still running (the lab was interrupted, or
@@ -301,11 +305,11 @@ def diagnose(torchrun_err: str, errors: dict[int, str], n: int, label: str, rc: 
 
 
 def launch(task: str, n: int, backend: str, params: dict, timeout_s: float, label: str,
-           nccl_debug: bool = False, extra_env: dict | None = None) -> dict:
+           nccl_debug: bool = False, extra_env: dict | None = None, module: str = WORKER) -> dict:
     """Run `task` on n ranks; return rank 0's result, or raise LabError with one clear line.
     Interrupted (KeyboardInterrupt, common.errors.Terminated), the job is stopped within ~1 s and
     its folder removed before the interrupt goes on."""
-    job = Job(task, n, backend, params, label, nccl_debug, extra_env)
+    job = Job(task, n, backend, params, label, nccl_debug, extra_env, module)
     try:
         try:
             rc = job.proc.wait(timeout=timeout_s)
@@ -343,18 +347,18 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def _is_rank(pid: int) -> bool:
+def _is_rank(pid: int, module: str = WORKER) -> bool:
     """Whether `pid` is alive and one of our ranks (not a zombie, not a reused pid)."""
     try:
         cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
         stat = Path(f"/proc/{int(pid)}/stat").read_text()
     except (OSError, ValueError):
         return False
-    return b"phases.phase4_distributed.worker" in cmdline and stat[stat.rindex(")") + 2:][:1] != "Z"
+    return module.encode() in cmdline and stat[stat.rindex(")") + 2:][:1] != "Z"
 
 
-def _signal(pid: int, sig) -> None:
-    if _is_rank(pid):
+def _signal(pid: int, sig, module: str = WORKER) -> None:
+    if _is_rank(pid, module):
         try:
             os.kill(int(pid), sig)
         except (ProcessLookupError, PermissionError):

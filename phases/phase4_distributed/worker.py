@@ -103,7 +103,10 @@ def _tasks() -> dict:
             "probe": interconnect.probe_task, "ddp": ddp.worker_task}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], tasks: dict | None = None) -> int:
+    """One rank's life: join, run the task (`tasks`: name -> fn(me, params); phase 4's by default,
+    phase 5's tensor-parallel worker passes its own), hand rank 0's result back, leave."""
+    tasks = tasks or _tasks()
     task, job_json, result_path = argv[1], argv[2], Path(argv[3])
     job = json.loads(job_json)
     me = Rank(job["backend"], job["work_dir"])
@@ -115,18 +118,20 @@ def main(argv: list[str]) -> int:
         names = task.split("+")
         if len(names) == 1:
             me.stage(task)
-            out = _tasks()[task](me, job["params"])
+            out = tasks[task](me, job["params"])
         else:
             out = {}
             for name in names:
                 me.stage(name)
-                out[name] = _tasks()[name](me, job["params"][name])
+                out[name] = tasks[name](me, job["params"][name])
         if me.rank == 0:
             tmp = result_path.with_name(".result.tmp")
             tmp.write_text(json.dumps(out))
             os.replace(tmp, result_path)
         del out
         gc.collect()                  # DDP wrappers and pending works go before the group does
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         me.stage("done")
         dist.barrier()
         dist.destroy_process_group()

@@ -120,3 +120,48 @@ def speculative_speedup(view, hw: str, path) -> None:
     axes[0][-1].legend(fontsize=6, ncol=2, loc="upper right")
     fig.suptitle(f"Speculative decoding, the lab's trained models ({rows[0]['hardware_name'] if rows else hw})")
     save(fig, path)
+
+
+def tensor_parallel(rows, hw: str, path) -> None:
+    """Left: batch-1 decode tok/s against GPUs per shape, measured beside its prediction and beside
+    linear scaling from the shape's smallest TP, with the seed's 70B point on two A100s. Right: µs
+    per all-reduce against size, NCCL and the one-shot, per GPU count. The largest machine's record."""
+    from . import seed
+    plt = pyplot()
+    mine = rows[(rows["hardware"] == hw) & rows["largest"] & (rows["status"] == "ok")]
+    engine = mine[mine["variant"] == "engine"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    colors = {"llama-3.1-8b": "tab:blue", "llama-3.3-70b": "tab:red"}
+    for model, part in engine.groupby("params.model", sort=True):
+        part = part.sort_values("params.tp")
+        tp, tok = [int(t) for t in part["params.tp"]], list(part["metrics.decode_tok_s"])
+        color = colors.get(model, "tab:gray")
+        left.plot(tp, tok, "o-", color=color, label=f"{model}, measured")
+        left.plot(tp, list(part["metrics.predicted_tok_s"]), "--", color=color, label=f"{model}, predicted")
+        left.plot(tp, [tok[0] * t / tp[0] for t in tp], ":", color=color, alpha=0.6,
+                  label=f"{model}, linear from TP={tp[0]}")
+    left.scatter([2], [seed.DECODE_70B_TP2_TOK_S], marker="x", color="black", zorder=3,
+                 label="seed: 70B on 2 x A100, vLLM")
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xticks(sorted({int(t) for t in engine["params.tp"]}) or [1, 2, 4])
+    left.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+    left.set_xlabel("GPUs (tensor-parallel size)")
+    left.set_ylabel("batch-1 decode tokens / s")
+    left.legend(fontsize=7)
+    left.set_title(f"Tensor-parallel decode ({mine.iloc[0]['hardware_name'] if len(mine) else hw})", fontsize=10)
+    ar = mine[mine["variant"].str.startswith("allreduce_")]
+    styles = {"allreduce_nccl": ("NCCL", "-"), "allreduce_one_shot": ("one-shot (symmetric memory)", "--")}
+    for (variant, n), part in ar.groupby(["variant", "params.world_size"], sort=True):
+        part = part.sort_values("params.size_bytes")
+        name, style = styles.get(variant, (variant, "-"))
+        right.plot(part["params.size_bytes"], part["metrics.us"], style, marker="o", markersize=3,
+                   color="tab:green" if int(n) == 2 else "tab:purple", label=f"{name}, {int(n)} GPUs")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("all-reduce size (bytes; batch-1 decode: hidden size x 2)")
+    right.set_ylabel("µs per all-reduce (CUDA graph, slowest rank)")
+    if len(ar):
+        right.legend(fontsize=7)
+    right.set_title("The all-reduce at decode sizes", fontsize=10)
+    save(fig, path)

@@ -2,12 +2,13 @@
 against plain PyTorch, the continuous-batching sweep and its plot, offline throughput, the paged
 attention kernel, vLLM, weight-only quantization (kernels, the engine, quality), the goals and the
 findings."""
-from common.formats import missing, num, pct, ratio
+from common.formats import count as tokens
+from common.formats import gib, missing, ms, num, pct, ratio
 from common.frame import by_hardware, find, value
 from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
-from . import findings, plots, seed, speculative_report
+from . import findings, plots, seed, speculative_report, tp_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
@@ -16,18 +17,6 @@ QKERNELS, QENGINE, QQUALITY = "phase5.quant_kernels", "phase5.quant_engine", "ph
 
 def variants(*names):
     return lambda d: d[d["variant"].isin(names)]
-
-
-def gib(x) -> str:
-    return "-" if missing(x) else f"{x:.2f} GiB"
-
-
-def ms(x) -> str:
-    return "-" if missing(x) else f"{num(x)} ms"
-
-
-def tokens(x) -> str:
-    return "-" if missing(x) else f"{int(x):,}"
 
 
 STARTUP_TABLE = Table(STARTUP, STARTUP, prediction=False, columns=(
@@ -229,7 +218,12 @@ def headline(view) -> list[str]:
 EXCLUDED = {(speculative_report.SPEC, v): "speedup formula: a speculative step's prediction is metrics.predicted_speedup"
             for v in speculative_report.DRAFTS}
 
-PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, excluded=EXCLUDED, blocks=(
+# Tensor-parallel rows carry their own calibrated prediction (the ceilings' roofline plus phase 4's
+# alpha-beta for the all-reduces); the report never recomputes them from HBM ceilings alone.
+CALIBRATORS = {tp_report.TP: lambda r, records: None}
+
+PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, excluded=EXCLUDED,
+              calibrators=CALIBRATORS, blocks=(
     STARTUP_TABLE, ATTENTION_TABLE, DECODE_TABLE,
     Plot("phase5.decode_plot", "phase5_decode_bandwidth", (DECODE,), plots.decode_bandwidth,
          "Batch-1 decode bandwidth of each way to decode on the {name}, against the copy roofline",
@@ -245,4 +239,4 @@ PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, e
          "copy-bandwidth roofline drawn through them", hardware=with_ok(QENGINE)),
     QUANT_LAYER_TABLE, QUANT_PERPLEXITY_TABLE,
     GOALS, Text("phase5.findings", findings.findings, "_No phase 5 records yet._"),
-    *speculative_report.BLOCKS))
+    *speculative_report.BLOCKS, *tp_report.BLOCKS))

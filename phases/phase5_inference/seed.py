@@ -9,6 +9,8 @@ TTFT_8B_MS = 18.1
 DECODE_8B_TOK_S = 93.0
 TTFT_70B_TP2_MS = 58.0
 KV_LEFT_70B_TP2_GIB = 3.93
+DECODE_70B_TP2_TOK_S = 21.2            # Llama 3.3 70B bf16 on two A100s at TP=2 (exercise 5.4)
+KV_TOKENS_70B_TP2 = 25_728             # the KV capacity that 3.93 GiB held
 
 # Exercise 5.2, quantization (vLLM's AWQ INT4 through its naive kernel and through Marlin): model
 # size in GiB, batch-1 decode tok/s, and x the bf16 run of the same model

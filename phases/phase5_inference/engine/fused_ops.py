@@ -386,7 +386,12 @@ def add_rms_norm_logits(x, residual, norm_weight, eps: float, weight, out=None, 
         if out is None:
             out = torch.empty(1, weight.shape[0], dtype=torch.float32, device=x.device)
         return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight, out=out, argmax_out=argmax_out)[0]
-    logits = linear(add_rms_norm(x, residual, norm_weight, eps), weight).float()
+    return logits_into(linear(add_rms_norm(x, residual, norm_weight, eps), weight).float(), out, argmax_out)
+
+
+def logits_into(logits, out=None, argmax_out=None):
+    """`logits`, copied into `out` when given (then `out` is returned), and their argmax per row
+    written to argmax_out when given."""
     if out is not None:
         out.copy_(logits)
         logits = out

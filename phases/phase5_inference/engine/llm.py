@@ -9,6 +9,9 @@ Requests may be added and aborted between any two steps (continuous batching). A
 with "stop" at an EOS token (unless ignore_eos) or one of its stop_token_ids, with "length" at
 max_tokens or when its sequence fills max_model_len, with "abort" when aborted.
 Not thread-safe: call it from one thread.
+
+With tensor_parallel N > 1 the engine is one of N processes started by torchrun (tensor_parallel.py):
+each holds its shards and makes the same calls as the others (or follows rank 0's, behind the server).
 """
 import itertools
 import operator
@@ -29,7 +32,7 @@ from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .speculative import MAX_SPECULATIVE_TOKENS, DraftProposer, NgramProposer, Speculator
 from .shapes import LlamaShape
-from .weights import resolve, weights_for
+from .weights import iter_weights_for, resolve, weights_for
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -55,6 +58,8 @@ class EngineConfig:
     quant_group_size: int = 128            # int4 inputs per (scale, zero point)
     speculative_model: str = "none"        # "none", "ngram" (prompt lookup), or a draft: named shape or checkpoint folder
     num_speculative_tokens: int = 0        # k: tokens proposed per step (1 .. MAX_SPECULATIVE_TOKENS when speculating)
+    tensor_parallel: int = 1               # ranks the model is split over (processes started by torchrun)
+    allreduce: str = "auto"                # tensor parallel: auto (the faster per size), nccl, one-shot
 
     def check(self) -> None:
         """LabError for settings no engine can run with."""
@@ -66,6 +71,16 @@ class EngineConfig:
             raise LabError(f"quant_path {self.quant_path!r}: choose one of {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
+        from .tensor_parallel import ALLREDUCE_MODES
+        if self.allreduce not in ALLREDUCE_MODES:
+            raise LabError(f"allreduce {self.allreduce!r}: choose one of {', '.join(ALLREDUCE_MODES)}")
+        tp = self.tensor_parallel
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise LabError(f"tensor_parallel must be a positive integer, got {tp!r}")
+        if tp > 1 and self.quantization != "none":
+            raise LabError("quantization with tensor_parallel > 1 is not supported: quantize on one GPU")
+        if tp > 1 and self.speculative_model != "none":
+            raise LabError("speculative decoding with tensor_parallel > 1 is not supported")
         if self.speculative_model != "none":
             k = self.num_speculative_tokens
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
@@ -132,7 +147,15 @@ class LLMEngine:
         if refused:
             raise LabError(refused)
         dtype = DTYPES[config.dtype]
-        if weights is None:
+        self.tp = self._tensor_parallel(config, dtype)
+        if self.tp is not None:             # this rank's shards only, cut as each tensor is made or read
+            if weights is None:
+                self.shape, items = iter_weights_for(config.model, config.seed, dtype, self.device)
+            else:
+                self.shape, items = resolve(config.model)[0], weights.items()
+            weights, owned = self.tp.shard(self.shape, items), True
+            del items
+        elif weights is None:
             self.shape, weights = weights_for(config.model, config.seed, dtype, self.device)
             owned = True
         else:
@@ -154,7 +177,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             cuda_graphs=config.cuda_graphs, attention_backend=config.attention_backend, seed=config.seed,
             consume_weights=owned, quantization=quantization_of(config),
-            **self._companion(draft_shape, dtype))
+            **self._companion(draft_shape, dtype), tp=self.tp)
         del weights
         capacity = self.runner.num_kv_blocks * config.block_size
         if capacity < requested_len and config.max_model_len is not None:
@@ -181,11 +204,24 @@ class LLMEngine:
         self.telemetry = {
             "model": config.model, "shape": self.shape.name, "dtype": config.dtype, "device": str(self.device),
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-            **self.runner.telemetry,
+            **self.runner.telemetry, **(self.tp.describe() if self.tp is not None else {}),
             "max_model_len": self.max_model_len, "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens, "load_s": load_s,
             "startup_s": time.perf_counter() - start, "steps": 0,
         }
+
+    def _tensor_parallel(self, config: EngineConfig, dtype: torch.dtype):
+        """This rank's TensorParallel (tensor_parallel > 1), its device the one torchrun's
+        LOCAL_RANK was given (torch.cuda.set_device), or None."""
+        if config.tensor_parallel == 1:
+            return None
+        from .tensor_parallel import TensorParallel, unsplittable
+        why = unsplittable(resolve(config.model)[0], config.tensor_parallel)
+        if why:
+            raise LabError(why)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        return TensorParallel(config.tensor_parallel, self.device, dtype, config.allreduce)
 
     # -------------------------------------------------------------------------- speculative decoding
     def _draft_shape(self, model: str) -> LlamaShape | None:

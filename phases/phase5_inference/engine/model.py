@@ -12,6 +12,10 @@ GEMV for a single 16-bit row, with the RMSNorm before it done inside); with a Qu
 four projections of every layer are weight-only int8 or int4 (quantize.QuantizedLinear), the
 embedding and LM head staying 16-bit. Logits are computed only for the rows asked for (each
 sequence's last token), in fp32.
+
+With a TensorParallel (tensor_parallel.py) the model holds one rank's shards: its heads, its slice
+of the MLP and of the vocabulary; `shape` is then the rank's own (local_shape), o's and down's
+partial sums are all-reduced, and the logits all-gathered.
 """
 import functools
 import inspect
@@ -100,8 +104,11 @@ class LlamaModel:
     `kv_caches` (per-layer (k_cache, v_cache)) and the RoPE tables are set by the runner."""
 
     def __init__(self, shape: LlamaShape, dtype: torch.dtype, device: torch.device,
-                 decode_backend: str = "auto", quantization: "QuantizationConfig | None" = None):
-        self.shape = shape
+                 decode_backend: str = "auto", quantization: "QuantizationConfig | None" = None, tp=None):
+        """tp: a tensor_parallel.TensorParallel (weights given to load() are then this rank's shards)."""
+        self.tp = tp
+        self.full_shape = shape
+        self.shape = shape = shape if tp is None else tp.local_shape(shape)
         self.quantization = quantization
         self.dtype = dtype
         self.device = torch.device(device)
@@ -117,7 +124,7 @@ class LlamaModel:
     def load(self, weights: dict[str, torch.Tensor], consume: bool = False) -> None:
         """Take Hugging Face-named weights (checked against the shape), fusing q/k/v and gate/up.
         consume=True pops each tensor once used, so the unfused copy is freed layer by layer."""
-        expected = tensor_shapes(self.shape)
+        expected = tensor_shapes(self.shape) if self.tp is None else self.tp.shard_shapes(self.full_shape)
         for name, size in expected.items():
             if name not in weights:
                 raise LabError(f"{self.shape.name}: weights lack {name}")
@@ -144,7 +151,8 @@ class LlamaModel:
                     setattr(layer, name, self.quantization.quantize(getattr(layer, name), self.dtype))
             self.layers.append(layer)
         self.norm = tensor("model.norm.weight")
-        self.lm_head = self.embed if self.shape.tie_word_embeddings else tensor("lm_head.weight")
+        tied = self.shape.tie_word_embeddings and self.tp is None
+        self.lm_head = self.embed if tied else tensor("lm_head.weight")
 
     def weight_bytes(self) -> int:
         """Bytes the weights occupy: tensors as allocated, quantized projections as packed (their
@@ -170,6 +178,9 @@ class LlamaModel:
         when given; for one row on a GPU the final norm, the LM head and the argmax's first half are
         one kernel."""
         hidden, residual = self._last_layer_outputs(input_ids, positions, meta)
+        if self.tp is not None:                     # this rank's slice of the vocabulary, then all of it
+            local = add_rms_norm_logits(hidden, residual, self.norm, self.shape.rms_norm_eps, self.lm_head)
+            return self.tp.gather_logits(local, self.shape.vocab_size, out=out, argmax_out=argmax_out)
         return add_rms_norm_logits(hidden, residual, self.norm, self.shape.rms_norm_eps, self.lm_head,
                                    out=out, argmax_out=argmax_out)
 
@@ -195,14 +206,19 @@ class LlamaModel:
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
                     backend=self.decode_backend, num_splits=meta.num_splits)
             hidden = linear(attention.reshape(tokens, s.q_size), layer.o)
+            if self.tp is not None:
+                hidden = self.tp.all_reduce(hidden)
             gate_up, residual = add_rms_norm_linear(hidden, residual, layer.post_norm, eps, layer.gate_up)
             hidden = silu_and_mul_linear(gate_up, layer.down)
+            if self.tp is not None:
+                hidden = self.tp.all_reduce(hidden)
         if meta.logits_indices is not None:
             hidden, residual = hidden[meta.logits_indices], residual[meta.logits_indices]
         return hidden, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head).float()
+        return logits if self.tp is None else self.tp.gather_logits(logits, self.shape.vocab_size)
 
     def _prefill_attention(self, q: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Causal attention within each packed sequence. q [tokens, heads, d]; k and v are read

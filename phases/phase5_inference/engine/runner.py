@@ -11,6 +11,10 @@ tier (up to 256, 512, 1024, ... tokens), the tier the split count, so a short co
 into splits that only add partials and a combine. The graph also takes the argmax of the logits, so a greedy batch needs no kernel
 launched outside it.
 
+With tensor parallelism (tp) the runner holds one rank's shards and its KV heads; every rank runs
+the same steps, and the graphs hold the all-reduces (captured in thread-local mode: NCCL's watchdog
+thread queries events while a graph is captured).
+
 A prefill of one sequence (the common serving case) of at most the largest prefill bucket
 (16, 32, ..., 512 tokens) replays a graph too: its tokens are padded at the tail up to the bucket
 (causal attention keeps the real tokens from seeing the padding, whose slot is -1), and the
@@ -96,10 +100,13 @@ class ModelRunner:
                  block_size: int, num_kv_blocks: int | None, gpu_memory_utilization: float,
                  max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool,
                  attention_backend: str, seed: int, consume_weights: bool, quantization=None,
-                 companion_bytes: int = 0, companion_block_bytes: int = 0):
+                 companion_bytes: int = 0, companion_block_bytes: int = 0, tp=None):
         """companion_bytes, companion_block_bytes: what a second model sharing this pool's block
-        tables (a speculative draft, loaded later) needs beside it, counted out of the pool."""
-        self.shape = shape
+        tables (a speculative draft, loaded later) needs beside it, counted out of the pool.
+        tp: a tensor_parallel.TensorParallel; `weights` are then this rank's shards."""
+        self.tp = tp
+        self.shape = shape if tp is None else tp.local_shape(shape)       # this rank's heads and MLP slice
+        self._capture_error_mode = "global" if tp is None else "thread_local"
         self.companion_bytes = companion_bytes
         self.companion_block_bytes = companion_block_bytes
         self.dtype = dtype
@@ -110,7 +117,8 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.use_graphs = cuda_graphs and self.is_cuda
         self.quantization = quantization
-        self.model = LlamaModel(shape, dtype, device, decode_backend=attention_backend, quantization=quantization)
+        self.model = LlamaModel(shape, dtype, device, decode_backend=attention_backend, quantization=quantization,
+                                tp=tp)
         self.model.load(weights, consume=consume_weights)
         self.sampler = Sampler(device, seed)
         self.telemetry: dict = {"weights_bytes": self.model.weight_bytes(), "block_size": block_size,
@@ -121,6 +129,8 @@ class ModelRunner:
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
         self.num_kv_blocks = num_kv_blocks or self._pool_blocks(gpu_memory_utilization, max_num_batched_tokens)
+        if tp is not None:                  # the scheduler's block numbers must mean the same on every rank
+            self.num_kv_blocks = tp.min_int(self.num_kv_blocks)
         if self.num_kv_blocks < 1:
             raise LabError(f"no room for a KV cache: {self._memory_summary()}; lower max_num_batched_tokens "
                            "or max_num_seqs, or raise gpu_memory_utilization")
@@ -484,7 +494,7 @@ class ModelRunner:
         for size in reversed(sizes):
             self._prefill_graph_step(size)                       # warm-up: flash, cuBLAS at this shape
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=self._capture_error_mode):
                 self._prefill_graph_step(size)
             self._prefill_graphs[size] = graph
         torch.cuda.synchronize(self.device)
@@ -506,7 +516,7 @@ class ModelRunner:
         for size, splits in reversed(self._graph_keys(sizes)):
             self._graph_step(size, splits)                       # warm-up: Triton JIT, cuBLAS
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=self._capture_error_mode):
                 self._graph_step(size, splits)
             self._graph_pool = graph.pool() if self._graph_pool is None else self._graph_pool
             self._graphs[size, splits] = graph
@@ -535,10 +545,74 @@ class ModelRunner:
         """What a graph of `size` rows replays: forward, logits into the buffer, their argmax."""
         self._decode_forward(size, num_splits, out=self._graph_logits[:size], argmax_out=self._graph_argmax[:size])
 
+    # -------------------------------------------------------------------------- one step, timed alone
+    @torch.inference_mode()
+    def time_decode_step(self, context_tokens: int, reps: int = 20, allreduce: bool = True) -> float:
+        """Milliseconds of one batch-1 decode step whose token attends over `context_tokens` cached
+        tokens (blocks 0, 1, ... of the pool; it writes no K or V): its CUDA graph replayed `reps`
+        times back to back and timed by CUDA events (no host work between steps), or eager forwards
+        timed by perf_counter without graphs. allreduce=False: the tensor-parallel all-reduces are
+        skipped (a graph captured for the purpose: its numbers are wrong, its time is the rest of
+        the step). With tensor parallelism every rank calls it at once, between requests."""
+        m, bs = self.max_num_seqs, self.block_size
+        blocks = -(-context_tokens // bs)
+        if blocks > min(self.max_blocks_per_seq, self.num_kv_blocks):
+            raise LabError(f"a decode step over {context_tokens} tokens needs {blocks} KV blocks; "
+                           f"the runner has {min(self.max_blocks_per_seq, self.num_kv_blocks)} for a sequence")
+        host = self._host_inputs_np
+        host[0], host[m], host[2 * m], host[3 * m] = 1, context_tokens - 1, -1, context_tokens
+        self._host_block_tables[0, :blocks] = np.arange(blocks, dtype=np.int32)
+        self._written_tables[0] = (None, 0)                 # the next real step rewrites row 0's table
+        if self.is_cuda:
+            self._inputs.copy_(self._host_inputs)
+        skip = self.tp is not None and not allreduce
+        if skip:
+            self.tp.noop = True
+        try:
+            if self._graphs:
+                bucket = self._bucket_of[1]
+                splits = self._splits_of[bucket][tier_of(context_tokens, len(self._context_tiers))]
+                graph = self._graphs[bucket, splits]
+                if skip:
+                    self._graph_step(bucket, splits)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=self._capture_error_mode):
+                        self._graph_step(bucket, splits)
+                return self._time(graph.replay, reps)
+            splits = decode_splits(1, self.shape.num_key_value_heads, context_tokens,
+                                   decode_attention.sm_count(self.device))
+            return self._time(lambda: self._decode_forward(1, splits), reps)
+        finally:
+            if skip:
+                self.tp.noop = False
+
+    def _time(self, fn, reps: int) -> float:
+        """ms per call of `fn`, `reps` calls back to back after one, every rank starting together."""
+        fn()
+        if self.tp is not None:
+            self.tp.line_up()
+        elif self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        if not self.is_cuda:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - start) * 1e3 / reps
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / reps
+
     def _count_decode_kernels(self) -> int | None:
         """GPU kernels one batch-1 decode step launches (what its graph replays, at the shortest
         context tier), counted by the profiler on an eager step; None where the profiler cannot
-        see the GPU."""
+        see the GPU, and under tensor parallelism (a profiler failing on one rank alone would leave
+        the others waiting in the step's collectives)."""
+        if self.tp is not None:
+            return None
         try:
             from torch.autograd import DeviceType
             from torch.profiler import ProfilerActivity, profile

@@ -443,16 +443,17 @@ class ServerThread:
 
 
 def serve(config, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-          max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+          max_queue: int = DEFAULT_MAX_QUEUE, engine=None) -> None:
     """Load the engine (EngineConfig), listen, print one ready line with the URL, and serve until
-    Ctrl-C or SIGTERM; then stop the engine and close the port. Blocks."""
+    Ctrl-C or SIGTERM; then stop the engine and close the port. Blocks. `engine`: one built
+    already (rank 0's DrivenEngine under tensor parallelism)."""
     from .llm import LLMEngine
     from .tokenizer import load_tokenizer
     from .weights import resolve
 
     _, folder = resolve(config.model)
     tokenizer = load_tokenizer(folder)
-    engine = LLMEngine(config)
+    engine = LLMEngine(config) if engine is None else engine
     name = served_model_name or (folder.name if folder is not None else config.model)
     asyncio.run(_serve_until_signal(engine, tokenizer, name, host, port, max_queue))
 
@@ -513,11 +514,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="speculative decoding: 'ngram' (prompt lookup), or a draft sharing the target's "
                              "vocabulary (a named shape or a checkpoint folder)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0, help="k: tokens proposed per step (1..8)")
+    parser.add_argument("--tensor-parallel", type=int, default=1,
+                        help="split the model over N GPUs (N processes under torchrun; rank 0 serves)")
+    parser.add_argument("--allreduce", default="auto", choices=("auto", "nccl", "one-shot"),
+                        help="tensor parallel all-reduce: the faster of NCCL and a one-shot through symmetric "
+                             "memory per size, or one of them")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
                  "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend",
-                 "quantization", "quant_path", "quant_group_size", "speculative_model", "num_speculative_tokens")
+                 "quantization", "quant_path", "quant_group_size", "speculative_model", "num_speculative_tokens",
+                 "tensor_parallel", "allreduce")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -536,9 +543,11 @@ def config_from_args(args: argparse.Namespace):
     refused = fused_path_unavailable(config, device)
     if refused:
         raise LabError(refused)
-    resolve(config.model)
+    shape, _ = resolve(config.model)
     if config.speculative_model not in ("none", "ngram"):
         resolve(config.speculative_model)
+    if config.tensor_parallel > 1:
+        _check_tensor_parallel(config, shape, device)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
     if args.max_queue < 1:
@@ -552,10 +561,34 @@ def config_from_args(args: argparse.Namespace):
     return config
 
 
-def serve_from_args(args: argparse.Namespace) -> None:
+def _check_tensor_parallel(config, shape, device) -> None:
+    """--tensor-parallel N: the shape splits over N, and N GPUs are there (before torchrun starts)."""
+    import os
+
+    import torch
+
+    from .tensor_parallel import unsplittable
+    why = unsplittable(shape, config.tensor_parallel)
+    if why:
+        raise LabError(f"--tensor-parallel {config.tensor_parallel}: {why}")
+    if device.type == "cuda" and "RANK" not in os.environ and torch.cuda.device_count() < config.tensor_parallel:
+        raise LabError(f"--tensor-parallel {config.tensor_parallel} needs {config.tensor_parallel} GPUs; "
+                       f"this machine has {torch.cuda.device_count()}")
+
+
+def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     config = config_from_args(args)
-    serve(config, host=args.host, port=args.port, served_model_name=args.served_model_name,
-          max_queue=args.max_queue)
+    kwargs = {"host": args.host, "port": args.port, "served_model_name": args.served_model_name,
+              "max_queue": args.max_queue}
+    if config.tensor_parallel > 1:
+        from . import tp_serve
+        from .llm import pick_device
+        if tp_serve.inside_torchrun():
+            return tp_serve.rank_main(config, kwargs)
+        return tp_serve.relaunch(list(sys.argv[1:] if argv is None else argv), config.tensor_parallel,
+                                 pick_device(config.device).type)
+    serve(config, **kwargs)
+    return 0
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -568,13 +601,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(prog="lab serve", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     try:
-        serve_from_args(parser.parse_args(argv))
+        return serve_from_args(parser.parse_args(argv), argv)
     except LabError as exc:
         print(f"lab serve: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

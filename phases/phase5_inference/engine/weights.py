@@ -44,15 +44,20 @@ def random_weights(shape: LlamaShape, seed: int = 0, dtype: torch.dtype = torch.
     """Seeded normal(0, 0.02) matrices and unit norm weights, made directly on `device` (an 8B
     model's 16 GB never passes through host memory). The same seed gives the same weights on the
     same kind of device."""
+    return dict(iter_random_weights(shape, seed, dtype, device))
+
+
+def iter_random_weights(shape: LlamaShape, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                        device: str | torch.device = "cpu"):
+    """random_weights' tensors one at a time, (name, tensor), the same values in the same order: a
+    tensor-parallel rank keeps its shard of each and lets the rest go before the next is made."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    out = {}
     for name, size in tensor_shapes(shape).items():
         if name.endswith("norm.weight"):
-            out[name] = torch.ones(size, dtype=dtype, device=device)
+            yield name, torch.ones(size, dtype=dtype, device=device)
         else:
             t = torch.empty(size, dtype=dtype, device=device)
-            out[name] = t.normal_(0.0, INIT_STD, generator=generator)
-    return out
+            yield name, t.normal_(0.0, INIT_STD, generator=generator)
 
 
 def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
@@ -107,3 +112,14 @@ def weights_for(model: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
     if path is not None:
         return shape, load_checkpoint(path, dtype, device)
     return shape, random_weights(shape, seed, dtype, device)
+
+
+def iter_weights_for(model: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                     device: str | torch.device = "cpu"):
+    """(shape, an iterator of (name, full tensor)): random weights made on `device` one tensor at a
+    time; a checkpoint read into host memory (each rank then moves only its shards to its GPU)."""
+    expandable_segments(device)
+    shape, path = resolve(model)
+    if path is not None:
+        return shape, iter(load_checkpoint(path, dtype, "cpu").items())
+    return shape, iter_random_weights(shape, seed, dtype, device)
