@@ -3,8 +3,8 @@ the seed's 70B pair of A100s beside it, the scaling and all-reduce plot, the goa
 Rendered by common/render.py; no torch here.
 
 A 2-GPU and a 4-GPU run of the same GPU kind are both kept: rows come from the newest record per
-(GPU kind, GPUs on the machine), labelled '4 x NVIDIA H200 SXM'. The page's table and the goals show
-the record of the machine with the most GPUs of its kind (every row of every record is in the CSV).
+(GPU kind, GPUs on the machine), labelled '4 x NVIDIA H200 SXM'. The page's table shows each
+machine's record; the goals and findings the machine with the most GPUs of its kind.
 """
 import pandas as pd
 
@@ -54,9 +54,10 @@ def engine_rows(view) -> pd.DataFrame:
 
 
 def brief(rows: pd.DataFrame) -> pd.DataFrame:
-    """The page's part: the largest machine's record per GPU kind, without the sizes it lacks GPUs for."""
+    """The page's part: every machine's record (a 2-GPU and a 4-GPU machine of one kind side by side),
+    without the sizes a machine lacks GPUs for."""
     lacking = rows["reason"].fillna("").str.contains(LACKING)
-    return rows[rows["largest"] & ~lacking]
+    return rows[~lacking]
 
 
 def seed_note(view, rows) -> str:
