@@ -37,6 +37,11 @@ def pct(x) -> str:
     return "-" if missing(x) else f"{float(x):.1f}%"
 
 
+def share(x) -> str:
+    """A fraction as a percentage: 0.595 -> 59.5%."""
+    return "-" if missing(x) else f"{100 * float(x):.1f}%"
+
+
 def ratio(x) -> str:
     """A factor: 1.23x."""
     return "-" if missing(x) else f"{float(x):.2f}x"

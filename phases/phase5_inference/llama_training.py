@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import LabError
-from phases.phase7_gpt.train import Batches, TrainConfig, autocast, lr_at, make_optimizer
+from phases.phase7_gpt.train import Batches, TrainConfig, autocast, evaluate, lr_at, make_optimizer
 
 from .engine.rope import inverse_frequencies
 from .engine.shapes import LlamaShape, hf_config
@@ -224,21 +224,6 @@ class TrainSettings:
                            min_lr_ratio=self.min_lr_ratio, warmup_iters=self.warmup_steps,
                            weight_decay=self.weight_decay, grad_clip=self.grad_clip, seed=self.seed,
                            eval_tokens=self.eval_tokens)
-
-
-@torch.no_grad()
-def evaluate(model: LlamaForTraining, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
-    """Mean cross-entropy over the windows (x, y): logits in fp32 (under the training autocast),
-    each batch's mean weighted by its tokens and summed in float64."""
-    model.eval()
-    total, n = torch.zeros((), dtype=torch.float64, device=x.device), 0
-    for i in range(0, len(x), batch_size):
-        with autocast(x.device):
-            _, loss = model(x[i:i + batch_size], y[i:i + batch_size])
-        total += loss.double() * y[i:i + batch_size].numel()
-        n += y[i:i + batch_size].numel()
-    model.train()
-    return float(total / n)
 
 
 def downsample(losses: list[float], points: int = CURVE_POINTS) -> list[list]:

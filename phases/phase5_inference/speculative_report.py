@@ -4,7 +4,7 @@ plot, the goals and the findings. Rendered by common/render.py; no torch here.""
 import pandas as pd
 
 from common import render
-from common.formats import missing, num, pct, ratio
+from common.formats import missing, ms, num, ratio, share
 from common.frame import per_hardware
 from common.spec import Goal, Goals, Plot, Table, Text, col, ident
 
@@ -15,16 +15,8 @@ DRAFTS = ("matched", "distilled", "mismatched", "ngram")
 ROLES = {"target": "target", "matched": "matched draft", "distilled": "distilled draft", "mismatched": "mismatched draft"}
 
 
-def share(x) -> str:
-    return "-" if missing(x) else f"{100 * float(x):.1f}%"
-
-
 def two(x) -> str:
     return "-" if missing(x) else f"{float(x):.2f}"
-
-
-def ms(x) -> str:
-    return "-" if missing(x) else f"{float(x):.3f} ms"
 
 
 def batch1_greedy(d: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ machine's record; the goals and findings the machine with the most GPUs of its k
 import pandas as pd
 
 from common.formats import count as tokens
-from common.formats import gib, missing, ms, num, pct, ratio
+from common.formats import gib, missing, ms, num, pct, ratio, share
 from common.frame import value
 from common.spec import Goal, Goals, Plot, Table, Text, col, ident
 
@@ -18,10 +18,6 @@ from . import plots, seed
 TP = "phase5.tensor_parallel"
 GB8, GB70 = "llama-3.1-8b", "llama-3.3-70b"
 LACKING = "GPUs; this machine has"          # a skipped row's reason when the machine has too few GPUs
-
-
-def share(x) -> str:
-    return "-" if missing(x) else f"{100 * float(x):.1f}%"
 
 
 def groups(view) -> pd.DataFrame:
