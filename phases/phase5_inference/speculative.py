@@ -39,7 +39,6 @@ import statistics
 import time
 
 import numpy as np
-import torch
 
 from common.exercise import Exercise, Needs, Result, Work, measure_copy_gbps, row
 from common.params import Bool, Choice, Float, Int
@@ -120,6 +119,7 @@ def step_ms(engine, runner, batch: int, rows_per_seq: int, context: int, reps: i
     tokens, `rows_per_seq` rows each, and the read of a token per row: one draft step (1 row), one
     target step (1 row) or one verify pass (k + 1 rows), as the engine runs them. At a temperature
     the token is drawn (softmax, the exponential race) instead of the graph's argmax."""
+    from .engine.sampler import categorical
     from .engine.sequence import SamplingParams, Sequence
     pool = engine.scheduler.block_pool
     seqs = [Sequence(f"probe-{i}", [1] * (context + rows_per_seq), SamplingParams()) for i in range(batch)]
@@ -134,7 +134,7 @@ def step_ms(engine, runner, batch: int, rows_per_seq: int, context: int, reps: i
             logits, argmax = runner.rows_logits(rows, positions)
             if temperature > 0:
                 probs = (logits / temperature).softmax(dim=1)
-                argmax = (probs / torch.empty_like(probs).exponential_()).argmax(dim=1)
+                argmax = categorical(probs)
             runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
             if rep >= STEP_WARMUP:
                 times.append((time.perf_counter() - start) * 1e3)

@@ -16,6 +16,8 @@ Rows of a batch may carry fewer proposals than others (padding: token -1, never 
 """
 import torch
 
+from .sampler import categorical
+
 
 def greedy_accept(proposals: list[int], target_argmax: list[int]) -> tuple[int, int]:
     """proposals [k], target_argmax [k + 1] (the target's argmax after the last verified token and
@@ -58,5 +60,4 @@ def rejection_sample(draft_tokens: torch.Tensor, num_proposed: torch.Tensor, dra
         mass = residual.sum(dim=1, keepdim=True)
         residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), p_next)
         p_next = torch.where(rejected[:, None], residual, p_next)
-    race = torch.empty_like(p_next).exponential_(generator=generator)       # a categorical draw, argmax(p / E):
-    return kept, (p_next / race).argmax(dim=1)                               # no host work, unlike torch.multinomial
+    return kept, categorical(p_next, generator)

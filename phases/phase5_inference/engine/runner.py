@@ -32,7 +32,7 @@ from common.errors import LabError
 from . import decode_attention
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
-from .sampler import Sampler
+from .sampler import Sampler, categorical
 from .sequence import Sequence
 from .shapes import LlamaShape
 
@@ -405,7 +405,7 @@ class ModelRunner:
             return logits.argmax(dim=1) if argmax is None else argmax
         probs = (logits * inverse_temperature[:, None]).softmax(dim=1)
         probs_out[:, step] = probs
-        return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=1)
+        return categorical(probs, generator)
 
     def _chain_staging(self, steps: int) -> dict:
         """Pinned host buffers of chain_tokens (each later step's four columns, the block tables,

@@ -18,6 +18,12 @@ def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return host.to(device, non_blocking=True)
 
 
+def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of probs [n, V] (rows need not sum to 1): the exponential race, argmax of
+    p / E with E ~ Exp(1), all on the device (torch.multinomial waits for the host)."""
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=1)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = torch.device(device)

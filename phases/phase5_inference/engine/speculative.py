@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .rejection import greedy_accept, rejection_sample
-from .sampler import _top_k_top_p, on_device
+from .sampler import _top_k_top_p, categorical, on_device
 from .sequence import SamplingParams, Sequence
 
 NGRAM_MAX = 3
@@ -190,7 +190,7 @@ class DraftProposer:
             return self.runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
         probs = probabilities(logits, params)
         q[on_device(active, torch.int64, q.device), step] = probs
-        return (probs / torch.empty_like(probs).exponential_(generator=self.generator)).argmax(dim=1).tolist()
+        return categorical(probs, self.generator).tolist()
 
     def verified(self, seq: Sequence, num_verified: int, proposed: int, kept: int) -> None:
         """The target kept `kept` of the `proposed` tokens after position num_verified - 1: the
