@@ -80,7 +80,7 @@ def test_library_path_refuses_what_tinygemm_cannot_take(weights):
 def test_fused_path_on_a_cpu_is_refused_before_loading(weights, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(LabError, match="needs a CUDA GPU"):
-        engine(weights, quantization="int8")
+        engine(weights, quantization="int8", quant_path="fused")     # auto would pick naive here
 
 
 def test_exercise_runs_end_to_end_on_a_cpu(spec_ctx, monkeypatch):

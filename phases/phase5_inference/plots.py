@@ -63,8 +63,8 @@ def quant_tok_s(view, hw: str, path) -> None:
     plt = pyplot()
     rows = _ok_rows(view, "phase5.quant_engine", hw)
     fig, ax = plt.subplots(figsize=(8, 5.2))
-    colors = {"bf16": "black", "int8_fused": "tab:green", "int4_fused": "tab:blue", "int4_library": "tab:purple",
-              "int4_naive": "tab:red"}
+    colors = {"bf16": "black", "int8_fused": "tab:green", "int4_fused": "tab:blue", "int4_cuda": "tab:orange",
+              "int4_library": "tab:purple", "int4_naive": "tab:red"}
     markers = {1: "o", 8: "s", 64: "^"}
     for r in rows:
         batch = int(r["params.batch"])
@@ -85,6 +85,32 @@ def quant_tok_s(view, hw: str, path) -> None:
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"Weight-only quantization in the engine, {rows[0]['params.model'] if rows else ''} "
                  f"({rows[0]['hardware_name'] if rows else hw})")
+    save(fig, path)
+
+
+def quant_ladder(view, hw: str, path) -> None:
+    """The int4 rungs (naive, Triton, CUDA register ring, CUDA bulk copies, tinygemm) as bars of
+    % of their roofline, per matrix, one panel per batch (1 and 16): how far each implementation
+    of the same method gets from the bytes it promises."""
+    plt = pyplot()
+    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw) if r["variant"].startswith("w4_")]
+    rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library")
+             if any(r["variant"] == v for r in rows)]
+    matrices = [m for m in ("qkv", "o", "gate_up", "down") if any(r["params.matrix"] == m for r in rows)]
+    batches = [b for b in (1, 16) if any(int(r["params.batch"]) == b for r in rows)]
+    fig, axes = plt.subplots(1, max(1, len(batches)), figsize=(5.5 * max(1, len(batches)), 4.2), squeeze=False)
+    width = 0.8 / max(1, len(rungs))
+    for ax, batch in zip(axes[0], batches):
+        for i, rung in enumerate(rungs):
+            heights = [next((r["metrics.pct_of_roofline"] for r in rows if r["variant"] == rung
+                             and r["params.matrix"] == m and int(r["params.batch"]) == batch), 0) for m in matrices]
+            ax.bar([x + (i - (len(rungs) - 1) / 2) * width for x in range(len(matrices))], heights, width, label=rung)
+        ax.axhline(100, color="gray", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(matrices)), matrices)
+        ax.set_ylabel("% of the roofline (own bytes at the bandwidth)")
+        ax.set_title(f"batch {batch}")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"int4 W4A16 kernels, Llama-3.1-8B matrices ({rows[0]['hardware_name'] if rows else hw})")
     save(fig, path)
 
 

@@ -10,6 +10,7 @@ bf16:
   int8_fused     int8 per output row, quant_gemm's Triton W8A16 kernels
   int4_naive     int4 group 128, each projection dequantized to bf16 in memory, then cuBLAS
   int4_fused     the same int4 weights, quant_gemm's Triton W4A16 kernels
+  int4_cuda      the same int4 weights, int4_mma's CUDA kernel (what `lab serve --quantization int4` runs)
   int4_library   the same int4 weights in torch's tinygemm format (_weight_int4pack_mm)
 Measured: the weights' size; batch-1 decode (the engine's step time per token, median over `runs`
 requests of `output_tokens` tokens); and `concurrency` requests at once: the decode step time at
@@ -45,7 +46,7 @@ from .prediction import summed_prediction
 from .workload import random_prompts
 
 GIB = 2**30
-VARIANTS = ("bf16", "int8_fused", "int4_naive", "int4_fused", "int4_library")
+VARIANTS = ("bf16", "int8_fused", "int4_naive", "int4_fused", "int4_cuda", "int4_library")
 REFERENCE = "fp32 x @ dequantize(W)^T through the engine's own projection modules (bf16: the bf16 weight)"
 CHECK_BATCHES = (1, 16)
 

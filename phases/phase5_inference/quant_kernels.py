@@ -12,12 +12,19 @@ dequantize-then-matmul of that format (bf16_cublas: against fp32 x @ W^T) before
   w4_fused        quant_gemm's Triton W4A16 kernel (GEMV-shaped with split-K for M <= 16, tiled above)
   w4_naive        dequantize the whole weight to bf16 in memory, then F.linear (the seed's slow path)
   w4_library      torch._weight_int4pack_mm (tinygemm) in its own packed format, converted once
+  w4_cuda_registers  the CUDA kernel (engine/int4_mma.cu: tensor-core mma on weights re-laid at load),
+                  weights streamed through a ring of 16-byte loads in registers
+  w4_cuda         the same kernel streaming the weights with bulk copies (Hopper's copy engine; the
+                  register ring elsewhere), and above 64 rows dequantize-once + cuBLAS by the kernel's
+                  rule: the path the engine takes (QuantizedLinear path "cuda")
   w8_fused, w8_naive, w8_library: the same for int8 (torch._weight_int8pack_mm)
 Counts: FLOPs = 2·M·N·K for every variant; bytes = the format's packed weight + scales (+ zeros)
 + x read and y written (quant_analysis.matmul_bytes; tinygemm's int4 keeps a bf16 scale and a bf16
-zero per group, its own bytes). The naive path's algorithm_bytes add the bf16 copy it writes and
+zero per group, and the CUDA kernel a 4-byte (scale, zero) per row and group on tiles of 16 rows and
+64 inputs: each its own bytes). The naive path's algorithm_bytes add the bf16 copy it writes and
 reads back. Rows carry ms, GB/s of those bytes, % of the roofline (its time over the measured),
-and speedup_vs_bf16_cublas from the same run; the summary has, per matrix and variant, the batch
+and speedup_vs_bf16_cublas from the same run (int4 rows also speedup_vs_w4_fused, the Triton rung, and
+speedup_vs_w4_library, tinygemm); the summary has, per matrix and variant, the batch
 where time stops being flat (measured) beside the ridge's prediction.
 """
 import torch
@@ -31,11 +38,13 @@ from phases.phase3_triton._support import attempt, skipped
 
 from . import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives
-from .engine import quant_gemm, quantize
+from .engine import int4_mma, quant_gemm, quantize
 from .engine.shapes import SHAPES, named
 
 REFERENCE = "fp32 x @ dequantize(W)^T (the variant's own format; bf16: the bf16 weight)"
-VARIANTS = ("bf16_cublas", "w4_fused", "w4_naive", "w4_library", "w8_fused", "w8_naive", "w8_library")
+VARIANTS = ("bf16_cublas", "w4_naive", "w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library", "w8_fused",
+            "w8_naive", "w8_library")
+CUDA_VARIANTS = ("w4_cuda_registers", "w4_cuda")
 MATRICES = ("qkv", "o", "gate_up", "down")
 FORMAT_OF = {"bf16": "bf16", "w4": "int4", "w8": "int8"}
 NAIVE_LAUNCHES = {"w4": 7, "w8": 4}    # torch ops of dequantize() (approximate) and the matmul
@@ -66,6 +75,10 @@ def variant_weight_bytes(p: dict, variant: str) -> int:
     prefix = variant.split("_")[0]
     if variant == "w4_library":                      # tinygemm: packed nibbles + bf16 (scale, zero) pairs
         return p["n_out"] * p["k_in"] // 2 + 4 * p["n_out"] * -(-p["k_in"] // p["group_size"])
+    if variant in CUDA_VARIANTS:                     # tiles of 16 x 64 nibbles + 4 bytes per (row, group)
+        n_pad = int4_mma.cdiv(p["n_out"], int4_mma.TILE_N) * int4_mma.TILE_N
+        k_pad = int4_mma.cdiv(p["k_in"], int4_mma.CHUNK_K) * int4_mma.CHUNK_K
+        return n_pad * k_pad // 2 + 4 * n_pad * -(-p["k_in"] // p["group_size"])
     return qa.weight_bytes(FORMAT_OF[prefix], p["n_out"], p["k_in"], p["group_size"])
 
 
@@ -90,6 +103,8 @@ def fused_config(p: dict, variant: str, sms: int) -> dict:
 
 
 def variant_launches(p: dict, variant: str, sms: int) -> int:
+    if variant == "w4_cuda":
+        return int4_mma.launches(p["batch"])
     if variant.endswith("_fused"):
         return quant_gemm.launches(fused_config(p, variant, sms))
     if variant.endswith("_naive"):
@@ -112,12 +127,12 @@ def work(params) -> list[Work]:
 def footprint_bytes(params) -> int:
     """Largest matrix: bf16 weight (2 B/weight), an fp32 dequantized reference (4), the naive path's
     temporaries (int32 nibbles and bf16 copies, ~10), both quantized formats and tinygemm's copies
-    (~3), plus x, y and the fp32 reference output of the largest batch."""
+    (~3), the CUDA kernel's re-laid copy (~1), plus x, y and the fp32 reference output of the largest batch."""
     most = 0
     for p in problems(params):
         weights = p["n_out"] * p["k_in"]
         acts = p["batch"] * (p["k_in"] + p["n_out"]) * (2 + 4) + min(CHECK_CHUNK, p["batch"] * p["n_out"]) * 8 * 3
-        most = max(most, 19 * weights + acts)
+        most = max(most, 20 * weights + acts)
     return most
 
 
@@ -156,6 +171,12 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
         return refs[prefix]
 
     def call(variant):
+        if variant in CUDA_VARIANTS:
+            mw = weights["w4_mma"]
+            if variant == "w4_cuda":
+                return lambda: int4_mma.multiply(x, mw)
+            cfg = dict(int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms), bulk=False)
+            return lambda: int4_mma.matmul(x, mw, cfg)
         prefix, path = variant.split("_")
         if prefix == "bf16":
             return lambda: F.linear(x, weights["bf16"])
@@ -179,6 +200,13 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
             if why:
                 rows.append(skipped(variant, size, why))
                 continue
+        if variant in CUDA_VARIANTS:
+            why = int4_mma.unavailable(weights["w4"].weight_format, x)
+            if why:
+                rows.append(skipped(variant, size, why))
+                continue
+            if "w4_mma" not in weights:
+                weights["w4_mma"] = int4_mma.relayout(weights["w4"].weight_format)
         cost = {"flops": problem_flops(p), "bytes_moved": problem_bytes(p, variant), "dtype": "bf16",
                 "launches": variant_launches(p, variant, sms)}
 
@@ -191,6 +219,10 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
         r["metrics"]["bytes_formula"] = BYTES_FORMULA
         r["metrics"]["flops_formula"] = FLOPS_FORMULA
         r["metrics"]["algorithm_bytes"] = algorithm_bytes(p, variant)
+        if variant in CUDA_VARIANTS and ctx.is_cuda:
+            r["metrics"]["config"] = int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms,
+                                                   bulk=variant == "w4_cuda" and int4_mma.bulk_copies(ctx.device))
+            r["metrics"]["dequantized_then_cublas"] = variant == "w4_cuda" and int4_mma.uses_dequantized(p["batch"])
         if variant.endswith("_fused"):
             r["metrics"]["config"] = fused_config(p, variant, sms)
             if params["tune"] and r["status"] == "ok":
@@ -220,6 +252,11 @@ def add_ratios(ctx, p: dict, rows: list[dict]) -> None:
         r["metrics"]["pct_of_roofline"] = 100 * roof_ms / ms
         if base is not None:
             r["metrics"]["speedup_vs_bf16_cublas"] = base["metrics"]["ms"] / ms
+        if r["variant"].startswith("w4_"):
+            for rung in ("w4_fused", "w4_library"):
+                other = next((o for o in rows if o["variant"] == rung and o["status"] == "ok"), None)
+                if other is not None:
+                    r["metrics"][f"speedup_vs_{rung}"] = other["metrics"]["ms"] / ms
 
 
 def memory_bound_summary(ctx, params, rows: list[dict]) -> dict:
@@ -265,7 +302,7 @@ def run(ctx, params):
 
 EXERCISE = Exercise(
     id="phase5.quant_kernels",
-    title="Weight-only int4 and int8 matmuls (fused Triton, naive, tinygemm) vs bf16 cuBLAS, Llama-3.1-8B matrices",
+    title="Weight-only int4 and int8 matmuls (naive, Triton, CUDA, tinygemm) vs bf16 cuBLAS, Llama-3.1-8B matrices",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
     params={"model": Choice("llama-3.1-8b", tuple(SHAPES), help="whose projection matrices"),
             "matrices": Choice(list(MATRICES), MATRICES, many=True, help="projections, K x N in the docstring"),

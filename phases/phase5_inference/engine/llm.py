@@ -13,8 +13,10 @@ Not thread-safe: call it from one thread.
 With tensor_parallel N > 1 the engine is one of N processes started by torchrun (tensor_parallel.py):
 each holds its shards and makes the same calls as the others (or follows rank 0's, behind the server).
 """
+import dataclasses
 import itertools
 import operator
+import sys
 import time
 from dataclasses import dataclass
 
@@ -54,7 +56,7 @@ class EngineConfig:
     cuda_graphs: bool = True               # decode CUDA graphs at bucketed batch sizes (CUDA only)
     attention_backend: str = "auto"
     quantization: str = "none"             # weight-only: "int8" (per output row), "int4" (group-wise), "none"
-    quant_path: str = "fused"              # how quantized projections multiply: naive, fused, library
+    quant_path: str = "auto"               # how quantized projections multiply: auto, naive, fused, library, cuda
     quant_group_size: int = 128            # int4 inputs per (scale, zero point)
     speculative_model: str = "none"        # "none", "ngram" (prompt lookup), or a draft: named shape or checkpoint folder
     num_speculative_tokens: int = 0        # k: tokens proposed per step (1 .. MAX_SPECULATIVE_TOKENS when speculating)
@@ -67,8 +69,8 @@ class EngineConfig:
             raise LabError(f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.quantization not in QUANTIZATIONS:
             raise LabError(f"quantization {self.quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
-        if self.quant_path not in QUANT_PATHS:
-            raise LabError(f"quant_path {self.quant_path!r}: choose one of {', '.join(QUANT_PATHS)}")
+        if self.quant_path not in ("auto", *QUANT_PATHS):
+            raise LabError(f"quant_path {self.quant_path!r}: choose one of auto, {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
         from .tensor_parallel import ALLREDUCE_MODES
@@ -116,9 +118,33 @@ def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
                               group_size=config.quant_group_size)
 
 
+def resolve_quant_path(config: EngineConfig, device: torch.device) -> str:
+    """The path quant_path 'auto' stands for here: int4 through the CUDA kernel where it can run
+    (else the Triton kernel, saying why in one line on stderr), int8 through the Triton kernel."""
+    if config.quant_path != "auto":
+        return config.quant_path
+    triton_here = device.type == "cuda" or interpreting()
+    if config.quantization != "int4" or config.dtype != "bfloat16":
+        return "fused" if triton_here else "naive"
+    from .int4_mma import device_unavailable
+    why = device_unavailable(device)
+    if why is None:
+        return "cuda"
+    if device.type == "cuda":
+        print(f"int4: {why}; using the Triton kernel (quant_path fused)", file=sys.stderr)
+    return "fused" if triton_here else "naive"
+
+
 def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | None:
     """Why the quantized fused path cannot run on this device (its Triton kernels need a GPU or
-    the interpreter), or None."""
+    the interpreter; the CUDA path a GPU, bf16 and nvcc), or None."""
+    if config.quantization != "none" and config.quant_path == "cuda":
+        from .int4_mma import device_unavailable
+        if config.quantization != "int4":
+            return "quant_path 'cuda' is the int4 kernel; int8 runs quant_path fused"
+        if config.dtype != "bfloat16":
+            return f"quant_path 'cuda' takes bf16 activations; this engine's dtype is {config.dtype}"
+        return device_unavailable(device)
     if config.quantization != "none" and config.quant_path == "fused" and device.type != "cuda" and not interpreting():
         return ("quant_path 'fused' runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1); "
                 "on a CPU use quant_path naive or library")
@@ -143,6 +169,9 @@ class LLMEngine:
         config.check()
         self.config = config
         self.device = pick_device(config.device)
+        if config.quant_path == "auto":
+            config = dataclasses.replace(config, quant_path=resolve_quant_path(config, self.device))
+            self.config = config
         refused = fused_path_unavailable(config, self.device)
         if refused:
             raise LabError(refused)

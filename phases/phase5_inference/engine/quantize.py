@@ -33,6 +33,7 @@ clamped by more than rounding.
     "fused"    quant_gemm's Triton kernels, dequantizing in registers (CUDA, or the interpreter)
     "library"  torch's tinygemm ops (_weight_int4pack_mm / _weight_int8pack_mm; on a CPU their
                _for_cpu twins), in their own packed formats converted once and cached
+    "cuda"     int4 only: int4_mma's CUDA kernel (tensor cores, weights re-laid once and cached)
 """
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ NIBBLES_PER_WORD = 8
 GROUP_SIZES = (16, 32, 64, 128, 256, 512, 1024)      # powers of 2 >= 16: a kernel's K tile divides one
 LIBRARY_INT4_GROUP_SIZES = (32, 64, 128, 256)        # what tinygemm accepts
 LIBRARY_INNER_K_TILES = 8                            # tinygemm's K tiling (2, 4 or 8); K % (16·8) == 0
-PATHS = ("naive", "fused", "library")
+PATHS = ("naive", "fused", "library", "cuda")
 
 
 # ------------------------------------------------------------------------------ packing
@@ -314,6 +315,8 @@ class QuantizedLinear(nn.Module):
             y = F.linear(x2, self.weight_format.dequantize(x.dtype))
         elif self.path == "fused":
             y = self._fused(x2)
+        elif self.path == "cuda":
+            y = self._cuda(x2)
         else:
             y = self._library(x2)
         if self.bias is not None:
@@ -326,6 +329,18 @@ class QuantizedLinear(nn.Module):
             return quant_gemm.w8a16_matmul(x2, self.weight_format.qweight, self.weight_format.scales)
         qw = self.weight_format
         return quant_gemm.w4a16_matmul(x2, qw.qweight, qw.scales, qw.zeros, qw.group_size)
+
+    def _cuda(self, x2: torch.Tensor) -> torch.Tensor:
+        from . import int4_mma
+        if not isinstance(self.weight_format, Int4Weight):
+            raise LabError("QuantizedLinear path 'cuda': the CUDA kernel takes int4 weights only (int8: 'fused')")
+        key = ("mma", x2.device)
+        if key not in self._library_cache:
+            why = int4_mma.unavailable(self.weight_format, x2)
+            if why:
+                raise LabError(f"QuantizedLinear path 'cuda': {why}")
+            self._library_cache[key] = int4_mma.relayout(self.weight_format)
+        return int4_mma.multiply(x2, self._library_cache[key])
 
     def _library(self, x2: torch.Tensor) -> torch.Tensor:
         why = library_unavailable(self.weight_format, x2)

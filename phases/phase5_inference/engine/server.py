@@ -506,9 +506,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--quantization", default="none", choices=("none", "int8", "int4"),
                         help="weight-only quantization of every layer's projections")
-    parser.add_argument("--quant-path", default="fused", choices=("naive", "fused", "library"),
-                        help="how quantized projections multiply: dequantize then cuBLAS, the Triton kernels, "
-                             "or torch's tinygemm")
+    parser.add_argument("--quant-path", default="auto", choices=("auto", "naive", "fused", "library", "cuda"),
+                        help="how quantized projections multiply: auto (int4: the CUDA kernel where it runs, else "
+                             "Triton), dequantize then cuBLAS, the Triton kernels, torch's tinygemm, or the CUDA "
+                             "int4 kernel")
     parser.add_argument("--quant-group-size", type=int, default=128, help="int4 inputs per scale and zero point")
     parser.add_argument("--speculative-model", default="none",
                         help="speculative decoding: 'ngram' (prompt lookup), or a draft sharing the target's "
@@ -533,13 +534,14 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
-    from .llm import EngineConfig, fused_path_unavailable, pick_device
+    from .llm import EngineConfig, fused_path_unavailable, pick_device, resolve_quant_path
     from .weights import resolve
 
     config = EngineConfig(**{f: getattr(args, f) for f in ENGINE_FIELDS if f != "dtype"})
     device = pick_device(config.device)
     config.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     config.check()
+    config.quant_path = resolve_quant_path(config, device)
     refused = fused_path_unavailable(config, device)
     if refused:
         raise LabError(refused)

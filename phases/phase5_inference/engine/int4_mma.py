@@ -1,0 +1,318 @@
+"""The CUDA W4A16 kernel (int4_mma.cu): int4 weights multiplied on the tensor cores, re-laid once at
+load so that each lane fetches its mma fragments with one 16-byte load per 64 inputs.
+
+    mw = relayout(int4_weight)          # quantize.Int4Weight -> MmaInt4Weight (any device; once)
+    y = matmul(x, mw)                   # x [M, K] bf16 on a CUDA GPU -> y [M, N] bf16
+
+What decides its speed, and why it is laid out so (the .cu file's header has the details):
+- batch 1 reads every weight once: 0.5 byte per weight plus a scale and zero point per group, as a
+  stream (evict-first in L2), with 8 lane words (4 KB per warp) in flight per warp;
+- the batch rides in the mma's 8-column operand, so 1 to 8 rows cost one mma per 16x16 weights, and
+  up to 64 rows are multiplied per weight read;
+- K is split across warps (and across blocks when N is small) so that every SM streams weights:
+  `plan` is a rule of (M, N, K, SM count), never a table of shapes;
+- above MMA_MAX_M rows the kernel would re-read the weights per 64 rows at mma.sync's rate:
+  `multiply` dequantizes them once into bf16 (one kernel, 2.5 bytes per weight) and lets cuBLAS
+  multiply at its own rate instead (`uses_dequantized`, a rule of M alone).
+
+Two ways to stream the weights, one template parameter (the exercise times both, a rung each):
+  registers   a ring of 16-byte loads per lane in registers (any GPU with bf16 mma, sm_80+);
+  bulk        a ring of 2 KB bulk copies per warp into shared memory (cp.async.bulk on an mbarrier,
+              Hopper's copy engine; sm_90+), with each stage's scales copied beside it.
+
+Formats taken: group sizes that are powers of two >= 32, or one group per row (per-channel, group
+size = K); zero points 0..15 (symmetric GPTQ-style weights have zero 8); scales bf16 or fp16 kept
+exactly (fp32 scales are rounded to bf16: the kernel reads 16-bit scales). K must be a multiple of 8
+(16-byte activation loads). `unavailable` says why a weight or an input cannot run here.
+"""
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from common.errors import LabError
+
+from .quantize import INT4_MAX, Int4Weight, unpack_int4
+
+SOURCE = Path(__file__).resolve().parent / "int4_mma.cu"
+TILE_N = 16                       # weight rows per mma tile
+CHUNK_K = 64                      # inputs per 16-byte lane word
+BLOCK_K = 32                      # inputs per activation load (and the smallest group)
+WARPS = 8                         # warps per block
+LANES = 32
+MMA_MAX_M = 64                    # activation rows multiplied per weight read
+WARPS_PER_SM = 64                 # warps per SM over the whole call: ~4 waves of 16 resident, so blocks balance
+MIN_CHUNKS_PER_WARP = 8           # a warp's slice is at least 4 KB of weights (its share of the stream)
+MAX_SPLITS = 16
+PER_CHANNEL_LOG2 = 30             # "the group never ends" for one group per row
+BF16_128 = 0x4300                 # bf16 bits of 128.0; | z gives 128 + z
+
+
+@dataclass
+class MmaInt4Weight:
+    """An Int4Weight re-laid for int4_mma.cu (layout in its header)."""
+    wq: torch.Tensor              # int32 [n_tiles, k_chunks, 32, 4]
+    meta: torch.Tensor            # int32 [n_tiles, groups, 8, 2]
+    out_features: int
+    in_features: int
+    group_size: int
+    fp16_scales: bool
+
+    @property
+    def n_tiles(self) -> int:
+        return self.wq.shape[0]
+
+    @property
+    def k_chunks(self) -> int:
+        return self.wq.shape[1]
+
+    @property
+    def groups(self) -> int:
+        return self.meta.shape[1]
+
+    @property
+    def log2_blocks_per_group(self) -> int:
+        if self.group_size >= self.in_features:
+            return PER_CHANNEL_LOG2
+        return (self.group_size // BLOCK_K).bit_length() - 1
+
+    def nbytes(self) -> int:
+        return self.wq.numel() * 4 + self.meta.numel() * 4
+
+    def to(self, device) -> "MmaInt4Weight":
+        return MmaInt4Weight(self.wq.to(device), self.meta.to(device), self.out_features, self.in_features,
+                             self.group_size, self.fp16_scales)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ------------------------------------------------------------------------------ what it takes
+def format_unsupported(qw: Int4Weight) -> str | None:
+    """Why this weight cannot be re-laid for the kernel, or None."""
+    g, k = qw.group_size, qw.in_features
+    if k % 8:
+        return f"the CUDA int4 kernel needs K a multiple of 8 (16-byte activation loads), got K={k}"
+    per_channel = g >= k
+    if not per_channel and (g < BLOCK_K or g & (g - 1)):
+        return f"the CUDA int4 kernel takes group sizes that are powers of two >= {BLOCK_K} or per-channel, got {g}"
+    return None
+
+
+def device_unavailable(device: torch.device) -> str | None:
+    """Why the kernel cannot run on this device (not a GPU, no bf16 mma, no nvcc), or None."""
+    if device.type != "cuda":
+        return f"the CUDA int4 kernel runs on a CUDA GPU, not {device.type}"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return "the CUDA int4 kernel needs bf16 mma (compute capability 8.0 or newer)"
+    from phases.phase2_cuda.build import nvcc
+    try:
+        nvcc()
+    except LabError as e:
+        return str(e)
+    return None
+
+
+def unavailable(qw: Int4Weight, x: torch.Tensor) -> str | None:
+    """Why `multiply` cannot multiply x by this weight here (format, input, device, build), or None."""
+    why = format_unsupported(qw)
+    if why:
+        return why
+    if x.dtype != torch.bfloat16:
+        return f"the CUDA int4 kernel takes bf16 activations, got {x.dtype}"
+    return device_unavailable(x.device)
+
+
+# ------------------------------------------------------------------------------ the re-layout
+def fragment_map() -> tuple[torch.Tensor, torch.Tensor]:
+    """(row in tile, input in chunk) of nibble p of word s of lane l: two int64 [32, 4, 8] maps.
+
+    Nibble p is register i = p % 4 of the lane's A fragment, low half for p < 4 and high half
+    after. PTX's m16n8k16 A fragment: register i holds row g + 8 (i % 2) (g = lane // 4), logical
+    columns 2t + 8 (i // 2) + {0, 1} (t = lane % 4). Logical column c of k-step s is input
+    32 (s // 2) + 8 ((c % 8) // 2) + 4 (s % 2) + 2 (c // 8) + c % 2 of the chunk: lane t's
+    activations for a 32-input block are then the 8 contiguous inputs 8t .. 8t + 7."""
+    lane = torch.arange(LANES).view(LANES, 1, 1)
+    step = torch.arange(4).view(1, 4, 1)
+    nibble = torch.arange(8).view(1, 1, 8)
+    g, t = lane // 4, lane % 4
+    reg, half = nibble % 4, nibble // 4
+    row = g + 8 * (reg % 2)
+    upper = reg // 2
+    k = 32 * (step // 2) + 8 * t + 4 * (step % 2) + 2 * upper + half
+    return row.expand(LANES, 4, 8), k.expand(LANES, 4, 8)
+
+
+def relayout(qw: Int4Weight) -> MmaInt4Weight:
+    """Int4Weight (quantize.py's layout) -> the kernel's: lane words and per-tile scales; on qw's
+    device. Rows past N and inputs past K are zero nibbles (their activations are zero)."""
+    why = format_unsupported(qw)
+    if why:
+        raise LabError(why)
+    n, k = qw.out_features, qw.in_features
+    device = qw.qweight.device
+    n_tiles, k_chunks = cdiv(n, TILE_N), cdiv(k, CHUNK_K)
+    q = torch.zeros(n_tiles * TILE_N, k_chunks * CHUNK_K, dtype=torch.uint8, device=device)
+    q[:n, :k] = unpack_int4(qw.qweight, k)
+    rows, ks = (m.to(device) for m in fragment_map())
+    tiles = q.view(n_tiles, TILE_N, k_chunks, CHUNK_K).permute(0, 2, 1, 3)        # [tile, chunk, 16, 64]
+    nibbles = tiles[:, :, rows, ks].to(torch.int64)                                # [tile, chunk, 32, 4, 8]
+    words = (nibbles << (4 * torch.arange(8, device=device))).sum(-1)
+    wq = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
+    return MmaInt4Weight(wq, tile_meta(qw, n_tiles), n, k, qw.group_size, qw.scales.dtype == torch.float16)
+
+
+def tile_meta(qw: Int4Weight, n_tiles: int) -> torch.Tensor:
+    """int32 [n_tiles, groups, 8, 2]: entry (tile, group, g, j) = 16-bit scale of row 16 tile + g + 8j
+    in the low half, bf16 bits of 128 + its zero point in the high half."""
+    groups, n = qw.scales.shape
+    scales = qw.scales if qw.scales.dtype in (torch.bfloat16, torch.float16) else qw.scales.to(torch.bfloat16)
+    bits = scales.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF                    # [G, N]
+    zeros = qw.zeros.to(torch.int64)
+    if bool(((zeros < 0) | (zeros > INT4_MAX)).any()):
+        raise LabError("int4 zero points must be in [0, 15]")
+    packed = bits | ((BF16_128 | zeros) << 16)
+    packed = F.pad(packed, (0, n_tiles * TILE_N - n))                                        # [G, N_pad]
+    packed = packed.view(groups, n_tiles, 2, 8).permute(1, 0, 3, 2)                           # [tile, G, g, j]
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).contiguous()
+
+
+def dequantize_relaid(mw: MmaInt4Weight) -> torch.Tensor:
+    """fp32 [N, K] from the re-laid weight alone (the kernel's view of it): the test that the
+    re-layout loses nothing, and the CPU twin of lab_int4_dequantize."""
+    rows, ks = fragment_map()
+    words = mw.wq.to(torch.int64) & 0xFFFFFFFF
+    nibbles = (words[..., None] >> (4 * torch.arange(8, device=words.device))) & INT4_MAX      # [tile, chunk, 32, 4, 8]
+    n_tiles, k_chunks = mw.n_tiles, mw.k_chunks
+    q = torch.zeros(n_tiles, k_chunks, TILE_N, CHUNK_K, dtype=torch.int64, device=words.device)
+    q[:, :, rows.to(words.device), ks.to(words.device)] = nibbles
+    q = q.permute(0, 2, 1, 3).reshape(n_tiles * TILE_N, k_chunks * CHUNK_K)
+    meta = mw.meta.to(torch.int64) & 0xFFFFFFFF                                              # [tile, G, g, j]
+    per_row = meta.permute(0, 3, 2, 1).reshape(n_tiles * TILE_N, mw.groups)                   # [N_pad, G]
+    scale_bits = (per_row & 0xFFFF).to(torch.int32).to(torch.int16)
+    scale = scale_bits.view(torch.float16 if mw.fp16_scales else torch.bfloat16).float()
+    zero = ((per_row >> 16) & 0xFF).float()                                                  # low byte of 0x43zz
+    group_of_k = torch.clamp(torch.arange(k_chunks * CHUNK_K, device=q.device) // mw.group_size, max=mw.groups - 1)
+    w = (q.float() - zero[:, group_of_k]) * scale[:, group_of_k]
+    return w[:mw.out_features, :mw.in_features]
+
+
+# ------------------------------------------------------------------------------ the launch rule
+def next_pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def floor_pow2(v: int) -> int:
+    return 1 << (max(1, v).bit_length() - 1)
+
+
+def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: bool = True) -> dict:
+    """The partition for an [m, k] x [k, n] problem on `sms` SMs: 8-row activation blocks per tile
+    (mb), warps along K per tile (wk), tiles per block (wn = 8 / wk) and blocks along K (splits).
+    K is split until about WARPS_PER_SM warps per SM stream weights, each at least
+    MIN_CHUNKS_PER_WARP lane words long; a power of two, so the split is balanced to one word."""
+    n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
+    mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
+    wanted = max(1, sms * WARPS_PER_SM // (n_tiles * m_tiles))
+    if k_split is None:
+        k_split = min(floor_pow2(wanted), floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP)), WARPS * MAX_SPLITS)
+    wk = min(k_split, WARPS)
+    return {"mb": mb, "wk": wk, "wn": WARPS // wk, "splits": k_split // wk, "bulk": bulk}
+
+
+def launches(m: int) -> int:
+    """Kernels per `multiply` call: the tensor-core kernel, or the dequantization and cuBLAS."""
+    return 2 if uses_dequantized(m) else 1
+
+
+# ------------------------------------------------------------------------------ calling it
+SIGNATURES = {
+    "lab_w4a16_mma": [ctypes.c_void_p] * 6 + [ctypes.c_int] * 13 + [ctypes.c_void_p],
+    "lab_int4_dequantize": [ctypes.c_void_p] * 3 + [ctypes.c_int] * 7 + [ctypes.c_void_p],
+}
+_COUNTERS: dict = {}
+
+
+def library():
+    from phases.phase2_cuda import build
+    return build.load(SOURCE, SIGNATURES)
+
+
+def counters(device: torch.device, size: int) -> torch.Tensor:
+    """A zeroed int32 buffer per device for the split-K arrival counts (each use leaves it zero)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < size:
+        have = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
+
+
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def bulk_copies(device: torch.device) -> bool:
+    """Whether this GPU has the bulk-copy engine (compute capability 9.0 or newer)."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def uses_dequantized(m: int) -> bool:
+    """Above MMA_MAX_M rows `multiply` dequantizes once and lets cuBLAS multiply."""
+    return m > MMA_MAX_M
+
+
+def multiply(x: torch.Tensor, mw: MmaInt4Weight) -> torch.Tensor:
+    """y = x @ W^T by the rule: the tensor-core kernel up to MMA_MAX_M rows, else dequantize + cuBLAS."""
+    if uses_dequantized(x.shape[0]):
+        return F.linear(x, dequantize(mw))
+    return matmul(x, mw)
+
+
+def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> torch.Tensor:
+    """y = x @ W^T, x [M, K] bf16 on the GPU (contiguous rows), y [M, N] bf16."""
+    from phases.phase2_cuda import build
+    if x.dim() != 2 or x.shape[1] != mw.in_features:
+        raise LabError(f"int4 matmul: x must be [M, {mw.in_features}], got {tuple(x.shape)}")
+    if x.dtype != torch.bfloat16 or x.device.type != "cuda":
+        raise LabError(f"int4 matmul: x must be bf16 on a CUDA GPU, got {x.dtype} on {x.device.type}")
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    m = x.shape[0]
+    y = torch.empty(m, mw.out_features, dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return y
+    cfg = config or plan(m, mw.out_features, mw.in_features, sm_count(x.device), bulk=bulk_copies(x.device))
+    if cfg["bulk"] and not bulk_copies(x.device):
+        raise LabError("int4 matmul: the bulk-copy stream needs compute capability 9.0 (Hopper) or newer")
+    lib, _ = library()
+    m_tiles = cdiv(m, MMA_MAX_M)
+    grid_x = cdiv(mw.n_tiles, cfg["wn"])
+    if cfg["splits"] > 1:
+        partials = torch.empty(cfg["splits"] * m_tiles * MMA_MAX_M * mw.n_tiles * TILE_N, dtype=torch.float32,
+                               device=x.device)
+        count = counters(x.device, grid_x * m_tiles)
+    else:
+        partials = count = y                     # unused by the kernel
+    code = lib.lab_w4a16_mma(build.ptr(x), build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(y), build.ptr(partials),
+                             build.ptr(count), m, mw.out_features, mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups,
+                             mw.log2_blocks_per_group, cfg["wn"], cfg["wk"], cfg["splits"], cfg["mb"],
+                             int(mw.fp16_scales), int(cfg["bulk"]), build.stream(x.device))
+    build.check(lib, code, "int4 mma launch")
+    return y
+
+
+def dequantize(mw: MmaInt4Weight) -> torch.Tensor:
+    """bf16 [N, K] on the GPU from the re-laid weight (one kernel)."""
+    from phases.phase2_cuda import build
+    w = torch.empty(mw.out_features, mw.in_features, dtype=torch.bfloat16, device=mw.wq.device)
+    lib, _ = library()
+    code = lib.lab_int4_dequantize(build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(w), mw.out_features,
+                                   mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups, mw.log2_blocks_per_group,
+                                   int(mw.fp16_scales), build.stream(mw.wq.device))
+    build.check(lib, code, "int4 dequantize launch")
+    return w

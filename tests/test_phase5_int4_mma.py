@@ -1,0 +1,214 @@
+"""The CUDA int4 kernel (engine/int4_mma): its load-time re-layout, the arithmetic its lanes do
+(emulated on the CPU from PTX's mma fragment layout), its launch rule, its build, its refusals;
+and on a GPU, the kernel itself against fp32 x @ dequantize(W)^T, shown to fail when fed a wrong
+weight."""
+import random
+import shutil
+
+import pytest
+import torch
+
+from common.checks import compare
+from common.errors import LabError
+from phases.phase5_inference.engine import int4_mma as im
+from phases.phase5_inference.engine import quantize as qz
+
+SHAPES = [  # (N, K, group size): N not a tile multiple, K not a chunk multiple, every group kind
+    (40, 96, 32), (33, 200, 64), (24, 264, 128), (24, 136, 136), (17, 512, 512)]
+
+
+def int4_weight(n: int, k: int, group: int, symmetric: bool = False, fp16: bool = False, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    if group >= k:                                      # per-channel: one group per row
+        qw = qz.quantize_int4(w, 128)
+        q = qz.unpack_int4(qw.qweight, k).float()
+        w_min = torch.minimum(w.float().amin(1), torch.zeros(n))
+        w_max = torch.maximum(w.float().amax(1), torch.zeros(n))
+        scale = ((w_max - w_min) / 15).clamp(min=1e-8)
+        zero = torch.round(-w_min / scale).clamp(0, 15)
+        q = (torch.round(w.float() / scale[:, None]) + zero[:, None]).clamp(0, 15)
+        qw = qz.Int4Weight(qz.pack_int4(q.to(torch.uint8)), scale[None].to(torch.bfloat16),
+                           zero[None].to(torch.uint8), k, k)
+    else:
+        qw = qz.quantize_int4(w, group)
+    if symmetric:
+        qw.zeros.fill_(8)
+    if fp16:
+        qw.scales = qw.scales.to(torch.float16)
+    return qw
+
+
+def emulate(x: torch.Tensor, mw: im.MmaInt4Weight, nibble_order=tuple(range(8))) -> torch.Tensor:
+    """y = x @ W^T computed the way the kernel's lanes do, from PTX's m16n8k16 fragment layout: each
+    lane's word gives register i = nibbles (i, i + 4) of rows g + 8 (i % 2), logical columns
+    2t + 8 (i // 2) + {0, 1}; the B fragment comes from the 16-byte activation vector of inputs
+    8t .. 8t + 7 of the 32-input block; the group's scale multiplies each mma's fp32 sum.
+    `nibble_order` reads the nibbles in another order (a wrong kernel, for the checker)."""
+    m, k = x.shape
+    words = mw.wq.to(torch.int64) & 0xFFFFFFFF
+    nibbles = (words[..., None] >> (4 * torch.tensor(nibble_order))) & 15
+    meta = mw.meta.to(torch.int64) & 0xFFFFFFFF
+    y = torch.zeros(m, mw.n_tiles * 16, dtype=torch.float64)
+    xp = torch.zeros(m, mw.k_chunks * 64, dtype=torch.float64)
+    xp[:, :k] = x.double()
+    lanes = torch.arange(32)
+    g, t = lanes // 4, lanes % 4
+    for tile in range(mw.n_tiles):
+        for c in range(mw.k_chunks):
+            for s in range(4):
+                h = s // 2
+                group = min((2 * c + h) >> mw.log2_blocks_per_group, mw.groups - 1)
+                a = torch.zeros(16, 16, dtype=torch.float64)
+                for p in range(8):
+                    reg, half = p % 4, p // 4
+                    rows, cols = g + 8 * (reg % 2), 2 * t + 8 * (reg // 2) + half
+                    zero = (meta[tile, group, g, reg % 2] >> 16) & 0xFF
+                    a[rows, cols] = (nibbles[tile, c, lanes, s, p] - zero).double()
+                b = torch.zeros(16, m, dtype=torch.float64)
+                base = c * 64 + h * 32
+                e = 4 * (s & 1)
+                for lane_t in range(4):
+                    vec = xp[:, base + 8 * lane_t: base + 8 * lane_t + 8]
+                    b[2 * lane_t], b[2 * lane_t + 1] = vec[:, e], vec[:, e + 1]
+                    b[2 * lane_t + 8], b[2 * lane_t + 9] = vec[:, e + 2], vec[:, e + 3]
+                bits = (meta[tile, group] & 0xFFFF).to(torch.int32).to(torch.int16)
+                scale = bits.view(torch.float16 if mw.fp16_scales else torch.bfloat16).double()
+                row_scale = torch.cat([scale[:, 0], scale[:, 1]])
+                y[:, tile * 16:(tile + 1) * 16] += ((a @ b) * row_scale[:, None]).t()
+    return y[:, :mw.out_features]
+
+
+@pytest.mark.parametrize("n,k,group", SHAPES)
+@pytest.mark.parametrize("symmetric,fp16", [(False, False), (True, True)])
+def test_relayout_loses_nothing(n, k, group, symmetric, fp16):
+    qw = int4_weight(n, k, group, symmetric, fp16)
+    mw = im.relayout(qw)
+    assert mw.wq.shape == (im.cdiv(n, 16), im.cdiv(k, 64), 32, 4) and mw.wq.dtype == torch.int32
+    assert torch.equal(im.dequantize_relaid(mw), qw.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("n,k,group", SHAPES[:3] + SHAPES[4:])
+def test_the_lanes_arithmetic_is_x_times_w(n, k, group):
+    qw = int4_weight(n, k, group)
+    mw = im.relayout(qw)
+    x = torch.randn(3, k).to(torch.bfloat16)
+    ref = x.double() @ qw.dequantize(torch.float32).double().t()
+    assert torch.allclose(emulate(x, mw), ref, rtol=1e-9, atol=1e-9)
+
+
+def test_the_check_fails_a_kernel_that_reads_nibbles_out_of_order():
+    qw = int4_weight(40, 128, 32)
+    mw = im.relayout(qw)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    ref = (x.float() @ qw.dequantize(torch.float32).t())
+    good = compare(emulate(x, mw).float(), ref, "bf16", "fp32 x @ W^T")
+    swapped = compare(emulate(x, mw, (1, 0, 2, 3, 4, 5, 6, 7)).float(), ref, "bf16", "fp32 x @ W^T")
+    assert good["passed"] and not swapped["passed"], (good, swapped)
+
+
+def test_the_launch_rule_is_a_rule_of_the_shape():
+    rng = random.Random(0)
+    for _ in range(300):
+        m, n, k, sms = rng.randint(1, 300), rng.randint(1, 40000), 8 * rng.randint(1, 4000), rng.choice([78, 114, 132])
+        cfg = im.plan(m, n, k, sms)
+        assert cfg["wn"] * cfg["wk"] == im.WARPS and cfg["splits"] >= 1
+        k_split = cfg["wk"] * cfg["splits"]
+        assert k_split & (k_split - 1) == 0, cfg
+        assert k_split == 1 or im.cdiv(k, 64) // k_split >= im.MIN_CHUNKS_PER_WARP, (m, n, k, cfg)
+        assert cfg["mb"] in (1, 2, 4, 8) and 8 * cfg["mb"] >= min(m, im.MMA_MAX_M)
+    # a small N gets split along K across blocks; a large one keeps whole tiles in a block
+    assert im.plan(1, 1024, 14336, 132)["splits"] > 1
+    assert im.plan(1, 28672, 4096, 132)["splits"] == 1
+    assert im.uses_dequantized(65) and not im.uses_dequantized(64)
+
+
+@pytest.mark.parametrize("k,group,why", [(100, 32, "multiple of 8"), (256, 16, "powers of two"),
+                                         (288, 48, "powers of two")])
+def test_shapes_it_cannot_take_are_refused(k, group, why):
+    qw = qz.Int4Weight(torch.zeros(4, im.cdiv(k, 8), dtype=torch.int32), torch.ones(im.cdiv(k, group), 4),
+                       torch.zeros(im.cdiv(k, group), 4, dtype=torch.uint8), k, group)
+    assert why in im.format_unsupported(qw)
+    with pytest.raises(LabError, match=why):
+        im.relayout(qw)
+
+
+def test_quantized_linear_cuda_path_says_why_on_a_cpu():
+    m = qz.QuantizedLinear(int4_weight(40, 128, 32), path="cuda")
+    with pytest.raises(LabError, match="path 'cuda': the CUDA int4 kernel runs on a CUDA GPU"):
+        m(torch.randn(2, 128).to(torch.bfloat16))
+    m8 = qz.QuantizedLinear(qz.quantize_int8(torch.randn(8, 64)), path="cuda")
+    with pytest.raises(LabError, match="int4 weights only"):
+        m8(torch.randn(2, 64))
+
+
+def test_engine_picks_its_int4_path_by_what_runs_here():
+    from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine, resolve_quant_path
+    cpu = torch.device("cpu")
+    auto = EngineConfig(model="tiny", device="cpu", dtype="float32", quantization="int4")
+    assert resolve_quant_path(auto, cpu) in ("naive", "fused")
+    assert resolve_quant_path(EngineConfig(model="tiny", quantization="int4", quant_path="library"), cpu) == "library"
+    with pytest.raises(LabError, match="runs on a CUDA GPU"):
+        LLMEngine(EngineConfig(model="tiny", device="cpu", dtype="bfloat16", quantization="int4", quant_path="cuda"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_kernel_builds_for_hopper_without_spills(tmp_path):
+    from phases.phase2_cuda import build
+    b = build.build(im.SOURCE, "sm_90", cache_dir=tmp_path)
+    kernels = {name: res for name, res in b.resources.items() if "w4a16_mma" in name or "dequantize" in name}
+    assert len(kernels) == 17, sorted(kernels)          # 4 batch widths x 2 group kinds x 2 streams + dequantize
+    for name, res in kernels.items():
+        assert res["spill_stores_bytes"] == 0 and res["spill_loads_bytes"] == 0, (name, res)
+
+
+# ------------------------------------------------------------------------------ on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,group", [(4096, 4096, 128), (1000, 4096, 64), (6144, 4096, 32), (4096, 14336, 128),
+                                       (1536, 1000, 128), (2048, 4096, 4096), (40, 96, 32)])
+def test_kernel_matches_fp32_at_irregular_batches(n, k, group):
+    dev = torch.device("cuda")
+    qw = int4_weight(n, k, group, symmetric=group == 64, fp16=group == 32)
+    qw = qw.to(dev)
+    mw = im.relayout(qw)
+    dense = qw.dequantize(torch.float32)
+    for m in (1, 3, 17, 33, 64, 100):
+        x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+        ref = x.float() @ dense.t()
+        for bulk in (False, True) if im.bulk_copies(dev) else (False,):
+            cfg = im.plan(m, n, k, im.sm_count(dev), bulk=bulk)
+            verdict = compare(im.matmul(x, mw, cfg), ref, "bf16", "fp32 x @ dequantize(W)^T")
+            assert verdict["passed"], (m, bulk, verdict)
+        assert compare(im.multiply(x, mw), ref, "bf16", "fp32 x @ dequantize(W)^T")["passed"], m
+
+
+@pytest.mark.gpu
+def test_the_gpu_check_fails_a_wrong_weight():
+    dev = torch.device("cuda")
+    qw = int4_weight(4096, 4096, 128).to(dev)
+    x = torch.randn(5, 4096, device=dev).to(torch.bfloat16)
+    ref = x.float() @ qw.dequantize(torch.float32).t()
+    mw = im.relayout(qw)
+    assert compare(im.matmul(x, mw), ref, "bf16", "ref")["passed"]
+    flipped = im.MmaInt4Weight(mw.wq ^ 0x0F0F0F0F, mw.meta, mw.out_features, mw.in_features, mw.group_size, False)
+    assert not compare(im.matmul(x, flipped), ref, "bf16", "ref")["passed"]        # every other nibble wrong
+    shifted = im.MmaInt4Weight(mw.wq, mw.meta.roll(1, 1), mw.out_features, mw.in_features, mw.group_size, False)
+    assert not compare(im.matmul(x, shifted), ref, "bf16", "ref")["passed"]        # scales of the wrong group
+
+
+@pytest.mark.gpu
+def test_quantized_linear_cuda_path_and_graph_capture():
+    dev = torch.device("cuda")
+    lin = torch.nn.Linear(4096, 1024, bias=True, device=dev, dtype=torch.bfloat16)
+    m = qz.QuantizedLinear.from_linear(lin, 4, group_size=128, path="cuda")
+    x = torch.randn(3, 4096, device=dev, dtype=torch.bfloat16)
+    ref = x.float() @ m.weight_format.dequantize().t() + lin.bias.float()
+    y = m(x)
+    assert compare(y, ref, "bf16", "ref")["passed"]
+    graph, out = torch.cuda.CUDAGraph(), None
+    with torch.cuda.graph(graph):
+        out = m(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, x.float() @ m.weight_format.dequantize().t() + lin.bias.float(), "bf16", "ref")["passed"]
