@@ -160,6 +160,8 @@ REFUSED_CONFIGS = {
     "model_type": (dict(model_type="qwen2"), "qwen2"),
     "layers-zero": (dict(num_hidden_layers=0), "num_hidden_layers"),
     "heads-split": (dict(num_key_value_heads=3), "num_key_value_heads"),
+    "theta-not-a-number": (dict(rope_parameters={"rope_type": "default", "rope_theta": "big"}), "rope_theta"),
+    "eps-negative": (dict(rms_norm_eps=-1.0), "rms_norm_eps"),
     "quant-method": (dict(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
                      "bitsandbytes"),
 }
@@ -242,6 +244,22 @@ def test_derived_and_tied_head_tensors_are_accepted(plain_folder, tmp_path):
     rewrite_tensors(folder, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}))
     weights = load_checkpoint(folder, torch.float32)
     assert not any("inv_freq" in name for name in weights)
+
+
+def test_tied_checkpoint_with_a_saved_head(saved, tmp_path, capsys):
+    """A tied checkpoint that also saves lm_head.weight: equal to the embedding, it loads (and the
+    tokens equal transformers'); different, transformers 5 unties them where older releases tie
+    them, so the engine refuses the folder by name rather than pick one."""
+    import shutil
+    folder = tmp_path / "tied"
+    shutil.copytree(saved["linear-tied"][0], folder)
+    rewrite_tensors(folder, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    ours = engine_for(folder).generate(PROMPTS, SamplingParams(max_tokens=STEPS, ignore_eos=True))
+    assert ours == [hf_greedy(hf, p) for p in PROMPTS]
+    rewrite_tensors(folder, lambda t: t.update({"lm_head.weight": torch.randn(VOCAB, 64)}))
+    capsys.readouterr()                                    # transformers' own loading bar
+    serve_refuses(folder, capsys, "tie_word_embeddings", "lm_head.weight")
 
 
 def test_cli_exit_code_is_2_end_to_end(plain_folder, tmp_path):

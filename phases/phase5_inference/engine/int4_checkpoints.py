@@ -215,7 +215,7 @@ def load_int4_checkpoint(folder: Path, shape: LlamaShape, qc: dict, dtype: torch
                          device: str | torch.device = "cpu") -> dict:
     """An AWQ or GPTQ folder as the engine's weights dict: every projection's `<name>.weight` an
     Int4Weight (on `device`), every other tensor in `dtype`, all names and shapes checked."""
-    from .weights import check_tensor_names, read_safetensors, tensor_shapes
+    from .weights import check_tensor_names, drop_tied_head, read_safetensors, tensor_shapes
 
     folder = Path(folder)
     fmt = parse_quantization_config(qc, folder.name)
@@ -224,9 +224,9 @@ def load_int4_checkpoint(folder: Path, shape: LlamaShape, qc: dict, dtype: torch
     quantized = {f"model.layers.{i}.{p}.weight" for i in range(shape.num_hidden_layers) for p in PROJECTIONS}
     wanted = {n: size for n, size in expected.items() if n not in quantized}
     wanted.update({w[: -len("weight")] + part: None for w in quantized for part in parts})
-    tied_head = ("lm_head.weight",) if shape.tie_word_embeddings else ()
     tensors = dict(read_safetensors(folder, "cpu"))
-    check_tensor_names(folder, tensors, wanted, ignorable=tied_head)
+    drop_tied_head(folder, tensors, shape)
+    check_tensor_names(folder, tensors, wanted)
     out = {}
     for name, size in expected.items():
         if name not in quantized:

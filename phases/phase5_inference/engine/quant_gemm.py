@@ -476,11 +476,12 @@ def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None
     k = x.shape[1]
     n = qweight.shape[0]
     _check_inputs(x, qweight, k, "w4a16_matmul")
+    kernel_group = kernel_group_size(group_size, k)
     if qweight.shape[1] != -(-k // NIBBLES_PER_WORD) or scales.shape != (-(-k // group_size), n) \
             or zeros.shape != scales.shape:
         raise LabError(f"w4a16_matmul: packed weight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
                        f"{tuple(zeros.shape)} do not describe K={k}, N={n}, group_size={group_size}")
-    group_size = kernel_group_size(group_size, k)
+    group_size = kernel_group
     cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device))
     _check_config(cfg, 4, group_size)
     bits, constexprs = magic_for(x.dtype)

@@ -156,10 +156,16 @@ def _positive_int(config: dict, key: str, name: str) -> int:
     return value
 
 
+def _positive_number(value, key: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise LabError(f"{name}: config.json {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _rope_form(theta, scaling: dict, where: str, name: str) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) of one form's values, its type and parameters checked."""
     scaling = dict(scaling)
-    theta = float(LLAMA_DEFAULTS["rope_theta"] if theta is None else theta)
+    theta = _positive_number(LLAMA_DEFAULTS["rope_theta"] if theta is None else theta, "rope_theta", name)
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     if rope_type not in ROPE_PARAMETERS:
@@ -171,6 +177,8 @@ def _rope_form(theta, scaling: dict, where: str, name: str) -> tuple[float, dict
     missing = sorted(ROPE_PARAMETERS[rope_type] - set(scaling))
     if missing:
         raise LabError(f"{name}: config.json {where} of rope_type {rope_type!r} lacks {missing[0]}")
+    for key, value in scaling.items():
+        _positive_number(value, f"{where}.{key}", name)
     return theta, (None if rope_type == "default" else {"rope_type": rope_type, **scaling})
 
 
@@ -232,8 +240,11 @@ def from_hf_config(config: dict, name: str) -> LlamaShape:
         raise LabError(f"{name}: head_dim {head_dim} is odd; RoPE rotates pairs")
     theta, scaling = rope_of(config, name)
     eos = config.get("eos_token_id")
-    max_positions = config.get("max_position_embeddings") or LLAMA_DEFAULTS["max_position_embeddings"]
+    max_positions = (_positive_int(config, "max_position_embeddings", name)
+                     if config.get("max_position_embeddings") is not None else LLAMA_DEFAULTS["max_position_embeddings"])
     eps = config.get("rms_norm_eps")
+    if eps is not None:
+        _positive_number(eps, "rms_norm_eps", name)
     return LlamaShape(
         name=name, **sizes, num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
         rope_theta=theta, rms_norm_eps=float(LLAMA_DEFAULTS["rms_norm_eps"] if eps is None else eps),

@@ -85,10 +85,10 @@ def read_safetensors(folder: Path, device: str | torch.device = "cpu"):
             raise LabError(f"{path}: not a readable safetensors file ({detail})") from None
 
 
-def check_tensor_names(folder: Path, names, expected, ignorable=()) -> None:
+def check_tensor_names(folder: Path, names, expected) -> None:
     """Every expected tensor present, nothing the engine would ignore (a bias, an unknown tensor)."""
     names = set(names)
-    extra = sorted(n for n in names - set(expected) - set(ignorable) if not n.endswith(DERIVED_SUFFIXES))
+    extra = sorted(n for n in names - set(expected) if not n.endswith(DERIVED_SUFFIXES))
     if extra:
         raise LabError(f"{folder}: checkpoint holds {len(extra)} tensor(s) the engine does not use, e.g. {extra[0]}: "
                        "refused (it would be ignored)")
@@ -97,12 +97,26 @@ def check_tensor_names(folder: Path, names, expected, ignorable=()) -> None:
         raise LabError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
 
 
+def drop_tied_head(folder: Path, tensors: dict, shape: LlamaShape) -> None:
+    """A tied checkpoint (tie_word_embeddings) may also save lm_head.weight: dropped when it equals
+    the embedding; a different one is refused (transformers 5 then unties them, older releases
+    tie them: the config and the tensors disagree, and the engine does not pick one silently)."""
+    head = tensors.get("lm_head.weight")
+    if not shape.tie_word_embeddings or head is None:
+        return
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is not None and not torch.equal(head, embed):
+        raise LabError(f"{folder}: config.json says tie_word_embeddings but lm_head.weight differs from "
+                       "model.embed_tokens.weight: refused (fix the config or the checkpoint)")
+    del tensors["lm_head.weight"]
+
+
 def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """A Hugging Face Llama checkpoint's tensors, checked against its config's names and shapes.
     An int4 checkpoint (config.json's quantization_config) comes back with each projection's
     weight as a quantize.Int4Weight (int4_checkpoints.py). With tied embeddings a saved
-    lm_head.weight is dropped, as transformers does (the embedding is the head)."""
+    lm_head.weight equal to the embedding is dropped (drop_tied_head)."""
     from .shapes import read_config
 
     folder = Path(folder)
@@ -112,9 +126,9 @@ def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
         from .int4_checkpoints import load_int4_checkpoint
         return load_int4_checkpoint(folder, shape, config["quantization_config"], dtype, device)
     expected = tensor_shapes(shape)
-    tied_head = ("lm_head.weight",) if shape.tie_word_embeddings else ()
     out = {name: t for name, t in read_safetensors(folder, device)}
-    check_tensor_names(folder, out, expected, ignorable=tied_head)
+    drop_tied_head(folder, out, shape)
+    check_tensor_names(folder, out, expected)
     for name, size in expected.items():
         if tuple(out[name].shape) != size:
             raise LabError(f"{folder}: {name} has shape {tuple(out[name].shape)}, config says {size}")
