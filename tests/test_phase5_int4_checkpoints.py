@@ -186,7 +186,16 @@ def test_quantization_config_refused_by_name(base, changes, needle):
         ic.parse_quantization_config({**base, **changes}, "m")
 
 
+HUB_GPTQ_CONFIG = {      # as optimum / transformers write it for a Llama 3.1 GPTQ-INT4 folder
+    "batch_size": 1, "bits": 4, "block_name_to_quantize": None, "cache_block_outputs": True, "damp_percent": 0.1,
+    "dataset": None, "desc_act": False, "exllama_config": {"version": 1}, "group_size": 128, "max_input_length": None,
+    "model_seqlen": None, "module_name_preceding_first_block": None, "modules_in_block_to_quantize": None,
+    "pad_token_id": None, "quant_method": "gptq", "sym": True, "tokenizer": None, "true_sequential": True,
+    "use_cuda_fp16": False, "use_exllama": True}
+
+
 def test_quantization_config_read():
+    assert ic.parse_quantization_config(HUB_GPTQ_CONFIG, "m").zeros_minus_one
     fmt = ic.parse_quantization_config(AWQ_CONFIG, "m")
     assert (fmt.method, fmt.group_size, fmt.zeros_minus_one) == ("awq", 64, False)
     fmt = ic.parse_quantization_config({**GPTQ_CONFIG, "group_size": -1, "checkpoint_format": "gptq_v2"}, "m")
@@ -323,3 +332,20 @@ def test_w4a16_per_channel_matches_dequantize_then_matmul(m, n, k):
 def test_engine_fused_path_gives_the_dequantized_models_tokens(tmp_path, method, group, symmetric):
     hf = write_int4_folder(tmp_path, method, group, symmetric)
     assert engine_tokens(tmp_path, "fused") == [hf_greedy(hf, p) for p in PROMPTS]
+
+
+# ------------------------------------------------------------------------------ on a GPU (pytest -m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method, group, symmetric", [("awq", 128, False), ("gptq", -1, True)])
+def test_gpu_fused_and_naive_serve_the_folder(tmp_path, method, group, symmetric):
+    """The Triton kernels compiled on a GPU (fp32 activations: ieee dots) give the dequantized
+    model's tokens, as the naive path does."""
+    from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
+    from phases.phase5_inference.engine.sequence import SamplingParams
+    hf = write_int4_folder(tmp_path, method, group, symmetric)
+    expected = [hf_greedy(hf, p) for p in PROMPTS]
+    for path in ("fused", "naive"):
+        eng = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32", device="cuda", max_model_len=64,
+                                     quant_path=path))
+        assert eng.generate(PROMPTS, SamplingParams(max_tokens=STEPS, ignore_eos=True)) == expected, path

@@ -44,12 +44,12 @@ PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 
 # quantization_config keys that do not change the stored numbers' meaning: how they were made
 # (calibration), and kernel or fusion choices of other loaders.
-AWQ_HARMLESS = frozenset({"do_fuse", "fuse_max_seq_len", "modules_to_fuse", "backend"})
+AWQ_HARMLESS = frozenset({"do_fuse", "fuse_max_seq_len", "modules_to_fuse", "backend", "exllama_config"})
 GPTQ_HARMLESS = frozenset({
     "damp_percent", "damp_auto_increment", "true_sequential", "static_groups", "model_name_or_path",
     "model_file_base_name", "dataset", "tokenizer", "use_cuda_fp16", "meta", "use_exllama", "exllama_config",
     "max_input_length", "cache_block_outputs", "batch_size", "module_name_preceding_first_block",
-    "block_name_to_quantize", "backend", "quantizer"})
+    "block_name_to_quantize", "backend", "quantizer", "disable_exllama", "model_seqlen", "pad_token_id"})
 
 
 @dataclass(frozen=True)
