@@ -271,3 +271,14 @@ def test_cli_exit_code_is_2_end_to_end(plain_folder, tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "num_hidden_layers" in lines[0], proc.stderr
+
+
+def test_named_shapes_round_trip_through_their_hf_config():
+    """hf_config (what vllm_serve and the trained models write) reads back to the same shape."""
+    from dataclasses import replace
+
+    from phases.phase5_inference.engine.shapes import SHAPES, from_hf_config, hf_config
+    for name, shape in SHAPES.items():
+        back = from_hf_config(hf_config(shape), name)
+        assert back == shape and back.rope_scaling == shape.rope_scaling, name
+        assert replace(back, name=name).to_dict() == shape.to_dict()
