@@ -126,13 +126,13 @@ def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
         from .int4_checkpoints import load_int4_checkpoint
         return load_int4_checkpoint(folder, shape, config["quantization_config"], dtype, device)
     expected = tensor_shapes(shape)
-    out = {name: t for name, t in read_safetensors(folder, device)}
+    out = {name: t.to(dtype) for name, t in read_safetensors(folder, device)}     # one tensor at a time
     drop_tied_head(folder, out, shape)
     check_tensor_names(folder, out, expected)
     for name, size in expected.items():
         if tuple(out[name].shape) != size:
             raise LabError(f"{folder}: {name} has shape {tuple(out[name].shape)}, config says {size}")
-    return {name: out[name].to(dtype) for name in expected}
+    return {name: out[name] for name in expected}                 # derived buffers (inv_freq) left out
 
 
 def resolve(model: str) -> tuple[LlamaShape, Path | None]:
