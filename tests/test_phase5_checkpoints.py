@@ -237,9 +237,8 @@ def test_missing_extra_and_misshapen_tensors(plain_folder, tmp_path, capsys):
     serve_refuses(folder, capsys, "model.norm.weight", "(65,)")
 
 
-def test_derived_and_tied_head_tensors_are_accepted(plain_folder, tmp_path):
-    """An older checkpoint's saved rotary inv_freq buffer is derived from config.json (dropped); a
-    tied checkpoint that also saves lm_head.weight loads with the embedding as its head."""
+def test_a_saved_rotary_buffer_is_accepted(plain_folder, tmp_path):
+    """An older checkpoint's saved rotary inv_freq buffer is derived from config.json: dropped."""
     folder = copy_of(plain_folder, tmp_path)
     rewrite_tensors(folder, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}))
     weights = load_checkpoint(folder, torch.float32)
