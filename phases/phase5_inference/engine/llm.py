@@ -112,6 +112,9 @@ class StepOutput:
 
 
 def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
+    from .int4_checkpoints import checkpoint_quantization
+    if (prequantized := checkpoint_quantization(config)) is not None:     # an AWQ / GPTQ folder's own int4
+        return prequantized
     if config.quantization == "none":
         return None
     return QuantizationConfig(bits=int(config.quantization[3:]), path=config.quant_path,

@@ -80,10 +80,13 @@ QUANTIZED_PROJECTIONS = ("qkv", "o", "gate_up", "down")     # the embedding and 
 @dataclass(frozen=True)
 class QuantizationConfig:
     """Weight-only quantization of every layer's four projections (quantize.py): bits 8 (per
-    output row) or 4 (group-wise with zero points), multiplied by `path` (naive, fused, library)."""
+    output row) or 4 (group-wise with zero points), multiplied by `path` (naive, fused, library).
+    `prequantized`: the int4_checkpoints.Int4CheckpointFormat of a checkpoint quantized elsewhere
+    (AWQ, GPTQ): its projections arrive as Int4Weight and are used as they are, not re-quantized."""
     bits: int
     path: str = "fused"
     group_size: int = 128
+    prequantized: object = None
 
     def quantize(self, weight: torch.Tensor, dtype: torch.dtype):
         """The projection as a QuantizedLinear, its scales in the model's dtype; the library path's
@@ -94,9 +97,43 @@ class QuantizationConfig:
             module(torch.zeros(1, weight.shape[1], dtype=dtype, device=weight.device))
         return module
 
+    def wrap(self, weight, dtype: torch.dtype, device: torch.device):
+        """A checkpoint's own Int4Weight as a QuantizedLinear on `path`, refused here (one line) if
+        the path cannot take it on this device, not at the first request."""
+        from phases.phase3_triton._support import interpreting
+
+        from .quant_gemm import kernel_group_size
+        from .quantize import QuantizedLinear, library_unavailable
+        if self.path == "fused":
+            if device.type != "cuda" and not interpreting():
+                raise LabError("quant_path 'fused' runs Triton kernels: it needs a CUDA GPU (or TRITON_INTERPRET=1); "
+                               "on a CPU use quant_path naive or library")
+            kernel_group_size(weight.group_size, weight.in_features)
+        module = QuantizedLinear(weight, path=self.path)
+        if self.path == "library":
+            why = library_unavailable(weight, torch.zeros(1, 1, dtype=dtype, device=device))
+            if why:
+                raise LabError(f"quant_path 'library' cannot serve this checkpoint: {why}")
+            module(torch.zeros(1, weight.in_features, dtype=dtype, device=device))
+        return module
+
     def label(self) -> str:
+        if self.prequantized is not None:
+            return f"{self.prequantized.label()} {self.path}"
         group = f" g{self.group_size}" if self.bits == 4 else ""
         return f"int{self.bits}{group} {self.path}"
+
+
+def concat_int4(parts: list) -> "Int4Weight":
+    """Int4Weights of one input size and group size stacked along N (q/k/v into qkv, gate/up into
+    gate_up): packed words, scales and zero points concatenate along their output axis."""
+    from .quantize import Int4Weight
+    first = parts[0]
+    if any((p.in_features, p.group_size) != (first.in_features, first.group_size) for p in parts):
+        raise LabError("int4 projections fused into one must share K and the group size, got "
+                       f"{[(p.in_features, p.group_size) for p in parts]}")
+    return Int4Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts], dim=1),
+                      torch.cat([p.zeros for p in parts], dim=1), first.in_features, first.group_size)
 
 
 class LlamaModel:
@@ -124,16 +161,35 @@ class LlamaModel:
     def load(self, weights: dict[str, torch.Tensor], consume: bool = False) -> None:
         """Take Hugging Face-named weights (checked against the shape), fusing q/k/v and gate/up.
         consume=True pops each tensor once used, so the unfused copy is freed layer by layer."""
+        from .quantize import Int4Weight
         expected = tensor_shapes(self.shape) if self.tp is None else self.tp.shard_shapes(self.full_shape)
         for name, size in expected.items():
             if name not in weights:
                 raise LabError(f"{self.shape.name}: weights lack {name}")
-            if tuple(weights[name].shape) != size:
-                raise LabError(f"{self.shape.name}: {name} has shape {tuple(weights[name].shape)}, expected {size}")
+            w = weights[name]
+            got = (w.out_features, w.in_features) if isinstance(w, Int4Weight) else tuple(w.shape)
+            if got != size:
+                raise LabError(f"{self.shape.name}: {name} has shape {got}, expected {size}")
+        prequantized = isinstance(weights["model.layers.0.self_attn.q_proj.weight"], Int4Weight)
+        if prequantized and (self.quantization is None or self.quantization.prequantized is None):
+            raise LabError(f"{self.shape.name}: int4 weights from a checkpoint need its QuantizationConfig "
+                           "(int4_checkpoints.checkpoint_quantization)")
+        if not prequantized and self.quantization is not None and self.quantization.prequantized is not None:
+            raise LabError(f"{self.shape.name}: the QuantizationConfig is a checkpoint's int4 format, but the weights "
+                           "are 16-bit")
         take = weights.pop if consume else weights.__getitem__
 
         def tensor(name):
+            if prequantized and isinstance(weights[name], Int4Weight):
+                return take(name).to(self.device)
             return take(name).to(device=self.device, dtype=self.dtype)
+
+        def fused(names):
+            parts = [tensor(n) for n in names]
+            if prequantized:
+                return self.quantization.wrap(concat_int4(parts) if len(parts) > 1 else parts[0], self.dtype,
+                                              self.device)
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
 
         self.embed = tensor("model.embed_tokens.weight")
         self.layers = []
@@ -141,12 +197,12 @@ class LlamaModel:
             p = f"model.layers.{index}."
             layer = LayerWeights()
             layer.input_norm = tensor(p + "input_layernorm.weight")
-            layer.qkv = torch.cat([tensor(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-            layer.o = tensor(p + "self_attn.o_proj.weight")
+            layer.qkv = fused([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            layer.o = fused([p + "self_attn.o_proj.weight"])
             layer.post_norm = tensor(p + "post_attention_layernorm.weight")
-            layer.gate_up = torch.cat([tensor(p + "mlp.gate_proj.weight"), tensor(p + "mlp.up_proj.weight")])
-            layer.down = tensor(p + "mlp.down_proj.weight")
-            if self.quantization is not None:
+            layer.gate_up = fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            layer.down = fused([p + "mlp.down_proj.weight"])
+            if self.quantization is not None and not prequantized:
                 for name in QUANTIZED_PROJECTIONS:
                     setattr(layer, name, self.quantization.quantize(getattr(layer, name), self.dtype))
             self.layers.append(layer)

@@ -458,18 +458,30 @@ def _check_inputs(x, qweight, k: int, name: str) -> None:
         raise LabError(f"{name}: x has no rows")
 
 
+def kernel_group_size(group_size: int, k: int) -> int:
+    """The GROUP the int4 kernel is compiled for: the weight's group size (one of GROUP_SIZES), or,
+    per-channel (group_size == K, one group), the smallest power of two >= K, max(16, ...): every
+    k < K then falls in group 0, and every power-of-two K tile divides it, so the tile rules hold."""
+    if group_size in GROUP_SIZES:
+        return group_size
+    if group_size == k:
+        return max(GROUP_SIZES[0], 1 << (k - 1).bit_length())
+    raise LabError(f"w4a16_matmul: group_size must be one of {GROUP_SIZES} or per-channel (== K = {k}), "
+                   f"got {group_size}")
+
+
 def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None = None):
     """x [M, K] (bf16, fp16 or fp32) @ the int4 weight^T -> [M, N] in x's dtype (quantize.py's layout;
     K = x.shape[1]). config: BLOCK_M/N/K, SPLIT_K, num_warps, num_stages; None: default_config."""
     k = x.shape[1]
     n = qweight.shape[0]
-    if group_size not in GROUP_SIZES:
-        raise LabError(f"w4a16_matmul: group_size must be one of {GROUP_SIZES}, got {group_size}")
     _check_inputs(x, qweight, k, "w4a16_matmul")
+    kernel_group = kernel_group_size(group_size, k)
     if qweight.shape[1] != -(-k // NIBBLES_PER_WORD) or scales.shape != (-(-k // group_size), n) \
             or zeros.shape != scales.shape:
         raise LabError(f"w4a16_matmul: packed weight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
                        f"{tuple(zeros.shape)} do not describe K={k}, N={n}, group_size={group_size}")
+    group_size = kernel_group
     cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device))
     _check_config(cfg, 4, group_size)
     bits, constexprs = magic_for(x.dtype)

@@ -17,10 +17,15 @@ of one output row:
              interleave). Nibbles past K (K % 8 != 0) are 0 and never used.
     scales   [G, N], G = ceil(K / group_size): group g covers k in [g·group_size, (g+1)·group_size);
              the last group may be partial (K need not be a multiple of group_size).
+             Per-channel is group_size == K (one group, G = 1), what GPTQ's group_size -1 means.
     zeros    uint8 [G, N], integer zero points in [0, 15]
     W[n, k] ≈ (q[n, k] − zeros[k // group_size, n]) · scales[k // group_size, n]
     [G, N] rather than [N, G]: a program holding a tile of output rows reads one contiguous run
     of scales per group.
+
+Symmetric int4 (GPTQ's sym=True) is the same layout with every zero point 8 (quantize_int4's
+symmetric=True): W ≈ (q − 8) · scale. Checkpoints quantized elsewhere (AutoAWQ, GPTQ) are converted
+into this layout at load by int4_checkpoints.py.
 
 Error bounds (tested): each dequantized weight is within scale/2 of the original (its row's scale
 for int8, its group's for int4). Stored scales are rounded UP to the scale dtype and the int4
@@ -172,41 +177,57 @@ def quantize_int8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) 
     return Int8Weight(q, scales)
 
 
-def check_group_size(group_size: int) -> None:
-    if group_size not in GROUP_SIZES:
-        raise LabError(f"int4 group_size must be one of {GROUP_SIZES} (a kernel's K tile must divide a group), "
-                       f"got {group_size}")
+def check_group_size(group_size: int, in_features: int | None = None) -> None:
+    """group_size is one of GROUP_SIZES, or per-channel (== in_features: one group over all of K)."""
+    if group_size in GROUP_SIZES or (in_features is not None and group_size == in_features):
+        return
+    raise LabError(f"int4 group_size must be one of {GROUP_SIZES} (a kernel's K tile must divide a group) or "
+                   f"per-channel (the input size{'' if in_features is None else f' {in_features}'}), got {group_size}")
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None) -> Int4Weight:
-    """Asymmetric round-to-nearest per (output row, group of `group_size` inputs): the range
-    [min(W_g, 0), max(W_g, 0)] mapped onto 0..15, scale = range / 15 (rounded up to scale_dtype),
-    zero = round(−min / scale), q = clamp(round(W / scale) + zero, 0, 15). K need not be a multiple
-    of group_size (the last group is partial)."""
+SYMMETRIC_ZERO = 8                  # GPTQ's symmetric zero point: q − 8 in [−8, 7]
+SYMMETRIC_LEVELS = 7                # max|W_g| maps to ±7: both signs fit without clamping
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None,
+                  symmetric: bool = False) -> Int4Weight:
+    """Round-to-nearest per (output row, group of `group_size` inputs; group_size == K is
+    per-channel). Asymmetric (default, AWQ-style): the range [min(W_g, 0), max(W_g, 0)] mapped onto
+    0..15, scale = range / 15 (rounded up to scale_dtype), zero = round(−min / scale),
+    q = clamp(round(W / scale) + zero, 0, 15). Symmetric (GPTQ's sym=True): zero = 8 for every group,
+    scale = max|W_g| / 7 (not GPTQ's 2·max/15, which clamps +max by half a step), q = round(W / scale)
+    + 8 in [1, 15]. K need not be a multiple of group_size (the last group is partial)."""
     if weight.dim() != 2:
         raise LabError(f"quantize_int4 takes a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
-    check_group_size(group_size)
-    scale_dtype = default_scale_dtype(weight, scale_dtype)
     n_rows, k_in = weight.shape
+    check_group_size(group_size, k_in)
+    scale_dtype = default_scale_dtype(weight, scale_dtype)
     groups = -(-k_in // group_size)
     pad = groups * group_size - k_in
     w = weight.float()
     w_min = F.pad(w, (0, pad), value=float("inf")).view(n_rows, groups, group_size).amin(-1).clamp(max=0.0)
     w_max = F.pad(w, (0, pad), value=float("-inf")).view(n_rows, groups, group_size).amax(-1).clamp(min=0.0)
-    scales = round_up_to(((w_max - w_min) / INT4_MAX).clamp(min=1e-8), scale_dtype)      # [N, G]
-    s = scales.float()
-    zeros = torch.round(-w_min / s).clamp(0, INT4_MAX)
+    if symmetric:
+        amax = torch.maximum(-w_min, w_max)
+        scales = round_up_to((amax / SYMMETRIC_LEVELS).clamp(min=1e-8), scale_dtype)      # [N, G]
+        s = scales.float()
+        zeros = torch.full_like(s, SYMMETRIC_ZERO)
+    else:
+        scales = round_up_to(((w_max - w_min) / INT4_MAX).clamp(min=1e-8), scale_dtype)      # [N, G]
+        s = scales.float()
+        zeros = torch.round(-w_min / s).clamp(0, INT4_MAX)
     group_of_k = torch.arange(k_in, device=w.device) // group_size
     q = (torch.round(w / s[:, group_of_k]) + zeros[:, group_of_k]).clamp(0, INT4_MAX)
     return Int4Weight(pack_int4(q.to(torch.uint8)), scales.t().contiguous(), zeros.to(torch.uint8).t().contiguous(),
                       k_in, group_size)
 
 
-def quantize(weight: torch.Tensor, bits: int, group_size: int = 128, scale_dtype=None) -> Int8Weight | Int4Weight:
+def quantize(weight: torch.Tensor, bits: int, group_size: int = 128, scale_dtype=None,
+             symmetric: bool = False) -> Int8Weight | Int4Weight:
     if bits == 8:
         return quantize_int8(weight, scale_dtype)
     if bits == 4:
-        return quantize_int4(weight, group_size, scale_dtype)
+        return quantize_int4(weight, group_size, scale_dtype, symmetric)
     raise LabError(f"weight-only quantization supports bits=4 or bits=8, got {bits}")
 
 

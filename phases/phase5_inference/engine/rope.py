@@ -1,5 +1,6 @@
 """RoPE's inverse frequencies for a Llama shape, computed exactly as transformers computes them:
-plain RoPE, or Llama 3.1's "llama3" frequency scaling (wavelengths longer than the original context
+plain RoPE, "linear" scaling (every frequency divided by `factor`: position interpolation), or
+Llama 3.1's "llama3" frequency scaling (wavelengths longer than the original context
 divided by `factor`, short ones kept, a smooth blend between the two cut-offs). The engine and the
 plain-PyTorch baseline both build their cos/sin tables from it; the tests hold it to transformers'
 LlamaRotaryEmbedding."""
@@ -20,8 +21,10 @@ def inverse_frequencies(shape: LlamaShape) -> torch.Tensor:
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return inv_freq
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
     if rope_type != "llama3":
-        raise LabError(f"{shape.name}: rope_scaling type {rope_type!r} is not supported (default or llama3)")
+        raise LabError(f"{shape.name}: rope_scaling type {rope_type!r} is not supported (default, linear or llama3)")
     factor = scaling["factor"]
     low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
     original_context = scaling["original_max_position_embeddings"]

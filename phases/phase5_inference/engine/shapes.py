@@ -118,32 +118,157 @@ def named(name: str) -> LlamaShape:
     return SHAPES[name]
 
 
+# ------------------------------------------------------------------------------ config.json
+# Every key a Llama-family config.json can carry, sorted by what the engine does with it. A key in
+# none of these sets is refused by name: the engine does not guess what an unknown key changes.
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+USED_KEYS = frozenset(REQUIRED_KEYS) | {
+    "architectures", "model_type", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "bos_token_id", "eos_token_id", "rope_theta", "rope_scaling", "rope_parameters",
+    "hidden_act", "attention_bias", "mlp_bias", "quantization_config"}
+# Keys that do not change the engine's output: bookkeeping, training-only settings (dropout, init),
+# kernel or cache choices of transformers, and generation defaults (the request's fields decide).
+HARMLESS_KEYS = frozenset({
+    "torch_dtype", "dtype", "transformers_version", "_name_or_path", "initializer_range", "use_cache",
+    "pad_token_id", "sep_token_id", "decoder_start_token_id", "attention_dropout", "pretraining_tp",
+    "output_hidden_states", "output_attentions", "return_dict", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "add_cross_attention",
+    "cross_attention_hidden_size", "tie_encoder_decoder", "id2label", "label2id", "problem_type",
+    "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "_attn_implementation_autoset",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens"})
+# RoPE: the rope types the engine computes, and the parameters each one reads (transformers' names).
+ROPE_PARAMETERS = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}),
+}
+LLAMA_DEFAULTS = {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048}   # LlamaConfig's
+
+
+def _positive_int(config: dict, key: str, name: str) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LabError(f"{name}: config.json {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_number(value, key: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise LabError(f"{name}: config.json {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _rope_form(theta, scaling: dict, where: str, name: str) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) of one form's values, its type and parameters checked."""
+    scaling = dict(scaling)
+    theta = _positive_number(LLAMA_DEFAULTS["rope_theta"] if theta is None else theta, "rope_theta", name)
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    if rope_type not in ROPE_PARAMETERS:
+        raise LabError(f"{name}: config.json {where} rope_type {rope_type!r} is not supported "
+                       f"(the engine computes {', '.join(ROPE_PARAMETERS)})")
+    unread = sorted(set(scaling) - ROPE_PARAMETERS[rope_type])
+    if unread:
+        raise LabError(f"{name}: config.json {where}.{unread[0]} is not read by rope_type {rope_type!r}: refused")
+    missing = sorted(ROPE_PARAMETERS[rope_type] - set(scaling))
+    if missing:
+        raise LabError(f"{name}: config.json {where} of rope_type {rope_type!r} lacks {missing[0]}")
+    for key, value in scaling.items():
+        _positive_number(value, f"{where}.{key}", name)
+    return theta, (None if rope_type == "default" else {"rope_type": rope_type, **scaling})
+
+
+def rope_of(config: dict, name: str) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either config form: transformers 5's `rope_parameters`
+    {rope_theta, rope_type, ...} or the older top-level `rope_theta` and `rope_scaling` {type or
+    rope_type, ...}. rope_scaling is None for plain RoPE. Unknown rope types, parameters a type does
+    not read, and two forms in one file that describe different RoPEs are refused by name."""
+    params = config.get("rope_parameters")
+    legacy_theta, legacy_scaling = config.get("rope_theta"), config.get("rope_scaling")
+    if legacy_scaling is not None and not isinstance(legacy_scaling, dict):
+        raise LabError(f"{name}: config.json rope_scaling must be an object or null, got {legacy_scaling!r}")
+    legacy = _rope_form(legacy_theta, legacy_scaling or {}, "rope_scaling", name)
+    if params is None:
+        return legacy
+    if not isinstance(params, dict):
+        raise LabError(f"{name}: config.json rope_parameters must be an object, got {params!r}")
+    new = _rope_form(params.get("rope_theta", legacy_theta),
+                     {k: v for k, v in params.items() if k != "rope_theta"}, "rope_parameters", name)
+    if (legacy_theta is not None or legacy_scaling is not None) and new != legacy:
+        raise LabError(f"{name}: config.json rope_parameters {params} and the top-level rope_theta/rope_scaling "
+                       "disagree: refused")
+    return new
+
+
 def from_hf_config(config: dict, name: str) -> LlamaShape:
-    """A Hugging Face LlamaConfig (config.json) as a shape. Only the Llama architecture is accepted."""
+    """A Hugging Face LlamaConfig (config.json) as a shape. Only the Llama architecture is accepted;
+    every key is used, harmless, or refused by name (module constants above)."""
+    if not isinstance(config, dict):
+        raise LabError(f"{name}: config.json must hold a JSON object")
     archs = config.get("architectures") or ["LlamaForCausalLM"]
-    if config.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in archs:
+    if config.get("model_type", "llama") != "llama" or list(archs) != ["LlamaForCausalLM"]:
         raise LabError(f"{name}: not a Llama checkpoint (model_type={config.get('model_type')!r}, "
-                       f"architectures={archs})")
-    heads = config["num_attention_heads"]
+                       f"architectures={archs}); the engine runs LlamaForCausalLM")
+    unknown = sorted(set(config) - USED_KEYS - HARMLESS_KEYS)
+    if unknown:
+        raise LabError(f"{name}: config.json key {unknown[0]!r} is not implemented by the engine: refused "
+                       f"({len(unknown)} such key(s))")
+    for key in REQUIRED_KEYS:
+        if key not in config:
+            raise LabError(f"{name}: config.json lacks {key}")
+    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if config.get(key, supported) != supported:
+            raise LabError(f"{name}: config.json {key}={config[key]!r} is not supported (only {supported!r})")
+    sizes = {key: _positive_int(config, key, name) for key in REQUIRED_KEYS}
+    heads = sizes["num_attention_heads"]
+    kv_heads = _positive_int(config, "num_key_value_heads", name) if config.get("num_key_value_heads") else heads
+    if heads % kv_heads:
+        raise LabError(f"{name}: config.json num_attention_heads {heads} is not a multiple of "
+                       f"num_key_value_heads {kv_heads}")
+    if config.get("head_dim"):
+        head_dim = _positive_int(config, "head_dim", name)
+    elif sizes["hidden_size"] % heads:
+        raise LabError(f"{name}: config.json hidden_size {sizes['hidden_size']} is not a multiple of "
+                       f"num_attention_heads {heads} (and no head_dim is given)")
+    else:
+        head_dim = sizes["hidden_size"] // heads
+    if head_dim % 2:
+        raise LabError(f"{name}: head_dim {head_dim} is odd; RoPE rotates pairs")
+    theta, scaling = rope_of(config, name)
     eos = config.get("eos_token_id")
+    max_positions = (_positive_int(config, "max_position_embeddings", name)
+                     if config.get("max_position_embeddings") is not None else LLAMA_DEFAULTS["max_position_embeddings"])
+    eps = config.get("rms_norm_eps")
+    if eps is not None:
+        _positive_number(eps, "rms_norm_eps", name)
     return LlamaShape(
-        name=name, vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"], num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=heads, num_key_value_heads=config.get("num_key_value_heads", heads),
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        max_position_embeddings=config.get("max_position_embeddings", 8192),
-        rope_theta=float(config.get("rope_theta", 10_000.0)), rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        rope_scaling=config.get("rope_scaling"), bos_token_id=config.get("bos_token_id"),
-        eos_token_id=tuple(eos) if isinstance(eos, list) else eos)
+        name=name, **sizes, num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
+        rope_theta=theta, rms_norm_eps=float(LLAMA_DEFAULTS["rms_norm_eps"] if eps is None else eps),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), rope_scaling=scaling,
+        bos_token_id=config.get("bos_token_id"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos)
 
 
-def from_checkpoint(folder: Path) -> LlamaShape:
+def read_config(folder: Path) -> dict:
+    """config.json of a checkpoint folder as a dict; a missing or unparsable file is one line."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise LabError(f"{folder}: no config.json (a Hugging Face checkpoint folder holds config.json "
                        "and *.safetensors)")
-    return from_hf_config(json.loads(path.read_text()), name=Path(folder).name)
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LabError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise LabError(f"{path}: must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def from_checkpoint(folder: Path) -> LlamaShape:
+    return from_hf_config(read_config(folder), name=Path(folder).name)
 
 
 def hf_config(shape: LlamaShape) -> dict:

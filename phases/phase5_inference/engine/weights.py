@@ -60,30 +60,79 @@ def iter_random_weights(shape: LlamaShape, seed: int = 0, dtype: torch.dtype = t
             yield name, t.normal_(0.0, INIT_STD, generator=generator)
 
 
+# Tensors a checkpoint may hold that the engine derives itself: RoPE's inverse frequencies (older
+# transformers saved the buffer; the engine computes it from config.json).
+DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_safetensors(folder: Path, device: str | torch.device = "cpu"):
+    """(name, tensor) of every *.safetensors file in the folder, in file order; a file that is not
+    a readable safetensors file (corrupt header, truncated data) is one line naming it."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise LabError(f"{folder}: no *.safetensors files")
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except LabError:
+            raise
+        except Exception as exc:                 # safetensors raises its own error types and OSError
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise LabError(f"{path}: not a readable safetensors file ({detail})") from None
+
+
+def check_tensor_names(folder: Path, names, expected) -> None:
+    """Every expected tensor present, nothing the engine would ignore (a bias, an unknown tensor)."""
+    names = set(names)
+    extra = sorted(n for n in names - set(expected) if not n.endswith(DERIVED_SUFFIXES))
+    if extra:
+        raise LabError(f"{folder}: checkpoint holds {len(extra)} tensor(s) the engine does not use, e.g. {extra[0]}: "
+                       "refused (it would be ignored)")
+    missing = sorted(set(expected) - names)
+    if missing:
+        raise LabError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+
+
+def drop_tied_head(folder: Path, tensors: dict, shape: LlamaShape) -> None:
+    """A tied checkpoint (tie_word_embeddings) may also save lm_head.weight: dropped when it equals
+    the embedding; a different one is refused (transformers 5 then unties them, older releases
+    tie them: the config and the tensors disagree, and the engine does not pick one silently)."""
+    head = tensors.get("lm_head.weight")
+    if not shape.tie_word_embeddings or head is None:
+        return
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is not None and not torch.equal(head, embed):
+        raise LabError(f"{folder}: config.json says tie_word_embeddings but lm_head.weight differs from "
+                       "model.embed_tokens.weight: refused (fix the config or the checkpoint)")
+    del tensors["lm_head.weight"]
+
+
 def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """A Hugging Face Llama checkpoint's tensors, checked against its config's shapes."""
-    from safetensors import safe_open
+    """A Hugging Face Llama checkpoint's tensors, checked against its config's names and shapes.
+    An int4 checkpoint (config.json's quantization_config) comes back with each projection's
+    weight as a quantize.Int4Weight (int4_checkpoints.py). With tied embeddings a saved
+    lm_head.weight equal to the embedding is dropped (drop_tied_head)."""
+    from .shapes import read_config
 
     folder = Path(folder)
     shape = from_checkpoint(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise LabError(f"{folder}: no *.safetensors files")
+    config = read_config(folder)
+    if config.get("quantization_config") is not None:
+        from .int4_checkpoints import load_int4_checkpoint
+        return load_int4_checkpoint(folder, shape, config["quantization_config"], dtype, device)
     expected = tensor_shapes(shape)
-    out = {}
-    for path in files:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                if name in expected:
-                    out[name] = f.get_tensor(name).to(dtype)
-    missing = sorted(set(expected) - set(out))
-    if missing:
-        raise LabError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    out = {name: t.to(dtype) for name, t in read_safetensors(folder, device)}     # one tensor at a time
+    drop_tied_head(folder, out, shape)
+    check_tensor_names(folder, out, expected)
     for name, size in expected.items():
         if tuple(out[name].shape) != size:
             raise LabError(f"{folder}: {name} has shape {tuple(out[name].shape)}, config says {size}")
-    return out
+    return {name: out[name] for name in expected}                 # derived buffers (inv_freq) left out
 
 
 def resolve(model: str) -> tuple[LlamaShape, Path | None]:
@@ -121,5 +170,9 @@ def iter_weights_for(model: str, seed: int = 0, dtype: torch.dtype = torch.bfloa
     expandable_segments(device)
     shape, path = resolve(model)
     if path is not None:
-        return shape, iter(load_checkpoint(path, dtype, "cpu").items())
+        weights = load_checkpoint(path, dtype, "cpu")
+        if any(not isinstance(t, torch.Tensor) for t in weights.values()):
+            raise LabError(f"{path}: an int4 checkpoint is served on one GPU (tensor parallelism splits 16-bit "
+                           "weights only)")
+        return shape, iter(weights.items())
     return shape, iter_random_weights(shape, seed, dtype, device)
