@@ -78,8 +78,11 @@ class Frame:
 
     @classmethod
     def of(cls, records: list[dict], excluded: dict | None = None, calibrators: dict | None = None) -> "Frame":
-        """The frame with each timed row's calibrated prediction (common/calibration.py)."""
+        """The frame with each timed row's calibrated prediction (common/calibration.py). Smoke
+        records (`lab run --quick`) are left out here, the one door every report block goes through."""
         from .calibration import add_columns
+        from .records import is_smoke
+        records = [rec for rec in records if not is_smoke(rec)]
         return cls(add_columns(build(records), records, excluded, calibrators), records)
 
     def latest(self, exercise: str, *, since_version: int = 1, measured_only: bool = False) -> pd.DataFrame:
