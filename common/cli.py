@@ -5,6 +5,7 @@ Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 noth
 """
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,12 +13,14 @@ import threading
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .errors import LabError, Terminated
 
 # Without a terminal (a pipe, a CI log) rich would squeeze tables to 80 columns and wrap them a
 # word per line; there the width is unbounded and each row stays on one line.
 console = Console(width=None if sys.stdout.isatty() else 100_000)
+LISTING_COLUMNS = 120        # `lab list` piped: a table to read, wrapped within its cells, not one line per row
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)
 
 
@@ -140,7 +143,7 @@ def cmd_list(args) -> int:
     if args.targets:
         return _list_params(select(args.targets))
     ctx = make_context("cpu") if not torch.cuda.is_available() else None
-    table = Table(title="Exercises")
+    table = Table(title="Exercises", width=None if sys.stdout.isatty() else LISTING_COLUMNS)
     table.add_column("id", no_wrap=True)
     for col in ("title", "variants", "needs", "here"):
         table.add_column(col)
@@ -150,6 +153,9 @@ def cmd_list(args) -> int:
             needs.append(("NVIDIA CUDA" if ex.needs.nvidia else "CUDA") + (f" x{ex.needs.gpus}" if ex.needs.gpus > 1 else ""))
         needs += list(ex.needs.tools) + list(ex.needs.modules) + list(ex.needs.env)
         reason = ex.needs.unmet(ctx) if ctx else _unmet_on_gpu(ex)
+        if reason is None and ex.skips is not None:   # a skip its parameters decide (phase 4's backend)
+            here = ctx or _gpu_context()
+            reason = ex.skips(here, ex.resolve_params(not here.is_cuda, False, {}))
         table.add_row(ex.id, ex.title, ", ".join(ex.variants) or "-", ", ".join(needs) or "-",
                       "[green]runs[/]" if reason is None else f"[yellow]skips[/]: {reason}")
     console.print(table)
@@ -172,17 +178,21 @@ def _list_params(exercises) -> int:
     return 0
 
 
-def _unmet_on_gpu(ex):
+def _gpu_context():
     import torch
 
     from .exercise import Context
-    return ex.needs.unmet(Context(torch.device("cuda", 0), None, "gpu"))
+    return Context(torch.device("cuda", 0), None, "gpu")
+
+
+def _unmet_on_gpu(ex):
+    return ex.needs.unmet(_gpu_context())
 
 
 # ------------------------------------------------------------------------------------- run
 def cmd_run(args) -> int:
     from .cost import hourly_rate
-    from .paths import relative_to_repo, results_dir
+    from .paths import run_results_dir, shown_path
     from .records import write_record
     from .registry import select
     from .runner import (check_writable, checked_params, make_context, parse_overrides, run_one,
@@ -194,16 +204,20 @@ def cmd_run(args) -> int:
     validate_selection(exercises, overrides, variants)
     if variants:                                   # --variant picks exercises too: those that have one
         exercises = [ex for ex in exercises if set(variants) & set(ex.variants)]
-    results = results_dir(args.results)
-    check_writable(results)
-
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
-    ctx = make_context(args.device, args.hardware, variants, args.quick, progress, results)
+    ctx = make_context(args.device, args.hardware, variants, args.quick, progress)
+    local = args.quick or not ctx.is_cuda          # not results: kept out of results/ and the report
+    ctx.results = results = run_results_dir(args.results, local=local)
+    check_writable(results)
     params = checked_params(exercises, ctx, overrides)         # every value, before any work
     usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
     where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
-    console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))
+    console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (r" \[quick]" if args.quick else ""))
+    if local and not (args.results or os.environ.get("LAB_RESULTS_DIR")):
+        why = "a --quick smoke run" if args.quick else "a CPU run"
+        console.print(f"records go to {shown_path(results, results)}/ ({why}: git-ignored, never in the READMEs; "
+                      "--results results to keep them with the lab's)", markup=False, highlight=False)
     static = static_blocks(ctx, args.argv)
 
     summary = Table(title="Results")
@@ -223,11 +237,11 @@ def cmd_run(args) -> int:
             else:
                 ran += 1
             failed += record["status"] == "failed"
-            note = relative_to_repo(path) if record["status"] != "skipped" else record["reason"]
+            note = shown_path(path, results) if record["status"] != "skipped" else record["reason"]
             if record["status"] == "failed":
-                note = f"{relative_to_repo(path)}: {record['reason']}"
+                note = f"{shown_path(path, results)}: {record['reason']}"
             summary.add_row(ex.id, f"[{style}]{record['status']}[/]", str(len(record["rows"])),
-                            f"{record['provenance']['duration_s']:.1f}", note)
+                            f"{record['provenance']['duration_s']:.1f}", Text(note))     # as written, no markup
     console.print(summary)
     if failed:
         return 1
