@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dtype", default="fp32", help="fp32, tf32, fp16, bf16, fp8, int8")
     pr.add_argument("--flops", type=float, help="custom: floating-point operations")
     pr.add_argument("--bytes", type=float, help="custom: bytes moved through device memory")
-    pr.add_argument("--hardware", help="hardware.yaml key (default: the GPU in this machine)")
+    pr.add_argument("--hardware", help="hardware.yaml key, or cpu for this CPU from its ceilings record "
+                                        "(default: the GPU in this machine, else this CPU)")
     return p
 
 
@@ -305,13 +306,35 @@ def _predict_spec(args):
     raise LabError("no GPU here to predict for; pass --hardware KEY (e.g. --hardware h200_sxm)")
 
 
+def _predicts_for_cpu(args) -> bool:
+    """`--hardware cpu`, or no --hardware on a machine without a GPU: predict for this CPU."""
+    import torch
+    return args.hardware == "cpu" or (not args.hardware and not torch.cuda.is_available())
+
+
+def _cpu_ceilings(args) -> dict:
+    """The newest full (not --quick) phase1.ceilings record of this CPU: from --results, else
+    local-results/ (where a CPU run writes), else results/. A CPU has no spec sheet: its roofs are
+    measured, so without that record there is nothing to predict from."""
+    from .calibration import ceilings_by_hardware
+    from .paths import results_dir, run_results_dir
+    from .records import is_smoke, load_records
+    for folder in dict.fromkeys([run_results_dir(args.results, local=True), results_dir(args.results)]):
+        found = ceilings_by_hardware([r for r in load_records(folder, exercise="phase1.ceilings", hardware="cpu")
+                                      if not is_smoke(r)]).get("cpu")
+        if found:
+            return found
+    raise LabError("no phase1.ceilings record for this CPU yet (a CPU has no spec sheet: its roofs are "
+                   "measured): run `lab run phase1.ceilings` first")
+
+
 def cmd_predict_exercise(args) -> int:
     """Every row an exercise would time with these parameters, with both predictions."""
     from . import roofline
     from .calibration import ceilings_by_hardware
     from .hardware import DTYPES
     from .paths import results_dir
-    from .records import load_records
+    from .records import is_smoke, load_records
     from .registry import select
     from .runner import parse_overrides, validate_selection
     chosen = select([args.op])
@@ -320,22 +343,28 @@ def cmd_predict_exercise(args) -> int:
     ex = chosen[0]
     if ex.work is None:
         raise LabError(f"{ex.id} declares no work(params) (its rows' FLOPs and bytes are known only once it runs)")
-    spec = _predict_spec(args)
+    on_cpu = _predicts_for_cpu(args)
+    spec = None if on_cpu else _predict_spec(args)
     overrides = parse_overrides(args.param)
     validate_selection([ex], overrides, ())
-    params = ex.resolve_params(on_cpu=False, quick=False, overrides=overrides)
-    ceilings = ceilings_by_hardware(load_records(results_dir(args.results), exercise="phase1.ceilings",
-                                                 hardware=spec.key)).get(spec.key)
-    roofs = roofline.Roofs(spec.figure("memory_bandwidth_gbps").value, {d: spec.peak(d).value for d in DTYPES},
-                           f"hardware.yaml:{spec.key}")
-    table = Table(title=f"{ex.id} on {spec.name}: predicted before running"
+    params = ex.resolve_params(on_cpu=on_cpu, quick=False, overrides=overrides)
+    if on_cpu:                                     # no spec sheet: the calibrated model alone
+        ceilings, roofs, name = _cpu_ceilings(args), None, "this CPU (from its ceilings record; no spec sheet)"
+    else:
+        ceilings = ceilings_by_hardware([r for r in load_records(results_dir(args.results), exercise="phase1.ceilings",
+                                                                 hardware=spec.key) if not is_smoke(r)]).get(spec.key)
+        roofs = roofline.Roofs(spec.figure("memory_bandwidth_gbps").value, {d: spec.peak(d).value for d in DTYPES},
+                               f"hardware.yaml:{spec.key}")
+        name = spec.name
+    table = Table(title=f"{ex.id} on {name}: predicted before running"
                         + ("" if ceilings else " (no phase1.ceilings record for it yet: spec sheet only)"))
     for col in ("row", "FLOPs", "bytes", "dtype", "spec ms", "spec bound", "calibrated ms", "calibrated bound"):
         table.add_column(col, justify="left" if col in ("row", "dtype") or "bound" in col else "right")
     for w in ex.work(params):
-        p = roofline.predict(w.flops, w.bytes, roofs, w.dtype)
+        p = roofline.predict(w.flops, w.bytes, roofs, w.dtype) if roofs else {"predicted_ms": None, "bound": "-"}
         c = roofline.calibrated(w.flops, w.bytes, w.dtype, ceilings, working_set_bytes=w.working_set_bytes or w.bytes,
-                                warm=w.warm, graph_reps=w.graph_reps, launches=w.launches) if ceilings else {}
+                                warm=w.warm or on_cpu, graph_reps=w.graph_reps,     # nothing flushes a CPU's caches
+                                launches=w.launches) if ceilings else {}
         table.add_row(w.label, f"{w.flops:.4g}", f"{w.bytes:.4g}", w.dtype or "-", _fmt(p["predicted_ms"]), p["bound"],
                       _fmt(c.get("predicted_ms")), c.get("bound", "-"))
     console.print(table)
@@ -351,7 +380,8 @@ def cmd_predict(args) -> int:
         return cmd_predict_exercise(args)
     if args.param:
         raise LabError("--param goes with an exercise (lab predict phase1.elementwise --param sizes=[1024])")
-    spec = _predict_spec(args)
+    on_cpu = _predicts_for_cpu(args)
+    spec = None if on_cpu else _predict_spec(args)
     if args.dtype not in BYTES_PER_ELEMENT or args.dtype == "fp64":
         raise LabError(f"--dtype must be one of fp32, tf32, fp16, bf16, fp8, int8, not '{args.dtype}'")
     size = BYTES_PER_ELEMENT[args.dtype]
@@ -367,12 +397,21 @@ def cmd_predict(args) -> int:
         if args.flops is None or args.bytes is None:
             raise LabError("`lab predict` needs an op (matmul, elementwise, copy) or both --flops and --bytes")
         flops, nbytes = args.flops, args.bytes
-    bw = spec.figure("memory_bandwidth_gbps")
-    if bw.value is None:
-        raise LabError(f"hardware.yaml has no memory bandwidth for {spec.key}")
-    roofs = roofline.Roofs(bw.value, {args.dtype: spec.peak(args.dtype).value}, f"hardware.yaml:{spec.key}")
+    if on_cpu:                                     # the CPU's measured ceilings stand in for a spec sheet
+        ceilings = _cpu_ceilings(args)
+        roofs = roofline.Roofs(ceilings["hbm_gbps"], dict(ceilings.get("matmul_tflops") or {}), ceilings["record"])
+        name = "this CPU (its ceilings record: DRAM copy bandwidth, library matmul rate)"
+        if flops and roofs.peak(args.dtype) is None:
+            raise LabError(f"this CPU's ceilings record has no {args.dtype} matmul rate; it measured "
+                           f"{', '.join(roofs.peak_tflops) or 'none'}")
+    else:
+        bw = spec.figure("memory_bandwidth_gbps")
+        if bw.value is None:
+            raise LabError(f"hardware.yaml has no memory bandwidth for {spec.key}")
+        roofs = roofline.Roofs(bw.value, {args.dtype: spec.peak(args.dtype).value}, f"hardware.yaml:{spec.key}")
+        name = spec.name
     p = roofline.predict(flops, nbytes, roofs, args.dtype)
-    table = Table(title=f"Roofline prediction on {spec.name} ({args.op}, {args.dtype})")
+    table = Table(title=f"Roofline prediction on {name} ({args.op}, {args.dtype})")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     rows = [("FLOPs", f"{flops:.4g}"), ("bytes moved", f"{nbytes:.4g}"),
