@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,23 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-onl
 
 
 # ------------------------------------------------------------------------------ environment
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_in_pytests_folder(tmp_path_factory):
+    """Every temporary file of the run, the children's included (torchrun's torchelastic_* logs,
+    engines' scratch files), goes under pytest's own temp folder, which a passing run removes
+    (pyproject.toml: tmp_path_retention_policy = "failed"); a failing run keeps it to look at."""
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None                      # re-read TMPDIR
+    yield folder
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path_factory):
     for var in LAB_VARS:
