@@ -325,7 +325,7 @@ def _cpu_ceilings(args) -> dict:
         if found:
             return found
     raise LabError("no phase1.ceilings record for this CPU yet (a CPU has no spec sheet: its roofs are "
-                   "measured): run `lab run phase1.ceilings` first")
+                   "measured): run `lab run phase1.ceilings` first, or pass --hardware KEY for a GPU's spec sheet")
 
 
 def cmd_predict_exercise(args) -> int:
