@@ -9,7 +9,7 @@ from common import runner
 from common.errors import LabError
 from common.exercise import Context
 from conftest import assert_one_line_error
-from phases.phase5_inference import batching, model_choice, offline, startup, ttft_decode
+from phases.phase5_inference import batching, model_choice, offline, startup, tensor_parallel, ttft_decode
 from phases.phase5_inference.engine import server
 from phases.phase5_inference.engine.shapes import named
 
@@ -29,7 +29,7 @@ def test_the_footprint_counts_the_bytes_of_the_dtype_that_loads():
     p = batching.EXERCISE.resolve_params(on_cpu=True, quick=False, overrides={"model": "llama-3.1-8b"})
     assert model_choice.weights_footprint_bytes(p) == 2 * EIGHT_B_PARAMS        # bf16 on a GPU
     assert model_choice.cpu_weights_footprint_bytes(p) == 4 * EIGHT_B_PARAMS    # fp32 on a CPU
-    for ex in (batching.EXERCISE, offline.EXERCISE, startup.EXERCISE, ttft_decode.EXERCISE):
+    for ex in (batching.EXERCISE, offline.EXERCISE, startup.EXERCISE, ttft_decode.EXERCISE, tensor_parallel.EXERCISE):
         assert ex.cpu_footprint_bytes is not None, ex.id
 
 
@@ -38,13 +38,16 @@ def test_the_footprint_counts_the_bytes_of_the_dtype_that_loads():
     (offline.EXERCISE, "model=llama-3.1-8b"),
     (startup.EXERCISE, "models=[tiny,llama-3.1-8b]"),        # on a CPU no model is skipped once running
     (ttft_decode.EXERCISE, "models=[tiny,llama-3.1-8b]"),
+    (tensor_parallel.EXERCISE, "models=[llama-3.1-8b]"),      # its ranks share the host's RAM: every shard
 ])
 def test_lab_run_refuses_an_8b_model_on_a_24_gib_cpu_before_any_work(lab, ram, tmp_path, ex, override):
     ram(24)                                        # 16 GiB in bf16 would fit; 30 GiB in fp32 does not
     res = tmp_path / "results"
     rc, out, err = lab("run", ex.id, "--device", "cpu", "--param", override, "--results", res)
     assert_one_line_error(rc, err, res)
-    assert rc == 2 and "29.9 GiB" in err and ex.id in err
+    need = ex.cpu_footprint_bytes(ex.resolve_params(True, False, runner.parse_overrides([override])))
+    assert need >= 4 * EIGHT_B_PARAMS
+    assert rc == 2 and f"{need / GIB:,.1f} GiB" in err and ex.id in err
 
 
 def test_an_8b_model_passes_the_check_where_its_fp32_weights_fit(ram):
