@@ -76,3 +76,14 @@ def test_ceilings_on_a_cpu_measure_the_cache_and_the_calibrated_model_uses_it(mo
     warm = roofline.calibrated(0, 4 * MiB, None, c, working_set_bytes=4 * MiB, warm=True)
     cold = roofline.calibrated(0, 8 * MiB, None, c, working_set_bytes=8 * MiB, warm=True)
     assert warm["bandwidth_gbps"] == c["l2_gbps"] and cold["bandwidth_gbps"] == c["hbm_gbps"]
+
+
+def test_the_cache_sweep_table_says_which_rows_l2_serves():
+    """A warm copy above 100% of the HBM roof says why: its working set fits in the L2."""
+    import pandas as pd
+
+    from phases.phase1_roofline.report import served_from
+    row = lambda ws, l2: pd.Series({"params.working_set_bytes": ws, "summary.l2_bytes": l2})   # noqa: E731
+    assert served_from(row(16 * MiB, 50 * MiB)) == "L2 (fits in 50 MiB)"
+    assert served_from(row(64 * MiB, 50 * MiB)) == "HBM"
+    assert served_from(row(16 * MiB, None)) == "-"

@@ -35,9 +35,18 @@ def ridge_note(view, rows) -> str:
 MATMUL_FP16 = Table("phase1.matmul_fp16", "phase1.matmul_fp16", columns=MATMUL_COLUMNS)
 REGIME_SWEEP = Table("phase1.regime_sweep", "phase1.regime_sweep", columns=MATMUL_COLUMNS, note=ridge_note)
 
+def served_from(r) -> str:
+    """Why a warm copy may pass 100% of the HBM roof: its working set fits in the L2 (the record's
+    `l2_bytes`) and is served from there; '-' where the L2 size is unknown."""
+    ws, l2 = value(r, "params.working_set_bytes"), value(r, "summary.l2_bytes")
+    if not ws or not l2:
+        return "-"
+    return f"L2 (fits in {size_bytes(l2)})" if ws <= l2 else "HBM"
+
+
 CACHE_SWEEP = Table("phase1.cache_sweep", "phase1.cache_sweep", columns=(
     ident("working set", "params.working_set_bytes", size_bytes), col("GB/s", "metrics.gbps", num),
-    col("% of spec HBM BW", "metrics.pct_of_peak_bandwidth", pct),
+    col("% of spec HBM BW", "metrics.pct_of_peak_bandwidth", pct), col("served from", served_from),
     col("copies per graph replay", "timing.graph_reps", num)))
 
 NSIGHT = Table("phase1.nsight", "phase1.nsight", prediction=False, columns=(
