@@ -1,5 +1,6 @@
 """Phase 1's README blocks, declared (rendered by common/render.py): tables, the roofline and
 L2-cliff plots, and the findings."""
+from common.above_roof import bandwidth_pct
 from common.formats import elements, num, num4, pct, ratio, size_bytes
 from common.frame import by_hardware, find, value
 from common.spec import Phase, Plot, Table, Text, col, ident
@@ -11,7 +12,7 @@ INTENSITY = col("FLOP/byte", "prediction.intensity_flop_per_byte", num)
 ELEMENTWISE = Table("phase1.elementwise", "phase1.elementwise", columns=(
     ident("op", "variant"), ident("elements", "params.n", elements),
     ident("working set", "params.working_set_bytes", size_bytes), col("ms", "metrics.ms", num),
-    col("GB/s", "metrics.gbps", num), col("% of spec BW", "metrics.pct_of_peak_bandwidth", pct),
+    col("GB/s", "metrics.gbps", num), col("% of spec BW", bandwidth_pct),
     col("% of copy (same run)", "metrics.pct_of_copy_bandwidth", pct), INTENSITY))
 
 MATMUL_COLUMNS = (ident("N", "params.n", num), ident("dtype", "params.dtype"), INTENSITY,
