@@ -317,13 +317,13 @@ def _cpu_ceilings(args) -> dict:
     local-results/ (where a CPU run writes), else results/. A CPU has no spec sheet: its roofs are
     measured, so without that record there is nothing to predict from."""
     from .calibration import ceilings_by_hardware
-    from .paths import results_dir, run_results_dir
+    from .paths import results_dir, run_results_dir, shown_path
     from .records import is_smoke, load_records
     for folder in dict.fromkeys([run_results_dir(args.results, local=True), results_dir(args.results)]):
         found = ceilings_by_hardware([r for r in load_records(folder, exercise="phase1.ceilings", hardware="cpu")
                                       if not is_smoke(r)]).get("cpu")
-        if found:
-            return found
+        if found:                                  # named by the folder it is in, not always results/
+            return {**found, "record": shown_path(folder / found["record"].removeprefix("results/"), folder)}
     raise LabError("no phase1.ceilings record for this CPU yet (a CPU has no spec sheet: its roofs are "
                    "measured): run `lab run phase1.ceilings` first, or pass --hardware KEY for a GPU's spec sheet")
 

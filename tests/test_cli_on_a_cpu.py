@@ -48,6 +48,7 @@ def test_predict_for_this_cpu_from_its_ceilings_record(lab, make_record, tmp_pat
     rc, out, err = lab("predict", "phase1.elementwise", "--param", "sizes=[1000000]", "--results", tmp_path, *hardware)
     assert rc == 0, err
     assert "this CPU" in out and "no GPU here" not in out + err
+    assert f"calibrated from {tmp_path.name}/phase1/ceilings/cpu/" in out          # where the record is
     # 8 MB of copy within the cache: 8e6 bytes / 200 GB/s = 0.04 ms, plus the 2 us floor
     assert "0.042" in out.split("copy n=1000000")[1].splitlines()[0]
     rc, out, err = lab("predict", "matmul", "--n", "1000", "--results", tmp_path, *hardware)
