@@ -72,7 +72,10 @@ def test_cpu_and_quick_runs_default_to_local_results(monkeypatch, tmp_path):
 
 
 def test_local_results_is_ignored_by_git_and_by_the_report(monkeypatch):
-    ignored = subprocess.run(["git", "check-ignore", "-q", "local-results/phase1/x/cpu/a.json"], cwd=REPO)
+    ignored = subprocess.run(["git", "check-ignore", "-q", "local-results/phase1/x/cpu/a.json"], cwd=REPO,
+                             capture_output=True, timeout=60)
+    if ignored.returncode == 128:
+        pytest.skip("no git checkout here (a copy without .git)")
     assert ignored.returncode == 0
     monkeypatch.delenv("LAB_RESULTS_DIR", raising=False)
     assert paths.results_dir(None) == paths.REPO_ROOT / "results"      # what `lab report` reads by default
