@@ -5,6 +5,7 @@ Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 noth
 """
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,12 +13,14 @@ import threading
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .errors import LabError, Terminated
 
 # Without a terminal (a pipe, a CI log) rich would squeeze tables to 80 columns and wrap them a
 # word per line; there the width is unbounded and each row stays on one line.
 console = Console(width=None if sys.stdout.isatty() else 100_000)
+LISTING_COLUMNS = 120        # `lab list` piped: a table to read, wrapped within its cells, not one line per row
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)
 
 
@@ -73,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dtype", default="fp32", help="fp32, tf32, fp16, bf16, fp8, int8")
     pr.add_argument("--flops", type=float, help="custom: floating-point operations")
     pr.add_argument("--bytes", type=float, help="custom: bytes moved through device memory")
-    pr.add_argument("--hardware", help="hardware.yaml key (default: the GPU in this machine)")
+    pr.add_argument("--hardware", help="hardware.yaml key, or cpu for this CPU from its ceilings record "
+                                        "(default: the GPU in this machine, else this CPU)")
     return p
 
 
@@ -140,7 +144,7 @@ def cmd_list(args) -> int:
     if args.targets:
         return _list_params(select(args.targets))
     ctx = make_context("cpu") if not torch.cuda.is_available() else None
-    table = Table(title="Exercises")
+    table = Table(title="Exercises", width=None if sys.stdout.isatty() else LISTING_COLUMNS)
     table.add_column("id", no_wrap=True)
     for col in ("title", "variants", "needs", "here"):
         table.add_column(col)
@@ -150,6 +154,9 @@ def cmd_list(args) -> int:
             needs.append(("NVIDIA CUDA" if ex.needs.nvidia else "CUDA") + (f" x{ex.needs.gpus}" if ex.needs.gpus > 1 else ""))
         needs += list(ex.needs.tools) + list(ex.needs.modules) + list(ex.needs.env)
         reason = ex.needs.unmet(ctx) if ctx else _unmet_on_gpu(ex)
+        if reason is None and ex.skips is not None:   # a skip its parameters decide (phase 4's backend)
+            here = ctx or _gpu_context()
+            reason = ex.skips(here, ex.resolve_params(not here.is_cuda, False, {}))
         table.add_row(ex.id, ex.title, ", ".join(ex.variants) or "-", ", ".join(needs) or "-",
                       "[green]runs[/]" if reason is None else f"[yellow]skips[/]: {reason}")
     console.print(table)
@@ -172,17 +179,21 @@ def _list_params(exercises) -> int:
     return 0
 
 
-def _unmet_on_gpu(ex):
+def _gpu_context():
     import torch
 
     from .exercise import Context
-    return ex.needs.unmet(Context(torch.device("cuda", 0), None, "gpu"))
+    return Context(torch.device("cuda", 0), None, "gpu")
+
+
+def _unmet_on_gpu(ex):
+    return ex.needs.unmet(_gpu_context())
 
 
 # ------------------------------------------------------------------------------------- run
 def cmd_run(args) -> int:
     from .cost import hourly_rate
-    from .paths import relative_to_repo, results_dir
+    from .paths import run_results_dir, shown_path
     from .records import write_record
     from .registry import select
     from .runner import (check_writable, checked_params, make_context, parse_overrides, run_one,
@@ -194,16 +205,20 @@ def cmd_run(args) -> int:
     validate_selection(exercises, overrides, variants)
     if variants:                                   # --variant picks exercises too: those that have one
         exercises = [ex for ex in exercises if set(variants) & set(ex.variants)]
-    results = results_dir(args.results)
-    check_writable(results)
-
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
-    ctx = make_context(args.device, args.hardware, variants, args.quick, progress, results)
+    ctx = make_context(args.device, args.hardware, variants, args.quick, progress)
+    local = args.quick or not ctx.is_cuda          # not results: kept out of results/ and the report
+    ctx.results = results = run_results_dir(args.results, local=local)
+    check_writable(results)
     params = checked_params(exercises, ctx, overrides)         # every value, before any work
     usd_rate, rate_source = hourly_rate(ctx.spec, args.usd_per_hour)
     where = f"{ctx.spec.name} ({ctx.hardware_key})" if ctx.spec else "CPU (roofs measured on this machine)"
-    console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (" [quick]" if args.quick else ""))
+    console.print(f"[bold]lab run[/] on {where}: {len(exercises)} exercise(s)" + (r" \[quick]" if args.quick else ""))
+    if local and not (args.results or os.environ.get("LAB_RESULTS_DIR")):
+        why = "a --quick smoke run" if args.quick else "a CPU run"
+        console.print(f"records go to {shown_path(results, results)}/ ({why}: git-ignored, never in the READMEs; "
+                      "--results results to keep them with the lab's)", markup=False, highlight=False)
     static = static_blocks(ctx, args.argv)
 
     summary = Table(title="Results")
@@ -223,11 +238,11 @@ def cmd_run(args) -> int:
             else:
                 ran += 1
             failed += record["status"] == "failed"
-            note = relative_to_repo(path) if record["status"] != "skipped" else record["reason"]
+            note = shown_path(path, results) if record["status"] != "skipped" else record["reason"]
             if record["status"] == "failed":
-                note = f"{relative_to_repo(path)}: {record['reason']}"
+                note = f"{shown_path(path, results)}: {record['reason']}"
             summary.add_row(ex.id, f"[{style}]{record['status']}[/]", str(len(record["rows"])),
-                            f"{record['provenance']['duration_s']:.1f}", note)
+                            f"{record['provenance']['duration_s']:.1f}", Text(note))     # as written, no markup
     console.print(summary)
     if failed:
         return 1
@@ -291,13 +306,35 @@ def _predict_spec(args):
     raise LabError("no GPU here to predict for; pass --hardware KEY (e.g. --hardware h200_sxm)")
 
 
+def _predicts_for_cpu(args) -> bool:
+    """`--hardware cpu`, or no --hardware on a machine without a GPU: predict for this CPU."""
+    import torch
+    return args.hardware == "cpu" or (not args.hardware and not torch.cuda.is_available())
+
+
+def _cpu_ceilings(args) -> dict:
+    """The newest full (not --quick) phase1.ceilings record of this CPU: from --results, else
+    local-results/ (where a CPU run writes), else results/. A CPU has no spec sheet: its roofs are
+    measured, so without that record there is nothing to predict from."""
+    from .calibration import ceilings_by_hardware
+    from .paths import results_dir, run_results_dir, shown_path
+    from .records import is_smoke, load_records
+    for folder in dict.fromkeys([run_results_dir(args.results, local=True), results_dir(args.results)]):
+        found = ceilings_by_hardware([r for r in load_records(folder, exercise="phase1.ceilings", hardware="cpu")
+                                      if not is_smoke(r)]).get("cpu")
+        if found:                                  # named by the folder it is in, not always results/
+            return {**found, "record": shown_path(folder / found["record"].removeprefix("results/"), folder)}
+    raise LabError("no phase1.ceilings record for this CPU yet (a CPU has no spec sheet: its roofs are "
+                   "measured): run `lab run phase1.ceilings` first, or pass --hardware KEY for a GPU's spec sheet")
+
+
 def cmd_predict_exercise(args) -> int:
     """Every row an exercise would time with these parameters, with both predictions."""
     from . import roofline
     from .calibration import ceilings_by_hardware
     from .hardware import DTYPES
     from .paths import results_dir
-    from .records import load_records
+    from .records import is_smoke, load_records
     from .registry import select
     from .runner import parse_overrides, validate_selection
     chosen = select([args.op])
@@ -306,22 +343,28 @@ def cmd_predict_exercise(args) -> int:
     ex = chosen[0]
     if ex.work is None:
         raise LabError(f"{ex.id} declares no work(params) (its rows' FLOPs and bytes are known only once it runs)")
-    spec = _predict_spec(args)
+    on_cpu = _predicts_for_cpu(args)
+    spec = None if on_cpu else _predict_spec(args)
     overrides = parse_overrides(args.param)
     validate_selection([ex], overrides, ())
-    params = ex.resolve_params(on_cpu=False, quick=False, overrides=overrides)
-    ceilings = ceilings_by_hardware(load_records(results_dir(args.results), exercise="phase1.ceilings",
-                                                 hardware=spec.key)).get(spec.key)
-    roofs = roofline.Roofs(spec.figure("memory_bandwidth_gbps").value, {d: spec.peak(d).value for d in DTYPES},
-                           f"hardware.yaml:{spec.key}")
-    table = Table(title=f"{ex.id} on {spec.name}: predicted before running"
+    params = ex.resolve_params(on_cpu=on_cpu, quick=False, overrides=overrides)
+    if on_cpu:                                     # no spec sheet: the calibrated model alone
+        ceilings, roofs, name = _cpu_ceilings(args), None, "this CPU (from its ceilings record; no spec sheet)"
+    else:
+        ceilings = ceilings_by_hardware([r for r in load_records(results_dir(args.results), exercise="phase1.ceilings",
+                                                                 hardware=spec.key) if not is_smoke(r)]).get(spec.key)
+        roofs = roofline.Roofs(spec.figure("memory_bandwidth_gbps").value, {d: spec.peak(d).value for d in DTYPES},
+                               f"hardware.yaml:{spec.key}")
+        name = spec.name
+    table = Table(title=f"{ex.id} on {name}: predicted before running"
                         + ("" if ceilings else " (no phase1.ceilings record for it yet: spec sheet only)"))
     for col in ("row", "FLOPs", "bytes", "dtype", "spec ms", "spec bound", "calibrated ms", "calibrated bound"):
         table.add_column(col, justify="left" if col in ("row", "dtype") or "bound" in col else "right")
     for w in ex.work(params):
-        p = roofline.predict(w.flops, w.bytes, roofs, w.dtype)
+        p = roofline.predict(w.flops, w.bytes, roofs, w.dtype) if roofs else {"predicted_ms": None, "bound": "-"}
         c = roofline.calibrated(w.flops, w.bytes, w.dtype, ceilings, working_set_bytes=w.working_set_bytes or w.bytes,
-                                warm=w.warm, graph_reps=w.graph_reps, launches=w.launches) if ceilings else {}
+                                warm=w.warm or on_cpu, graph_reps=w.graph_reps,     # nothing flushes a CPU's caches
+                                launches=w.launches) if ceilings else {}
         table.add_row(w.label, f"{w.flops:.4g}", f"{w.bytes:.4g}", w.dtype or "-", _fmt(p["predicted_ms"]), p["bound"],
                       _fmt(c.get("predicted_ms")), c.get("bound", "-"))
     console.print(table)
@@ -337,7 +380,8 @@ def cmd_predict(args) -> int:
         return cmd_predict_exercise(args)
     if args.param:
         raise LabError("--param goes with an exercise (lab predict phase1.elementwise --param sizes=[1024])")
-    spec = _predict_spec(args)
+    on_cpu = _predicts_for_cpu(args)
+    spec = None if on_cpu else _predict_spec(args)
     if args.dtype not in BYTES_PER_ELEMENT or args.dtype == "fp64":
         raise LabError(f"--dtype must be one of fp32, tf32, fp16, bf16, fp8, int8, not '{args.dtype}'")
     size = BYTES_PER_ELEMENT[args.dtype]
@@ -353,12 +397,21 @@ def cmd_predict(args) -> int:
         if args.flops is None or args.bytes is None:
             raise LabError("`lab predict` needs an op (matmul, elementwise, copy) or both --flops and --bytes")
         flops, nbytes = args.flops, args.bytes
-    bw = spec.figure("memory_bandwidth_gbps")
-    if bw.value is None:
-        raise LabError(f"hardware.yaml has no memory bandwidth for {spec.key}")
-    roofs = roofline.Roofs(bw.value, {args.dtype: spec.peak(args.dtype).value}, f"hardware.yaml:{spec.key}")
+    if on_cpu:                                     # the CPU's measured ceilings stand in for a spec sheet
+        ceilings = _cpu_ceilings(args)
+        roofs = roofline.Roofs(ceilings["hbm_gbps"], dict(ceilings.get("matmul_tflops") or {}), ceilings["record"])
+        name = "this CPU (its ceilings record: DRAM copy bandwidth, library matmul rate)"
+        if flops and roofs.peak(args.dtype) is None:
+            raise LabError(f"this CPU's ceilings record has no {args.dtype} matmul rate; it measured "
+                           f"{', '.join(roofs.peak_tflops) or 'none'}")
+    else:
+        bw = spec.figure("memory_bandwidth_gbps")
+        if bw.value is None:
+            raise LabError(f"hardware.yaml has no memory bandwidth for {spec.key}")
+        roofs = roofline.Roofs(bw.value, {args.dtype: spec.peak(args.dtype).value}, f"hardware.yaml:{spec.key}")
+        name = spec.name
     p = roofline.predict(flops, nbytes, roofs, args.dtype)
-    table = Table(title=f"Roofline prediction on {spec.name} ({args.op}, {args.dtype})")
+    table = Table(title=f"Roofline prediction on {name} ({args.op}, {args.dtype})")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     rows = [("FLOPs", f"{flops:.4g}"), ("bytes moved", f"{nbytes:.4g}"),

@@ -71,7 +71,10 @@ class Exercise:
     """One exercise. `params` declares every parameter as a `common.params.Param` (default, type,
     allowed values, unit); after construction `params` holds the defaults and `schema` the
     declarations. `footprint_bytes(params)` predicts the most device memory a run with those
-    parameters holds at once, so a problem that cannot fit is refused before any work."""
+    parameters holds at once, so a problem that cannot fit is refused before any work
+    (`cpu_footprint_bytes` on a CPU, where the run loads more, as phase 5's fp32 weights).
+    `skips(ctx, params)` says, before running, why run() would skip every row on this machine
+    with those parameters (a reason the `needs` cannot express), so `lab list` does not say "runs"."""
     id: str                                  # "phase1.elementwise"
     title: str
     run: Callable
@@ -82,7 +85,9 @@ class Exercise:
     variants: tuple[str, ...] = ()
     bench_version: int = 1
     footprint_bytes: Callable[[dict], float] | None = None
+    cpu_footprint_bytes: Callable[[dict], float] | None = None   # on a CPU, where it differs (fp32 weights)
     work: Callable[[dict], list[Work]] | None = None
+    skips: Callable[["Context", dict], str | None] | None = None  # why run() would skip here with these params
     schema: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -134,6 +139,7 @@ class Context:
         self._progress = progress
         self._measured_peaks: dict[str, float] = {}
         self._measured_bandwidth: float | None = None
+        self._cache_bandwidth: float | None = None         # a CPU's last-level cache copy (see roofs)
 
     @property
     def is_cuda(self) -> bool:
@@ -179,9 +185,10 @@ class Context:
         files = frozenset(p.name for p in folder.glob("*.json")) if folder.is_dir() else frozenset()
         if files != getattr(self, "_ceilings_files", None):      # a new file (names need not sort by age)
             from .calibration import ceilings_by_hardware
-            from .records import load_records
-            found = ceilings_by_hardware(load_records(results_dir(self.results), exercise="phase1.ceilings",
-                                                      hardware=self.hardware_key))
+            from .records import is_smoke, load_records
+            found = ceilings_by_hardware([r for r in load_records(results_dir(self.results), exercise="phase1.ceilings",
+                                                                  hardware=self.hardware_key)
+                                          if self.quick or not is_smoke(r)])     # a smoke roof calibrates only smoke
             self._ceilings, self._ceilings_files = found.get(self.hardware_key), files
         return getattr(self, "_ceilings", None)
 
@@ -190,7 +197,8 @@ class Context:
         """A timed row's `prediction`: the spec-sheet roofline, and `calibrated` from this machine's
         ceilings record when one exists (else the report computes it later and says so)."""
         measured = measured_ms if measured_ms is not None else timing.median_ms
-        prediction = roofline.predict(flops, bytes_moved, self.roofs(dtype), dtype, measured)
+        prediction = roofline.predict(flops, bytes_moved, self.roofs(dtype, working_set_bytes or bytes_moved), dtype,
+                                      measured)
         prediction["launches"] = launches
         ceilings = self.ceilings()
         if ceilings:
@@ -204,10 +212,11 @@ class Context:
         regime-sweep record in this run's results folder), for MFU against a measured ceiling:
         {"tflops", "dtype", "source"}, or None if phase 1 has not run here."""
         from .paths import results_dir
-        from .records import load_records
+        from .records import is_smoke, load_records
         recs = [r for r in load_records(results_dir(self.results), exercise="phase1.regime_sweep",
                                         hardware=self.hardware_key)
                 if r.get("source", {}).get("kind", "measured") == "measured" and r.get("status") != "skipped"
+                and (self.quick or not is_smoke(r))
                 and (r.get("summary") or {}).get("measured_peak_tflops")]
         if not recs:
             return None
@@ -215,8 +224,10 @@ class Context:
         return {"tflops": s["measured_peak_tflops"], "dtype": s.get("dtype"), "source": f"results/{recs[-1]['_path']}"}
 
     # ----- roofs ------------------------------------------------------------------------------
-    def roofs(self, dtype: str | None = None) -> roofline.Roofs:
-        """The spec-sheet roofs of this GPU; on a CPU (no spec sheet) ceilings measured here."""
+    def roofs(self, dtype: str | None = None, working_set_bytes: float | None = None) -> roofline.Roofs:
+        """The spec-sheet roofs of this GPU; on a CPU (no spec sheet) ceilings measured here: the
+        copy bandwidth of the last-level cache for a working set that fits in it (a CPU is timed
+        warm, so such a row is served from the cache), else of a copy far larger than any cache."""
         if self.spec is not None:
             bw = self.spec.figure("memory_bandwidth_gbps")
             return roofline.Roofs(
@@ -227,6 +238,11 @@ class Context:
                 peak_sources={d: self.spec.cite(self.spec.peak(d)) for d in DTYPES})
         if dtype and dtype not in self._measured_peaks and dtype in ("fp32", "fp16", "bf16"):
             self._measured_peaks[dtype] = measure_matmul_tflops(self, dtype)
+        cache = self._cache_roof(working_set_bytes)
+        if cache is not None:
+            return roofline.Roofs(bandwidth_gbps=cache[0], peak_tflops=dict(self._measured_peaks),
+                                  source="measured on this machine (copy bandwidth, library matmul)",
+                                  bandwidth_source=cache[1], peak_sources=None)
         if self._measured_bandwidth is None:
             self._measured_bandwidth = measure_copy_gbps(self)
         return roofline.Roofs(bandwidth_gbps=self._measured_bandwidth,
@@ -234,12 +250,24 @@ class Context:
                               source="measured on this machine (copy bandwidth, library matmul)",
                               bandwidth_source="measured: torch copy", peak_sources=None)
 
+    def _cache_roof(self, working_set_bytes: float | None) -> tuple[float, str] | None:
+        """(GB/s, source) of a copy inside the CPU's last-level cache, when the working set fits
+        there (common/cpu_cache.py); None on a GPU, or where the working set or the cache is unknown."""
+        from .cpu_cache import MEASURE_FRACTION, last_level_cache
+        llc = None if self.is_cuda or not working_set_bytes else last_level_cache()
+        if llc is None or working_set_bytes > llc[1]:
+            return None
+        if self._cache_bandwidth is None:
+            self._cache_bandwidth = measure_copy_gbps(self, int(MEASURE_FRACTION * llc[1]) // 2)
+        return self._cache_bandwidth, f"measured: torch copy within the L{llc[0]} cache (this working set fits there)"
+
 
 def measure_copy_gbps(ctx: Context, nbytes: int = 256 * 2**20) -> float:
-    """Device copy bandwidth, counting bytes read plus bytes written."""
+    """Device copy bandwidth, counting bytes read plus bytes written; timed with the harness's
+    defaults, as the rows it bounds are (a shorter timing read low on a busy CPU)."""
     src = torch.rand(nbytes // 4, device=ctx.device)
     dst = torch.empty_like(src)
-    t = benchmark(lambda: dst.copy_(src), ctx.device, target_ms=50, min_samples=5)
+    t = benchmark(lambda: dst.copy_(src), ctx.device)
     return 2 * nbytes / (t.median_ms * 1e6)
 
 
@@ -247,7 +275,7 @@ def measure_matmul_tflops(ctx: Context, dtype: str, n: int = 1024) -> float:
     from .checks import TORCH_DTYPES
     a = torch.randn(n, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=ctx.device, dtype=TORCH_DTYPES[dtype])
-    t = benchmark(lambda: a @ b, ctx.device, target_ms=100, min_samples=3)
+    t = benchmark(lambda: a @ b, ctx.device)                 # the harness's defaults, as the rows it bounds
     return 2 * n**3 / (t.median_ms * 1e9)
 
 
@@ -307,7 +335,7 @@ def measure(ctx: Context, variant: str, params: dict, *, fn: Callable[[], object
     if not verdict["passed"]:
         return row(variant, params, "failed", verdict["reason"], check=verdict)
     t = ctx.time(fn, **(timing or {}))
-    roofs = ctx.roofs(dtype)
+    roofs = ctx.roofs(dtype, working_set_bytes=params.get("working_set_bytes") or bytes_moved)
     prediction = ctx.predict(flops, bytes_moved, dtype, t, launches=launches,
                              working_set_bytes=params.get("working_set_bytes"))
     return row(variant, params, "ok", None, check=verdict, timing=t,

@@ -2,7 +2,7 @@
 
 A frame row is one result row with its record's identity beside it: `exercise`, `phase`,
 `bench_version`, `hardware`, `hardware_name`, `source` (measured or quoted), `path` (relative to
-results/), `order` (oldest record first), `record_status`; the row's own `variant`, `status`,
+results/), `order` (oldest record first), `record_status`, `l2_bytes` (the GPU's, if captured); the row's own `variant`, `status`,
 `reason`; and its blocks flattened as `params.*`, `metrics.*`, `prediction.*`, `timing.*`, plus the
 record's `summary.*`. Reports select with `Frame.latest()`, never by walking records.
 """
@@ -34,8 +34,15 @@ def _meta(order: int, rec: dict) -> dict:
         "commit": rec["provenance"].get("commit"),
         "path": rec["_path"],
         "record_status": rec["status"],
+        "l2_bytes": l2_bytes(hardware),
         **{f"summary.{k}": v for k, v in (rec.get("summary") or {}).items()},
     }
+
+
+def l2_bytes(hardware: dict) -> float | None:
+    """The GPU's L2 size as its record captured it (None on a CPU, or where not captured)."""
+    mib = (hardware.get("gpu") or {}).get("l2_mib")
+    return mib * 2**20 if isinstance(mib, (int, float)) else None
 
 
 def build(records: list[dict]) -> pd.DataFrame:
@@ -78,8 +85,11 @@ class Frame:
 
     @classmethod
     def of(cls, records: list[dict], excluded: dict | None = None, calibrators: dict | None = None) -> "Frame":
-        """The frame with each timed row's calibrated prediction (common/calibration.py)."""
+        """The frame with each timed row's calibrated prediction (common/calibration.py). Smoke
+        records (`lab run --quick`) are left out here, the one door every report block goes through."""
         from .calibration import add_columns
+        from .records import is_smoke
+        records = [rec for rec in records if not is_smoke(rec)]
         return cls(add_columns(build(records), records, excluded, calibrators), records)
 
     def latest(self, exercise: str, *, since_version: int = 1, measured_only: bool = False) -> pd.DataFrame:

@@ -6,10 +6,39 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# Where a run whose records are not results goes: a CPU-only machine's (its rows describe that
+# machine, not the lab's GPUs) and any `--quick` smoke run. Git ignores it and `lab report` never
+# reads it, so such a run can never dirty the committed READMEs by accident.
+LOCAL_RESULTS = "local-results"
+
+
 def results_dir(override: str | None = None) -> Path:
     """--results flag > LAB_RESULTS_DIR > <repo>/results."""
     chosen = override or os.environ.get("LAB_RESULTS_DIR")
     return Path(chosen) if chosen else REPO_ROOT / "results"
+
+
+def run_results_dir(override: str | None = None, local: bool = False) -> Path:
+    """Where `lab run` writes: --results > LAB_RESULTS_DIR > <repo>/local-results for a local run
+    (on a CPU, or --quick) > <repo>/results."""
+    if override or os.environ.get("LAB_RESULTS_DIR") or not local:
+        return results_dir(override)
+    return REPO_ROOT / LOCAL_RESULTS
+
+
+def shown_path(path: Path, results: Path) -> str:
+    """A record's path as the run's summary prints it: relative to the repo, or, for a results
+    folder outside it, the folder's name and the path inside it (never just the file name, which
+    several exercises' records share)."""
+    path, results = Path(path).resolve(), Path(results).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        pass
+    try:
+        return f"{results.name}/{path.relative_to(results).as_posix()}"
+    except ValueError:
+        return path.name
 
 
 def hardware_yaml(override: str | None = None) -> Path:

@@ -206,6 +206,13 @@ def load_records(results: Path, phase: int | None = None, exercise: str | None =
     return out
 
 
+def is_smoke(record: dict) -> bool:
+    """A `lab run --quick` record: tiny sizes and short timing, a test of the code path. It may be
+    read back by the run that wrote it, but never counts as a result (no table, headline, goal,
+    plot or calibration of the report uses it)."""
+    return bool((record.get("provenance") or {}).get("quick"))
+
+
 def order_key(record: dict) -> tuple:
     """Oldest first: by start time, then by the -N suffix a same-second record gets."""
     stem = Path(record["_path"]).stem

@@ -19,7 +19,7 @@ from .errors import LabError
 from .formats import markdown
 from .frame import Frame
 from .paths import REPO_ROOT, results_dir
-from .records import load_records
+from .records import is_smoke, load_records
 from .spec import Phase, Plot, Table, Text
 
 BLOCK = re.compile(r"(<!-- lab:begin (?P<id>[\w.]+) -->\n)(?P<body>.*?)(<!-- lab:end (?P=id) -->)", re.S)
@@ -112,8 +112,9 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
     if not res.is_dir():
         raise LabError(f"results folder '{res.name}' is not a folder")
     records = load_records(res, strict=True)
-    if not records:
-        raise LabError(f"no records under results folder '{res.name}': nothing to report "
+    if not any(not is_smoke(rec) for rec in records):
+        smoke = " other than `--quick` smoke runs (never reported)" if records else ""
+        raise LabError(f"no records under results folder '{res.name}'{smoke}: nothing to report "
                        "(the READMEs' tables are left as they are)")
     frame = frame_of(records)
     known = blocks()

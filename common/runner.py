@@ -70,8 +70,13 @@ def _status(rows: list[dict]) -> str:
 
 def device_memory_bytes(ctx: Context) -> int | None:
     """What one problem may hold at once: the GPU's memory, or the RAM the host has available."""
-    if ctx.is_cuda:
-        return torch.cuda.get_device_properties(ctx.device).total_memory
+    return memory_bytes(ctx.device)
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """A CUDA device's total memory, or the RAM the host has available now (None if unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -92,8 +97,9 @@ def checked_params(exercises: list[Exercise], ctx: Context, overrides: dict) -> 
     out = {}
     for ex in exercises:
         params = ex.resolve_params(ctx.device.type == "cpu", ctx.quick, overrides)
-        if ex.footprint_bytes is not None and memory and ex.needs.unmet(ctx) is None:
-            need = ex.footprint_bytes(params)
+        footprint = ex.cpu_footprint_bytes if (not ctx.is_cuda and ex.cpu_footprint_bytes) else ex.footprint_bytes
+        if footprint is not None and memory and ex.needs.unmet(ctx) is None:
+            need = footprint(params)
             if need > memory:
                 where = (f"this GPU has {memory / 2**30:.1f} GiB" if ctx.is_cuda
                          else f"this machine has {memory / 2**30:.1f} GiB of RAM available")

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,23 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-onl
 
 
 # ------------------------------------------------------------------------------ environment
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_in_pytests_folder(tmp_path_factory):
+    """Every temporary file of the run, the children's included (torchrun's torchelastic_* logs,
+    engines' scratch files), goes under pytest's own temp folder, which a passing run removes
+    (pyproject.toml: tmp_path_retention_policy = "failed"); a failing run keeps it to look at."""
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None                      # re-read TMPDIR
+    yield folder
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path_factory):
     for var in LAB_VARS:
@@ -113,12 +131,23 @@ def quick_records(quick_run) -> list[dict]:
     return load_records(quick_run["results"])
 
 
+def as_full_run(record: dict) -> dict:
+    """A smoke record made to pass for a full run (`provenance.quick` off): the report never reads
+    smoke records, and a full run of phases 0 and 1 takes too long for the report's tests."""
+    record = copy.deepcopy(record)
+    record["provenance"]["quick"] = False
+    return record
+
+
 @pytest.fixture
 def quick_results_copy(quick_run, tmp_path) -> Path:
-    """A private copy of the quick run's results (tests that draw plots write into it)."""
+    """A private copy of the quick run's results, each record passed off as a full run (see
+    as_full_run), for the report's tests (those that draw plots write into it)."""
     assert quick_run["rc"] == 0, quick_run["stdout"] + quick_run["stderr"]
     dst = tmp_path / "results"
     shutil.copytree(quick_run["results"], dst)
+    for path in json_files(dst):
+        path.write_text(json.dumps(as_full_run(json.loads(path.read_text())), indent=2))
     return dst
 
 

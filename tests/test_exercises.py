@@ -255,6 +255,8 @@ def test_phase1_ceiling_is_read_from_the_runs_own_results_folder(tmp_path):
     from common.cli import main
     from common.exercise import Context
     assert main(["run", "phase1.regime_sweep", "--quick", "--results", str(tmp_path / "with")]) == 0
-    found = Context(torch.device("cpu"), None, "cpu", results=tmp_path / "with").phase1_ceiling()
+    found = Context(torch.device("cpu"), None, "cpu", quick=True, results=tmp_path / "with").phase1_ceiling()
     assert found["tflops"] > 0 and found["source"].startswith("results/phase1/regime_sweep/cpu/")
-    assert Context(torch.device("cpu"), None, "cpu", results=tmp_path / "empty").phase1_ceiling() is None
+    assert Context(torch.device("cpu"), None, "cpu", quick=True, results=tmp_path / "empty").phase1_ceiling() is None
+    # a smoke run's ceiling is read only by smoke runs
+    assert Context(torch.device("cpu"), None, "cpu", results=tmp_path / "with").phase1_ceiling() is None

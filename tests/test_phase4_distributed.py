@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import cpu_only, json_files, run_lab
+from conftest import as_full_run, cpu_only, json_files, run_lab
 
 from common import roofline
 from common.errors import LabError
@@ -92,7 +92,7 @@ def test_the_sweep_and_the_ring_are_predicted_from_the_link_ceilings(gloo_run):
         assert c["predicted_ms"] == pytest.approx(want) and c["computed"].startswith("at run time")
         assert c["ceilings_record"] == f"results/{ceil['_path']}" and c["bound"] in ("latency", "communication")
         assert c["measured_over_predicted"] == pytest.approx(r["metrics"]["ms"] / want)
-    df = Frame.of(gloo_run["records"]).df
+    df = Frame.of([as_full_run(r) for r in gloo_run["records"]]).df
     sweep_rows = df[(df["exercise"] == "phase4.interconnect") & (df["status"] == "ok")]
     for (_, fr), (_, r) in zip(sweep_rows.iterrows(), [t for t in timed if t[0] == "phase4.interconnect"]):
         again = cal.calibrator(fr, gloo_run["records"])
@@ -153,7 +153,7 @@ def test_ddp_checksums_identical_after_broadcast_and_steps(gloo_run):
 def test_report_and_plot_from_gloo_records(gloo_run, tmp_path):
     from common import render
     from common.frame import Frame
-    v = render.View(Frame.of(gloo_run["records"]), tmp_path / "README.md", gloo_run["results"])
+    v = render.View(Frame.of([as_full_run(r) for r in gloo_run["records"]]), tmp_path / "README.md", gloo_run["results"])
     text = {b.id: render.block(v, b) for b in report.PHASE.blocks}
     assert all(t.strip() for t in text.values())
     assert "deadlocked as predicted" in text["phase4.deadlock"]

@@ -10,7 +10,7 @@ from common import render, report
 from common.records import load_records, write_record
 from common.registry import select
 from common.runner import run_one
-from conftest import REPO, clean_env
+from conftest import REPO, as_full_run, clean_env
 from phases.phase6_hardware import findings
 from phases.phase6_hardware.report import GOALS, PHASE, headline
 
@@ -28,7 +28,7 @@ def attention_view(tmp_path_factory):
     [ex] = select(["phase6.jax_attention"])
     params = ex.resolve_params(True, True, {"shapes": [[1, 2, 2048, 64]]})
     folder = tmp_path_factory.mktemp("phase6-results")
-    write_record(run_one(ex, ctx, params, static_blocks(ctx, ["lab", "run", "test"]), None, None), folder)
+    write_record(as_full_run(run_one(ex, ctx, params, static_blocks(ctx, ["lab", "run", "test"]), None, None)), folder)
     return render.View(report.frame_of(load_records(folder)), folder / "README.md", folder)
 
 

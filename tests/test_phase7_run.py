@@ -1,7 +1,9 @@
 """`lab run 7 --quick` end to end on a CPU: five valid records, and the phase 7 README blocks and
 plots written from them; the report renders every block of the committed records without torch."""
 import importlib.util
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from common.frame import Frame
 from common.records import load_records, problems
 from phases.phase7_gpt import analysis
 from phases.phase7_gpt.report import PHASE
+from conftest import as_full_run, json_files
 
 REPO = Path(__file__).resolve().parent.parent
 EXS = ["phase7.data_prep", "phase7.model", "phase7.overfit", "phase7.scaling", "phase7.failures"]
@@ -23,6 +26,18 @@ def quick7(tmp_path_factory):
     results = tmp_path_factory.mktemp("p7") / "results"
     rc = main(["run", "7", "--quick", "--results", str(results)])
     return rc, results, load_records(results)
+
+
+@pytest.fixture(scope="module")
+def full7(quick7, tmp_path_factory):
+    """The quick run's records passed off as a full run's (the report never reads smoke records),
+    in a copy of its results folder: (results, records)."""
+    _, results, _ = quick7
+    folder = tmp_path_factory.mktemp("p7-full") / "results"
+    shutil.copytree(results, folder)
+    for path in json_files(folder):
+        path.write_text(json.dumps(as_full_run(json.loads(path.read_text())), indent=2))
+    return folder, load_records(folder)
 
 
 def _rec(records, ex):
@@ -115,8 +130,8 @@ def test_quick_records_carry_the_analysis(quick7):
     assert sc["smallest"] == "nano" and sc["largest"] == "small" and sc["n_ratio"] > 1
 
 
-def test_report_blocks_and_plots_from_the_records(quick7, tmp_path, monkeypatch):
-    _, results, records = quick7
+def test_report_blocks_and_plots_from_the_records(full7, tmp_path, monkeypatch):
+    results, records = full7
     readme = tmp_path / "README.md"
     readme.write_text(README)
     monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
@@ -140,8 +155,8 @@ def test_report_blocks_and_plots_from_the_records(quick7, tmp_path, monkeypatch)
     assert report.regenerate(check=True, results=str(results), echo=quiet) == 0      # in sync, plots present
 
 
-def test_headline(quick7):
-    _, results, records = quick7
+def test_headline(full7):
+    results, records = full7
     [line] = PHASE.headline(render.View(Frame.of(records), REPO / "README.md", results))
     assert "tokens/s" in line and "scaling exponent" in line
 

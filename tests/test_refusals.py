@@ -124,11 +124,18 @@ def test_the_validator_finds_absolute_paths_inside_any_string(make_record):
 
 
 # ------------------------------------------------------------------------------ output without a terminal
-def test_lab_list_through_a_pipe_keeps_each_exercise_on_one_line():
+def test_lab_list_through_a_pipe_reads_at_120_columns():
+    """Piped (a CI log, `| less`) the table is 120 columns wide, each cell wrapped inside its
+    column (issue 33); an exercise's first line names it, starts its title and says whether it runs."""
     proc = subprocess.run([*lab_cmd(), "list"], capture_output=True, text=True, cwd=REPO, env=clean_env(),
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 120
     from common.registry import all_exercises
     for ex in all_exercises():
-        line = next((ln for ln in proc.stdout.splitlines() if ex.id in ln), None)
-        assert line is not None and ex.title[:40] in line, ex.id
+        line = next((ln for ln in lines if f" {ex.id} " in ln), None)
+        assert line is not None, ex.id
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        assert cells[1] and ex.title.startswith(cells[1]), (ex.id, cells)
+        assert cells[-1].startswith(("runs", "skips")), (ex.id, cells)

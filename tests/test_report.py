@@ -11,7 +11,7 @@ from common import formats, render, report
 from common.frame import Frame
 from common.errors import LabError
 from common.records import load_records, write_record
-from conftest import assert_one_line_error, by_exercise
+from conftest import as_full_run, assert_one_line_error, by_exercise
 
 README = """# A lab
 
@@ -252,7 +252,7 @@ def _view(records, tmp_path):
 
 
 def test_external_figures_are_labelled(quick_records, tmp_path):
-    rec = copy.deepcopy(by_exercise(quick_records, "phase1.elementwise"))
+    rec = as_full_run(by_exercise(quick_records, "phase1.elementwise"))
     rec.pop("_path")
     rec["source"] = {"kind": "external", "citation": "seed write-up, Phase 1"}
     rec["hardware"]["key"] = "rtx_4090"
@@ -265,7 +265,7 @@ def test_external_figures_are_labelled(quick_records, tmp_path):
 
 def test_phase0_findings_with_only_a_tf32_row(quick_records, tmp_path):
     """A GPU run with --variant tf32 has no fp32 row to compare with; findings must still render."""
-    rec = copy.deepcopy(by_exercise(quick_records, "phase0.matmul_baseline"))
+    rec = as_full_run(by_exercise(quick_records, "phase0.matmul_baseline"))
     rec.pop("_path")
     fp32 = next(r for r in rec["rows"] if r["variant"] == "fp32")
     tf32 = copy.deepcopy(fp32)

@@ -3,7 +3,8 @@
     lab run phase1.ceilings
 
 Five numbers, each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the
-HBM roof), copy bandwidth of a working set that stays in L2 (caches warm), the best sustained
+HBM roof), copy bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level
+cache), the best sustained
 matmul rate per dtype (median over samples, best over sizes), and the latency floor: what the
 harness shows for an empty kernel, launched alone and replayed in a CUDA graph, and a synchronize.
 The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
@@ -14,6 +15,7 @@ import time
 import torch
 
 from common.checks import TORCH_DTYPES
+from common.cpu_cache import last_level_cache
 from common.exercise import Exercise, Result, measure, reference_check, row
 from common.params import Choice, Float, Int
 from common.standalone import run_alone
@@ -75,11 +77,20 @@ def _launch_rows(ctx) -> list[dict]:
     return rows
 
 
+def cache_of(ctx) -> tuple[str, int | None]:
+    """(the copy row's variant, the cache's bytes): a GPU's L2, or a CPU's last-level cache (a CPU
+    is timed warm, so a working set that fits there is served from it; see common/cpu_cache.py)."""
+    if ctx.is_cuda:
+        return "l2_copy", getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None)
+    llc = last_level_cache()
+    return "llc_copy", llc[1] if llc else None
+
+
 def run(ctx, params) -> Result:
-    l2 = getattr(torch.cuda.get_device_properties(ctx.device), "L2_cache_size", None) if ctx.is_cuda else None
+    cache_variant, l2 = cache_of(ctx)
     rows = [_copy_row(ctx, "hbm_copy", params["hbm_bytes"], warm=False)]
     if l2:
-        rows.append(_copy_row(ctx, "l2_copy", int(l2 * params["l2_fraction"]), warm=True))
+        rows.append(_copy_row(ctx, cache_variant, int(l2 * params["l2_fraction"]), warm=True))
     dtypes = [d for d in params["dtypes"] if ctx.is_cuda or d in ("fp32",)]
     for dtype in ctx.track(dtypes, "matmul ceilings"):
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
@@ -91,8 +102,12 @@ def run(ctx, params) -> Result:
 
 
 def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> dict:
-    """The summary the calibrated model reads (units in the names)."""
+    """The summary the calibrated model reads (units in the names). `l2_*` is the cache level a
+    warm working set is served from: a GPU's L2, a CPU's last-level cache (row `llc_copy`)."""
     ok = {r["variant"]: r for r in rows if r["status"] == "ok"}
+    fit = int(l2_bytes * l2_fraction) if l2_bytes else 0
+    if "llc_copy" in ok:                # a CPU: always warm, so the whole cache serves (as Context.roofs)
+        ok["l2_copy"], fit = ok["llc_copy"], l2_bytes
     matmul: dict = {}
     for r in rows:
         dtype = r["params"].get("dtype")
@@ -101,7 +116,7 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
     return {
         "hbm_gbps": ok["hbm_copy"]["metrics"]["gbps"] if "hbm_copy" in ok else None,
         "l2_gbps": ok["l2_copy"]["metrics"]["gbps"] if "l2_copy" in ok else None,
-        "l2_bytes": l2_bytes, "l2_fit_bytes": int(l2_bytes * l2_fraction) if l2_bytes else 0,
+        "l2_bytes": l2_bytes, "l2_fit_bytes": fit,
         "matmul_tflops": matmul,
         "launch_us": 1e3 * ok["launch"]["metrics"]["ms"] if "launch" in ok else None,
         "graph_launch_us": 1e3 * ok["graph_launch"]["metrics"]["ms"] if "graph_launch" in ok else None,

@@ -1,5 +1,6 @@
 """Phase 1's README blocks, declared (rendered by common/render.py): tables, the roofline and
 L2-cliff plots, and the findings."""
+from common.above_roof import bandwidth_pct
 from common.formats import elements, num, num4, pct, ratio, size_bytes
 from common.frame import by_hardware, find, value
 from common.spec import Phase, Plot, Table, Text, col, ident
@@ -11,7 +12,7 @@ INTENSITY = col("FLOP/byte", "prediction.intensity_flop_per_byte", num)
 ELEMENTWISE = Table("phase1.elementwise", "phase1.elementwise", columns=(
     ident("op", "variant"), ident("elements", "params.n", elements),
     ident("working set", "params.working_set_bytes", size_bytes), col("ms", "metrics.ms", num),
-    col("GB/s", "metrics.gbps", num), col("% of spec BW", "metrics.pct_of_peak_bandwidth", pct),
+    col("GB/s", "metrics.gbps", num), col("% of spec BW", bandwidth_pct),
     col("% of copy (same run)", "metrics.pct_of_copy_bandwidth", pct), INTENSITY))
 
 MATMUL_COLUMNS = (ident("N", "params.n", num), ident("dtype", "params.dtype"), INTENSITY,
@@ -35,9 +36,18 @@ def ridge_note(view, rows) -> str:
 MATMUL_FP16 = Table("phase1.matmul_fp16", "phase1.matmul_fp16", columns=MATMUL_COLUMNS)
 REGIME_SWEEP = Table("phase1.regime_sweep", "phase1.regime_sweep", columns=MATMUL_COLUMNS, note=ridge_note)
 
+def served_from(r) -> str:
+    """Why a warm copy may pass 100% of the HBM roof: its working set fits in the L2 (the record's
+    `l2_bytes`) and is served from there; '-' where the L2 size is unknown."""
+    ws, l2 = value(r, "params.working_set_bytes"), value(r, "summary.l2_bytes")
+    if not ws or not l2:
+        return "-"
+    return f"L2 (fits in {size_bytes(l2)})" if ws <= l2 else "HBM"
+
+
 CACHE_SWEEP = Table("phase1.cache_sweep", "phase1.cache_sweep", columns=(
     ident("working set", "params.working_set_bytes", size_bytes), col("GB/s", "metrics.gbps", num),
-    col("% of spec HBM BW", "metrics.pct_of_peak_bandwidth", pct),
+    col("% of spec HBM BW", "metrics.pct_of_peak_bandwidth", pct), col("served from", served_from),
     col("copies per graph replay", "timing.graph_reps", num)))
 
 NSIGHT = Table("phase1.nsight", "phase1.nsight", prediction=False, columns=(

@@ -40,6 +40,7 @@ from .launch import (
     link_roofs,
     plan,
     ranks_sharing_memory,
+    whole_run_skipped,
     work_world_sizes,
 )
 
@@ -570,7 +571,7 @@ EXERCISE = Exercise(
                 "bucket_caps_mb": [0.01, 1], "warmup_iters": 1, "iters": 5, "wall_steps": 4,
                 "straggler_ms": 20.0, "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"n_layers": 2, "bucket_caps_mb": [0.01, 1], "iters": 3, "warmup_iters": 1, "wall_steps": 3},
-    footprint_bytes=footprint_bytes, work=work,
+    footprint_bytes=footprint_bytes, work=work, skips=whole_run_skipped,
 )
 
 

@@ -33,6 +33,7 @@ from .launch import (
     link_roofs,
     plan,
     ranks_sharing_memory,
+    whole_run_skipped,
     work_world_sizes,
 )
 from .ring_allreduce import Config, lane_groups, p2p_env
@@ -294,7 +295,7 @@ EXERCISE = Exercise(
                 "warmup_iters": 2, "min_iters": 5, "max_iters": 20, "iter_bytes": 2**24,
                 "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"sizes_bytes": [2**15 + 12, 2**17], "warmup_iters": 1, "min_iters": 3, "max_iters": 3},
-    footprint_bytes=footprint_bytes, work=work,
+    footprint_bytes=footprint_bytes, work=work, skips=whole_run_skipped,
 )
 
 

@@ -125,6 +125,12 @@ def plan(ctx, params: dict) -> Plan:
     return p
 
 
+def whole_run_skipped(ctx, params: dict) -> str | None:
+    """Why a run with these parameters would skip every world size here (`Exercise.skips`), or None."""
+    pl = plan(ctx, params)
+    return pl.skipped[0][1] if pl.skipped and not pl.world_sizes else None
+
+
 # ------------------------------------------------------------------------------ the link as a roof
 def link_roofs(ctx, backend: str, dtype: str | None = None) -> roofline.Roofs:
     """The roofline for communication: bandwidth = the per-GPU one-way link bandwidth from

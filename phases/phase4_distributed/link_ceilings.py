@@ -29,6 +29,7 @@ from .launch import (
     link_roofs,
     plan,
     ranks_sharing_memory,
+    whole_run_skipped,
     work_world_sizes,
 )
 
@@ -118,7 +119,7 @@ EXERCISE = Exercise(
                 "timeout_s": 180, "pg_timeout_s": 60},
     quick_params={"small_sizes_bytes": [2**15, 2**16], "large_sizes_bytes": [2**19, 2**20],
                   "warmup_iters": 1, "min_iters": 3, "max_iters": 3},
-    footprint_bytes=footprint_bytes, work=work,
+    footprint_bytes=footprint_bytes, work=work, skips=whole_run_skipped,
 )
 
 

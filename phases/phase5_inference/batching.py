@@ -21,7 +21,14 @@ from common.timing import summarize
 from . import serving
 from .analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
 from .prediction import summed_prediction
-from .model_choice import COMMON, CPU_COMMON, engine_settings, shape_of, weights_footprint_bytes
+from .model_choice import (
+    COMMON,
+    CPU_COMMON,
+    cpu_weights_footprint_bytes,
+    engine_settings,
+    shape_of,
+    weights_footprint_bytes,
+)
 from .workload import random_prompts
 
 MAX_BATCHED_TOKENS = 8192
@@ -153,6 +160,7 @@ EXERCISE = Exercise(
                 "warmups": 1},
     quick_params={"concurrency": [1, 4], "prompt_tokens": 12, "output_tokens": 8, "min_requests": 2, "warmups": 1},
     footprint_bytes=lambda p: 0 if p["base_url"] else weights_footprint_bytes(p),
+    cpu_footprint_bytes=lambda p: 0 if p["base_url"] else cpu_weights_footprint_bytes(p),
     work=work,
 )
 

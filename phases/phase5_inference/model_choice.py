@@ -39,12 +39,40 @@ def engine_settings(params: dict, model: str | None = None, **overrides) -> dict
     return out
 
 
-def weights_footprint_bytes(params: dict, models=None) -> float:
+# Bytes per weight as the engine loads them: bf16 on a GPU, fp32 on a CPU (serving.dtype_name;
+# a CPU's bf16 matmuls are slow or missing), so the same model needs twice the memory there.
+GPU_BYTES_PER_PARAM = 2
+CPU_BYTES_PER_PARAM = 4
+
+
+def weights_footprint_bytes(params: dict, models=None, bytes_per_param: float = GPU_BYTES_PER_PARAM) -> float:
     """The largest model's weights: a run that cannot even hold them is refused before it starts."""
     names = models or [params["model"]]
     if params.get("checkpoint"):
-        return from_checkpoint(params["checkpoint"]).weight_bytes()
-    return max(named(m).weight_bytes() for m in names)
+        return from_checkpoint(params["checkpoint"]).weight_bytes(bytes_per_param)
+    return max(named(m).weight_bytes(bytes_per_param) for m in names)
+
+
+def cpu_weights_footprint_bytes(params: dict, models=None) -> float:
+    """`Exercise.cpu_footprint_bytes`: the largest model's weights in fp32. On a CPU nothing skips
+    a model that does not fit once the run has started, so every model listed must fit."""
+    return weights_footprint_bytes(params, models, CPU_BYTES_PER_PARAM)
+
+
+def refuse_unless_it_fits(shape: LlamaShape, dtype_bytes: int, device, ranks: int = 1) -> None:
+    """`lab serve`'s check before loading: LabError (exit 2, one line) when the weights, in the
+    dtype the engine will load and split over `ranks` GPUs, exceed the device's memory (a GPU's
+    total, or the RAM the host has available)."""
+    from common.errors import LabError
+    from common.runner import memory_bytes
+    need = shape.weight_bytes(dtype_bytes) / ranks
+    have = memory_bytes(device)
+    if have and need > have:
+        where = "this GPU has" if device.type == "cuda" else "this machine has"
+        per = f" per GPU over {ranks}" if ranks > 1 else ""
+        raise LabError(f"{shape.name}: its weights need {need / 2**30:,.1f} GiB{per} in {dtype_bytes * 8}-bit "
+                       f"floats; {where} {have / 2**30:,.1f} GiB{' of RAM available' if device.type != 'cuda' else ''}: "
+                       "serve a smaller model")
 
 
 def release_memory(ctx) -> None:

@@ -17,7 +17,15 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .analysis import offline_steps
-from .model_choice import COMMON, CPU_COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
+from .model_choice import (
+    COMMON,
+    CPU_COMMON,
+    cpu_weights_footprint_bytes,
+    engine_settings,
+    release_memory,
+    shape_of,
+    weights_footprint_bytes,
+)
 from .prediction import summed_prediction
 from .workload import random_lengths, random_prompts
 
@@ -112,7 +120,7 @@ EXERCISE = Exercise(
             "input_tokens": LENGTH_RANGE, "output_tokens": LENGTH_RANGE},
     cpu_params={**CPU_COMMON, "num_seqs": 8, "input_tokens": [4, 24], "output_tokens": [4, 16]},
     quick_params={"num_seqs": 4, "input_tokens": [4, 12], "output_tokens": [2, 8]},
-    footprint_bytes=weights_footprint_bytes,
+    footprint_bytes=weights_footprint_bytes, cpu_footprint_bytes=cpu_weights_footprint_bytes,
     work=work,
 )
 

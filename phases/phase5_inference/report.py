@@ -2,6 +2,7 @@
 against plain PyTorch, the continuous-batching sweep and its plot, offline throughput, the paged
 attention kernel, vLLM, weight-only quantization (kernels, the engine, quality), the goals and the
 findings."""
+from common.above_roof import bandwidth_pct
 from common.formats import count as tokens
 from common.formats import gib, missing, ms, num, pct, ratio
 from common.frame import by_hardware, find, value
@@ -67,7 +68,7 @@ VLLM_TABLE = Table(VLLM, VLLM, columns=(
 ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
     ident("variant", "variant"), ident("batch", "params.batch", num), ident("context", "params.context", num),
     col("µs", lambda r: 1000 * r["metrics.ms"], num), col("GB/s", "metrics.gbps", num),
-    col("% of peak bandwidth", "metrics.pct_of_peak_bandwidth", pct),
+    col("% of peak bandwidth", bandwidth_pct),
     col("x gather + SDPA", "metrics.speedup_vs_gather_sdpa", ratio), col("splits", "metrics.num_splits", num)),
     brief=lambda rows: rows[rows["params.batch"].isin([1, 64, 256])])
 

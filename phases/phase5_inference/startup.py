@@ -18,7 +18,14 @@ from common.params import Choice, Float, Int
 from common.standalone import run_alone
 
 from .engine.shapes import SHAPES
-from .model_choice import COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
+from .model_choice import (
+    COMMON,
+    cpu_weights_footprint_bytes,
+    engine_settings,
+    release_memory,
+    shape_of,
+    weights_footprint_bytes,
+)
 
 GIB = 2**30
 
@@ -90,6 +97,7 @@ EXERCISE = Exercise(
     cpu_params={"models": ["tiny", "tiny-tied"], "utilizations": [0.5]},
     quick_params={"models": ["tiny"], "utilizations": [0.5]},
     footprint_bytes=lambda p: min(weights_footprint_bytes(p, [m]) for m in p["models"]),
+    cpu_footprint_bytes=lambda p: cpu_weights_footprint_bytes(p, p["models"]),    # no model skips on a CPU
 )
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from .engine.shapes import SHAPES, named
 from .engine.tensor_parallel import (ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV, local_shape,
                                      rank_decode_weight_bytes, rank_kv_bytes_per_token, rank_weight_bytes,
                                      unsplittable)
-from .model_choice import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, SEED, release_memory
+from .model_choice import BLOCK_SIZE, CPU_BYTES_PER_PARAM, GPU_MEMORY_UTILIZATION, SEED, release_memory
 from .prediction import summed_prediction
 
 GIB = 2**30
@@ -418,6 +418,13 @@ def footprint_bytes(params: dict) -> float:
     return max(rank_weight_bytes(named(m), max(params["tp_sizes"])) for m in params["models"])
 
 
+def cpu_footprint_bytes(params: dict) -> float:
+    """On a CPU every rank holds its shard in the host's one RAM, in fp32: all shards at once."""
+    footprint_bytes(params)                        # the same refusals first
+    return max(tp * rank_weight_bytes(named(m), tp, CPU_BYTES_PER_PARAM) for m in params["models"]
+               for tp in params["tp_sizes"])
+
+
 def work(params: dict) -> list[Work]:
     why = refused(params)
     if why:
@@ -465,7 +472,7 @@ EXERCISE = Exercise(
     cpu_params={"models": ["tiny"], "tp_sizes": [1, 2], "prompt_tokens": 12, "output_tokens": 8, "runs": 1,
                 "check_tokens": 6, "step_reps": 3, "min_kv_tokens": 64, "timeout_s": 300, "pg_timeout_s": 60},
     quick_params={"output_tokens": 16, "runs": 1, "check_tokens": 8, "step_reps": 5},
-    footprint_bytes=footprint_bytes, work=work,
+    footprint_bytes=footprint_bytes, cpu_footprint_bytes=cpu_footprint_bytes, work=work,
 )
 
 if __name__ == "__main__":

@@ -31,7 +31,15 @@ from common.timing import summarize
 from . import serving
 from .analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
 from .engine.shapes import SHAPES
-from .model_choice import COMMON, CPU_COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
+from .model_choice import (
+    COMMON,
+    CPU_COMMON,
+    cpu_weights_footprint_bytes,
+    engine_settings,
+    release_memory,
+    shape_of,
+    weights_footprint_bytes,
+)
 from .prediction import summed_prediction
 from .workload import random_prompts
 
@@ -247,6 +255,7 @@ EXERCISE = Exercise(
                 "output_tokens": 8, "runs": 2, "compile": False},
     quick_params={"prompt_tokens": 12, "output_tokens": 8, "runs": 2},
     footprint_bytes=lambda p: min(weights_footprint_bytes(p, [m]) for m in p["models"]),
+    cpu_footprint_bytes=lambda p: cpu_weights_footprint_bytes(p, p["models"]),    # no model skips on a CPU
     work=work,
 )
 

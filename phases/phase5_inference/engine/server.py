@@ -534,7 +534,7 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
-    from .llm import EngineConfig, fused_path_unavailable, pick_device, resolve_quant_path
+    from .llm import DTYPES, EngineConfig, fused_path_unavailable, pick_device, resolve_quant_path
     from .weights import resolve
 
     config = EngineConfig(**{f: getattr(args, f) for f in ENGINE_FIELDS if f != "dtype"})
@@ -550,6 +550,8 @@ def config_from_args(args: argparse.Namespace):
         resolve(config.speculative_model)
     if config.tensor_parallel > 1:
         _check_tensor_parallel(config, shape, device)
+    from ..model_choice import refuse_unless_it_fits      # too large in the dtype it loads: refused now
+    refuse_unless_it_fits(shape, DTYPES[config.dtype].itemsize, device, config.tensor_parallel)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
     if args.max_queue < 1:
