@@ -122,12 +122,15 @@ def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
 
 
 def resolve_quant_path(config: EngineConfig, device: torch.device) -> str:
-    """The path quant_path 'auto' stands for here: int4 through the CUDA kernel where it can run
-    (else the Triton kernel, saying why in one line on stderr), int8 through the Triton kernel."""
+    """The path quant_path 'auto' stands for here: int4 (asked for, or an AWQ / GPTQ folder's own)
+    through the CUDA kernel where it can run, else the Triton kernel (saying why in one line on
+    stderr); int8 through the Triton kernel; on a CPU without the interpreter, naive."""
     if config.quant_path != "auto":
         return config.quant_path
     triton_here = device.type == "cuda" or interpreting()
-    if config.quantization != "int4" or config.dtype != "bfloat16":
+    from .int4_checkpoints import checkpoint_quantization
+    int4 = config.quantization == "int4" or (config.quantization == "none" and checkpoint_quantization(config) is not None)
+    if not int4 or config.dtype != "bfloat16":
         return "fused" if triton_here else "naive"
     from .int4_mma import device_unavailable
     why = device_unavailable(device)
