@@ -107,6 +107,8 @@ class StepOutput:
     finish_reason: str | None       # "stop" (EOS / stop token), "length" (max_tokens or max_model_len), "abort"
     num_prompt_tokens: int
     num_output_tokens: int
+    logprobs: list | None = None         # per new token (params.logprobs): (logprob, [(top id, logprob), ...])
+    prompt_logprobs: list | None = None  # on a request's first output (params.prompt_logprobs): per prompt token after the first
 
 
 def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
@@ -197,6 +199,7 @@ class LLMEngine:
                                          self.device, config.seed)
         eos = self.shape.eos_token_id
         self._eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
+        self.runner.sampler.eos_token_ids = self._eos_ids
         self._requests: dict[str, Sequence] = {}
         self._request_counter = itertools.count()
         self._abort_outputs: list[StepOutput] = []
@@ -288,6 +291,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
+        self._check_logits_features(params)
         prompt = self._checked_prompt(prompt_token_ids)
         if request_id is None:
             request_id = f"req-{next(self._request_counter)}"
@@ -301,6 +305,22 @@ class LLMEngine:
         self._requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
+
+    def _check_logits_features(self, params: SamplingParams) -> None:
+        """ValueError naming what this engine cannot honour: logits features under speculative
+        decoding (its verify step picks tokens on the device, past the sampler), token ids outside
+        the vocabulary in logit_bias."""
+        if self.speculator is not None:
+            asked = [name for name, on in (("logprobs", params.logprobs is not None),
+                                           ("prompt_logprobs", params.prompt_logprobs is not None),
+                                           ("logits processing (penalties, logit_bias, min_p, min_tokens)",
+                                            params.processes_logits)) if on]
+            if asked:
+                raise ValueError(f"{asked[0]} is not supported with speculative decoding")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if t >= self.shape.vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.shape.vocab_size})")
 
     def _checked_prompt(self, prompt_token_ids) -> list[int]:
         vocab = self.shape.vocab_size
@@ -365,8 +385,13 @@ class LLMEngine:
                 self._retire(seq, reason)
             elif self.speculator is not None:
                 self.scheduler.block_pool.truncate(seq, self.scheduler.slots_needed(seq))   # rejected tokens' blocks
-            outputs.append(StepOutput(seq.request_id, emitted, reason is not None, reason,
-                                      seq.num_prompt_tokens, seq.num_output_tokens))
+            out = StepOutput(seq.request_id, emitted, reason is not None, reason, seq.num_prompt_tokens,
+                             seq.num_output_tokens)
+            if seq.params.logprobs is not None:
+                out.logprobs, seq.new_logprobs = seq.new_logprobs, []
+            if seq.params.prompt_logprobs is not None and seq.num_output_tokens == len(emitted):
+                out.prompt_logprobs = seq.prompt_logprobs
+            outputs.append(out)
         self.telemetry["steps"] += 1
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
                           "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}

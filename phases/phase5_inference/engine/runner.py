@@ -32,7 +32,7 @@ from common.errors import LabError
 from . import decode_attention
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
-from .sampler import Sampler, categorical
+from .sampler import Sampler, categorical, token_logprobs
 from .sequence import Sequence
 from .shapes import LlamaShape
 
@@ -215,15 +215,33 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
         and one sampled token per sequence."""
-        if is_prefill and self._prefill_graph_fits(seqs):
+        if is_prefill and any(s.params.prompt_logprobs is not None and s.prompt_logprobs is None for s in seqs):
+            logits, greedy = self._prefill_with_prompt_logprobs(seqs), None
+        elif is_prefill and self._prefill_graph_fits(seqs):
             logits, greedy = self._prefill_replay(seqs[0])
         elif is_prefill:
             logits, greedy = self.prefill_logits(seqs), None
         else:
             logits, greedy = self._decode(seqs)
-        if greedy is not None and all(s.params.greedy for s in seqs):
+        if greedy is not None and not any(s.params.needs_sampler for s in seqs):
             return self._read_tokens(greedy)
-        return self.sampler.sample(logits, [s.params for s in seqs], [s.seq_id for s in seqs], greedy)
+        return self.sampler.sample(logits, seqs, greedy)
+
+    def _prefill_with_prompt_logprobs(self, seqs: list[Sequence]) -> torch.Tensor:
+        """An eager prefill keeping every position's logits: each sequence that asks for prompt
+        logprobs (on its first prefill only) gets seq.prompt_logprobs, one entry per prompt token
+        after the first; returns the last rows' logits, to sample from."""
+        all_logits = self.prefill_logits(seqs, all_positions=True)
+        last_rows, start = [], 0
+        for seq in seqs:
+            end = start + seq.num_tokens
+            if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+                n = seq.num_prompt_tokens
+                seq.prompt_logprobs = token_logprobs(all_logits[start:start + n - 1], seq.token_ids[1:n],
+                                                     [seq.params.prompt_logprobs] * (n - 1))
+            last_rows.append(end - 1)
+            start = end
+        return all_logits[torch.tensor(last_rows, device=all_logits.device)]
 
     @torch.inference_mode()
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
