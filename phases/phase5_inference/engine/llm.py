@@ -71,6 +71,9 @@ class EngineConfig:
             raise LabError(f"quant_path {self.quant_path!r}: choose one of {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
+        from .decode_attention import BACKENDS
+        if self.attention_backend not in BACKENDS:
+            raise LabError(f"attention_backend {self.attention_backend!r}: choose one of {', '.join(BACKENDS)}")
         from .tensor_parallel import ALLREDUCE_MODES
         if self.allreduce not in ALLREDUCE_MODES:
             raise LabError(f"allreduce {self.allreduce!r}: choose one of {', '.join(ALLREDUCE_MODES)}")
@@ -127,10 +130,23 @@ def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | 
     return None
 
 
+def backend_unavailable(config: EngineConfig, device: torch.device) -> str | None:
+    """Why the decode attention backend cannot run on this device (Triton needs a GPU, or the
+    interpreter), or None: said at startup, not by the first request."""
+    from phases.phase3_triton._support import HAVE_TRITON
+    if config.attention_backend == "triton" and (not HAVE_TRITON or (device.type != "cuda" and not interpreting())):
+        return ("attention_backend 'triton' runs a Triton kernel: it needs a CUDA GPU with triton installed "
+                "(or TRITON_INTERPRET=1); on a CPU use reference or auto")
+    return None
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise LabError(f"device {name!r}: not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LabError(f"device {name!r}: no CUDA GPU is visible")
     if device.type not in ("cuda", "cpu"):
@@ -145,7 +161,7 @@ class LLMEngine:
         config.check()
         self.config = config
         self.device = pick_device(config.device)
-        refused = fused_path_unavailable(config, self.device)
+        refused = fused_path_unavailable(config, self.device) or backend_unavailable(config, self.device)
         if refused:
             raise LabError(refused)
         dtype = DTYPES[config.dtype]
