@@ -55,7 +55,10 @@ class ApiError(Exception):
     def response(self) -> web.Response:
         body = {"error": {"message": self.message, "type": self.error_type, "param": self.param,
                           "code": self.code}}
-        return web.json_response(body, status=self.status)
+        response = web.json_response(body, status=self.status)
+        if self.status == 413:
+            response.force_close()      # no lingering to drain the unread body on the event loop
+        return response
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -362,6 +365,10 @@ OFF_LOOP_BODY_BYTES = 64 * 1024          # bodies larger than this are parsed on
 async def _json_body(request: web.Request, serving: "Serving") -> dict:
     """The body as a JSON object; a large one is parsed off the event loop. Malformed, too deeply
     nested or not an object: 400; over the size cap: 413 (aiohttp's, before it is all read)."""
+    if request.content_length is not None and request.content_length > serving.max_body_bytes:
+        raise ApiError(413, f"the request body is {request.content_length} bytes; this server takes at most "
+                            f"{serving.max_body_bytes} (the longest prompt {serving.model_name} can take)",
+                       code="413")       # said before reading any of it
     raw = await request.read()
     try:
         body = await serving.off_loop(json.loads, raw) if len(raw) > OFF_LOOP_BODY_BYTES else json.loads(raw)
@@ -384,7 +391,8 @@ class Choice:
     """One choice of a request: its engine outputs turned into text (stop strings and stop tokens
     applied), token ids and logprobs entries, piece by piece."""
 
-    def __init__(self, serving: "Serving", parsed: GenerationRequest, index: int, prompt_index: int, params):
+    def __init__(self, serving: "Serving", parsed: GenerationRequest, index: int, prompt_index: int, params,
+                 arrived: float):
         self.serving, self.parsed, self.index, self.params = serving, parsed, index, params
         self.prompt_ids = parsed.prompts[prompt_index]
         self.prompt_text = parsed.prompt_texts[prompt_index]
@@ -400,7 +408,7 @@ class Choice:
         self.num_output_tokens = 0
         self.prompt_logprobs = None
         self.outputs = None
-        self.started = time.perf_counter()
+        self.started = arrived                  # the request's arrival (perf_counter): TTFT counts its parsing
         self.first_token_s: float | None = None
 
     async def start(self, request_id: str):
@@ -532,9 +540,9 @@ def _choice_body(choice: Choice, chat: bool, text: str, entries, finish_reason, 
     return body
 
 
-async def _start_choices(serving, parsed, request_id: str) -> list[tuple[Choice, object]]:
+async def _start_choices(serving, parsed, request_id: str, arrived: float) -> list[tuple[Choice, object]]:
     """Every choice's request in the engine and its first output, or ApiError with none left running."""
-    choices = [Choice(serving, parsed, index, p, params) for index, p, params in parsed.choices()]
+    choices = [Choice(serving, parsed, index, p, params, arrived) for index, p, params in parsed.choices()]
     suffix = len(choices) > 1
     firsts = await asyncio.gather(*(c.start(f"{request_id}-{c.index}" if suffix else request_id) for c in choices),
                                   return_exceptions=True)
@@ -547,11 +555,12 @@ async def _start_choices(serving, parsed, request_id: str) -> list[tuple[Choice,
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    arrived = time.perf_counter()
     serving: Serving = request.app[SERVING_KEY]
     body = await _json_body(request, serving)
     parsed = await serving.off_loop(parse_request, body, serving, chat)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    started = await _start_choices(serving, parsed, request_id)
+    started = await _start_choices(serving, parsed, request_id, arrived)
     head = {"id": request_id, "created": int(time.time()), "model": serving.model_name}
     try:
         if parsed.stream:
