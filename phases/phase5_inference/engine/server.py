@@ -931,6 +931,7 @@ def config_from_args(args: argparse.Namespace):
         raise LabError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.port:
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the server binds: TIME_WAIT is no conflict
             try:
                 probe.bind((args.host, args.port))
             except OSError as exc:
