@@ -1,16 +1,31 @@
 """An OpenAI-compatible HTTP server over the lab's engine, on aiohttp.web: POST /v1/completions and
 /v1/chat/completions (streaming as server-sent events, with stream_options.include_usage), GET
-/v1/models and /health, and GET /v1/engine/stats (the engine's step times beside what a client
-measures; POST /v1/engine/stats/reset starts a new window).
+/v1/models, /v1/models/{id}, /health and /metrics (Prometheus), and GET /v1/engine/stats (the
+engine's step times beside what a client measures; POST /v1/engine/stats/reset starts a new window).
+
+The request fields follow OpenAI's, with vLLM's semantics where OpenAI's are silent: `stop` strings
+(held back while streaming until they cannot match; include_stop_str_in_output), stop_token_ids
+(the stop token's text is not output), logprobs (completions: an int; chat: logprobs + top_logprobs;
+of the raw logits, the chosen token among the top), `echo` with prompt logprobs (max_tokens 0 with
+echo returns the prompt alone: lm-evaluation-harness's loglikelihood), `n` (choice j of a seeded
+request draws from seed + j; each choice is its own engine request, prefilled on its own), a batch
+of prompts, presence / frequency / repetition penalties, logit_bias, min_p, min_tokens, top_k,
+ignore_eos, return_token_ids. Any other field with a value is a 400 naming it.
 
 Errors have OpenAI's body, {"error": {"message", "type", "param", "code"}}: 400 for malformed JSON or
-bad parameters (including a prompt that leaves no room in the context), 404 for an unknown model or
-route, 503 when `max_queue` requests are already in flight. A client that disconnects cancels its
-handler (handler_cancellation), which aborts the request and frees its KV blocks.
+bad parameters (including a prompt that leaves no room in the context), 401 without the --api-key,
+404 for an unknown model or route, 413 for a body larger than the longest prompt could need, 503
+when `max_queue` requests are already in flight. A client that disconnects cancels its handler
+(handler_cancellation), which aborts the request and frees its KV blocks.
+
+Nothing slow runs on the event loop: large bodies are parsed, prompts tokenized and echo answers
+serialized on worker threads, and a text prompt that cannot fit (more characters than
+max_model_len x the longest token) is refused before it is tokenized.
 
 Each SSE event is written as soon as its token exists: aiohttp sets TCP_NODELAY on every connection,
 so no Nagle delay holds small events back. Run it with `python -m phases.phase5_inference.engine.server`
-(or `lab serve`), which prints one line with the URL once the model is loaded and the port is open.
+(or `lab serve`), which checks every option, prints one line with the URL once the model is loaded
+and the port is open, and exits 130 on SIGINT, 143 on SIGTERM.
 """
 import argparse
 import asyncio
