@@ -231,17 +231,22 @@ class ModelRunner:
         """An eager prefill keeping every position's logits: each sequence that asks for prompt
         logprobs (on its first prefill only) gets seq.prompt_logprobs, one entry per prompt token
         after the first; returns the last rows' logits, to sample from."""
-        all_logits = self.prefill_logits(seqs, all_positions=True)
-        last_rows, start = [], 0
+        rows, spans, start = [], [], 0             # logits only where needed: V floats a row
         for seq in seqs:
-            end = start + seq.num_tokens
-            if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+            wants = seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None
+            first = len(rows)
+            if wants:
+                rows += range(start, start + seq.num_prompt_tokens - 1)
+            spans.append((first, len(rows), wants))
+            rows.append(start + seq.num_tokens - 1)
+            start += seq.num_tokens
+        logits = self.prefill_logits(seqs, rows=rows)
+        for seq, (first, end, wants) in zip(seqs, spans):
+            if wants:
                 n = seq.num_prompt_tokens
-                seq.prompt_logprobs = token_logprobs(all_logits[start:start + n - 1], seq.token_ids[1:n],
+                seq.prompt_logprobs = token_logprobs(logits[first:end], seq.token_ids[1:n],
                                                      [seq.params.prompt_logprobs] * (n - 1))
-            last_rows.append(end - 1)
-            start = end
-        return all_logits[torch.tensor(last_rows, device=all_logits.device)]
+        return logits[torch.tensor([end for _, end, _ in spans], device=logits.device)]
 
     @torch.inference_mode()
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
@@ -259,9 +264,11 @@ class ModelRunner:
         self.sampler.release(seq.seq_id)
 
     @torch.inference_mode()
-    def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False) -> torch.Tensor:
+    def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False,
+                       rows: list[int] | None = None) -> torch.Tensor:
         """fp32 logits after an eager prefill of every token of `seqs` (their blocks allocated): of
-        each sequence's last token, or of every position (the correctness check's view)."""
+        each sequence's last token, of every position (the correctness check's view), or of the
+        packed positions `rows`."""
         seq_lens = [s.num_tokens for s in seqs]
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
@@ -273,6 +280,8 @@ class ModelRunner:
         on_device = torch.from_numpy(packed).to(self.device)
         input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
             [total, total, total, len(seqs), len(seqs) + 1])
+        if rows is not None:
+            last_rows = torch.tensor(rows, dtype=torch.int64).to(self.device)
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)
