@@ -231,6 +231,7 @@ def test_model_route_and_metrics(client, server):
     assert float(samples["lab_time_per_output_token_seconds_count"]) >= 1
     assert samples["lab_kv_blocks_in_use"] == "0" and float(samples["lab_kv_blocks_total"]) > 0
     assert "lab_num_preemptions_total" in samples
+    assert float(samples['lab_http_errors_total{status="404"}']) >= 1                  # the unknown model above
 
 
 def test_api_key_is_required_when_set(weights, tokenizer):

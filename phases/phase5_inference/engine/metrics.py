@@ -1,5 +1,6 @@
 """The server's Prometheus metrics, written in the text exposition format by hand (a few counters
-and two histograms do not need a client library): requests by how they ended, prompt and generated
+and two histograms do not need a client library): requests by how they ended, errors by HTTP
+status, prompt and generated
 tokens, time to first token and time per output token, and, read from the engine at scrape time,
 KV blocks in use, preemptions and requests in flight."""
 import bisect
@@ -42,6 +43,7 @@ class ServerMetrics:
         self.requests = {}                  # finish reason ("stop", "length", "abort", "error") -> count
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.errors = {}                    # HTTP status of a refused or failed request -> count
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.tpot = Histogram(TPOT_BUCKETS_S)
 
@@ -57,6 +59,10 @@ class ServerMetrics:
             if decode_s is not None and generation_tokens > 1:
                 self.tpot.observe(decode_s / (generation_tokens - 1))
 
+    def refused(self, status: int) -> None:
+        with self._lock:
+            self.errors[status] = self.errors.get(status, 0) + 1
+
     def render(self, engine, num_in_flight: int) -> str:
         """The exposition text; `engine`'s KV pool and preemptions are read now."""
         pool = getattr(getattr(engine, "scheduler", None), "block_pool", None)
@@ -66,6 +72,9 @@ class ServerMetrics:
             lines = [f"# HELP {PREFIX}_requests_total Completed choices by finish reason.",
                      f"# TYPE {PREFIX}_requests_total counter"]
             lines += [f'{PREFIX}_requests_total{{finish_reason="{r}"}} {n}' for r, n in sorted(self.requests.items())]
+            lines += [f"# HELP {PREFIX}_http_errors_total Requests answered with an error, by HTTP status.",
+                      f"# TYPE {PREFIX}_http_errors_total counter"]
+            lines += [f'{PREFIX}_http_errors_total{{status="{c}"}} {n}' for c, n in sorted(self.errors.items())]
             lines += [f"# TYPE {PREFIX}_prompt_tokens_total counter", f"{PREFIX}_prompt_tokens_total {self.prompt_tokens}",
                       f"# TYPE {PREFIX}_generation_tokens_total counter",
                       f"{PREFIX}_generation_tokens_total {self.generation_tokens}",

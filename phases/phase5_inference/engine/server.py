@@ -598,8 +598,10 @@ async def _complete(serving, parsed, chat, head, started) -> web.Response:
         async for _, new_ids, new_entries in choice.pieces(first):
             ids += new_ids
             entries += new_entries
-        return _choice_body(choice, chat, choice.text, entries, choice.finish_reason, stream=False,
-                            token_ids=ids, echo=parsed.echo)
+        build = (choice, chat, choice.text, entries, choice.finish_reason, False, False, ids, parsed.echo)
+        if parsed.echo or parsed.logprobs is not None:      # a token's text per prompt or output token
+            return await serving.off_loop(_choice_body, *build)
+        return _choice_body(*build)
     bodies = await asyncio.gather(*(run(c, f) for c, f in started))
     body = {**head, "object": "chat.completion" if chat else "text_completion", "choices": list(bodies),
             "usage": _usage_of([c for c, _ in started], parsed)}
@@ -713,10 +715,12 @@ async def openai_errors(request: web.Request, handler):
         _check_api_key(request)
         return await handler(request)
     except ApiError as exc:
+        request.app[SERVING_KEY].metrics.refused(exc.status)
         return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        request.app[SERVING_KEY].metrics.refused(exc.status)
         message = exc.text if exc.status == 413 and exc.text else exc.reason or "error"
         return ApiError(exc.status, message, code=str(exc.status)).response()
     except (asyncio.CancelledError, ConnectionResetError):
