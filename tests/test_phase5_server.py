@@ -226,6 +226,18 @@ def test_completion_errors_are_openai_shaped(server, body, status, param, match)
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
+def test_unimplemented_fields_pass_only_at_their_no_op_value(server):
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for field, value in (("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"})):
+        code, reply = post(server.base_url + "/v1/chat/completions", {**chat, field: value})
+        assert code == 200, reply
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+                         ("response_format", {"type": "json_object"}), ("functions", [{"name": "f"}])):
+        code, reply = post(server.base_url + "/v1/chat/completions", {**chat, field: value})
+        assert code == 400 and reply["error"]["param"] == field and f"unsupported field '{field}'" in \
+            reply["error"]["message"]
+
+
 def test_chat_errors_and_unknown_route(server):
     code, reply = post(server.base_url + "/v1/chat/completions", {"model": "tiny", "messages": []})
     assert code == 400 and reply["error"]["param"] == "messages"

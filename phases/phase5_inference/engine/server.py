@@ -120,6 +120,9 @@ COMMON_FIELDS = frozenset({
     "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "return_token_ids"})
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "logprobs", "best_of"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+# fields this server does not implement, at the one value that asks for nothing (what it does anyway)
+NO_OP_VALUES = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "suffix": "",
+                "parallel_tool_calls": False}
 MAX_N = 64                      # choices per prompt
 MAX_PROMPTS = 256               # prompts in one completions request
 MAX_STOP_STRINGS = 64
@@ -162,7 +165,7 @@ def parse_request(body: dict, serving: "Serving", chat: bool) -> GenerationReque
                        "model", "model_not_found")
     known = CHAT_FIELDS if chat else COMPLETION_FIELDS
     for name, value in body.items():
-        if name not in known and value is not None:
+        if name not in known and value is not None and (name not in NO_OP_VALUES or value != NO_OP_VALUES[name]):
             raise bad_request(f"unsupported field '{name}': this server does not implement it", name)
     parsed = GenerationRequest(chat)
     parsed.stream = _boolean(body, "stream", False)
