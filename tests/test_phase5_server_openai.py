@@ -302,3 +302,15 @@ def test_hostile_requests_do_not_stall_other_streams(weights, tokenizer, num_str
         print(f"inter-token gap: median {usual * 1e3:.1f} ms, worst while hostile requests arrived "
               f"{max(during) * 1e3:.1f} ms")
         assert max(during) < max(10 * usual, 0.25), (max(during), usual)
+
+
+def test_stop_strings_span_pieces_and_hold_back_only_what_could_match():
+    from phases.phase5_inference.engine.stop_strings import StopStrings
+    stops = StopStrings(["END", "xyz"])
+    assert stops.add("hello E") == ("hello", False)          # the last 2 characters could begin a stop: held
+    assert stops.add("N") == (" ", False)
+    assert stops.add("D and more") == ("", True) and stops.text == "hello "      # "END" spans three pieces
+    kept = StopStrings(["END"], include_in_output=True)
+    assert kept.add("abcEN") == ("abcEN", False) and kept.add("Dzz") == ("D", True) and kept.text == "abcEND"
+    tail = StopStrings(["never"])
+    assert tail.add("abcdef") == ("ab", False) and tail.flush() == "cdef"
