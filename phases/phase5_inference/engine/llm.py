@@ -111,7 +111,7 @@ class StepOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     logprobs: list | None = None         # per new token (params.logprobs): (logprob, [(top id, logprob), ...])
-    prompt_logprobs: list | None = None  # on a request's first output (params.prompt_logprobs): per prompt token after the first
+    prompt_logprobs: list | None = None  # first output only (params.prompt_logprobs): per prompt token after the first
 
 
 def quantization_of(config: EngineConfig) -> QuantizationConfig | None:

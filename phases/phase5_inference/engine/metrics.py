@@ -75,7 +75,8 @@ class ServerMetrics:
             lines += [f"# HELP {PREFIX}_http_errors_total Requests answered with an error, by HTTP status.",
                       f"# TYPE {PREFIX}_http_errors_total counter"]
             lines += [f'{PREFIX}_http_errors_total{{status="{c}"}} {n}' for c, n in sorted(self.errors.items())]
-            lines += [f"# TYPE {PREFIX}_prompt_tokens_total counter", f"{PREFIX}_prompt_tokens_total {self.prompt_tokens}",
+            lines += [f"# TYPE {PREFIX}_prompt_tokens_total counter",
+                      f"{PREFIX}_prompt_tokens_total {self.prompt_tokens}",
                       f"# TYPE {PREFIX}_generation_tokens_total counter",
                       f"{PREFIX}_generation_tokens_total {self.generation_tokens}",
                       f"# HELP {PREFIX}_time_to_first_token_seconds Request arrival to its first token.",

@@ -53,7 +53,7 @@ DEFAULT_MAX_QUEUE = 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16        # OpenAI's default for /v1/completions
 SHUTDOWN_TIMEOUT_S = 5.0
 WORKER_THREADS = 2                        # parsing, tokenizing and serializing large bodies
-JSON_ESCAPE_BYTES_PER_CHAR = 12           # the most bytes JSON may spend on one character ("\\ud83d\\ude00" / 2 chars, "\\u0000")
+JSON_ESCAPE_BYTES_PER_CHAR = 12           # the most bytes JSON spends on one character (an escaped surrogate pair)
 ENGINE_KEY = web.AppKey("async_engine", AsyncEngine)
 SERVING_KEY = web.AppKey("serving", object)
 
@@ -900,7 +900,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="decode eagerly (vLLM's --enforce-eager)")
     parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
-                        help="decode attention: auto (Triton on a GPU, the reference on a CPU), triton, flex, reference")
+                        help="decode attention: auto (Triton on a GPU, the reference on a CPU), triton, flex, "
+                             "reference")
     parser.add_argument("--quantization", default="none", choices=("none", "int8", "int4"),
                         help="weight-only quantization of every layer's projections")
     parser.add_argument("--quant-path", default="fused", choices=("naive", "fused", "library"),
