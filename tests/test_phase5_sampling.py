@@ -144,3 +144,29 @@ def test_logits_features_refused_under_speculative_decoding(weights):
                                  speculative_model="ngram", num_speculative_tokens=2), weights=weights)
     with pytest.raises(ValueError, match="logprobs is not supported with speculative decoding"):
         eng.add_request([1, 2, 3], SamplingParams(max_tokens=8, logprobs=1))
+
+
+def test_sampler_with_a_graphs_argmax_leaves_it_untouched_and_plain_rows_as_they_were():
+    """The decode graph hands the sampler its argmax buffer: rows that ask for nothing keep it, rows
+    that ask for processing or logprobs get their own, and the buffer itself is never written."""
+    from phases.phase5_inference.engine.sampler import Sampler
+    from phases.phase5_inference.engine.sequence import Sequence
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    argmax = logits.argmax(dim=-1)
+    buffer = argmax.clone()
+    biased = logits[1].argmin().item()
+    seqs = [Sequence("a", [1, 2], SamplingParams(max_tokens=4)),
+            Sequence("b", [1, 2], SamplingParams(max_tokens=4, logit_bias={biased: 100.0})),
+            Sequence("c", [1, 2], SamplingParams(max_tokens=4, logprobs=2)),
+            Sequence("d", [1, 2], SamplingParams(max_tokens=4, temperature=0.7, seed=3, min_p=0.5))]
+    tokens = Sampler(torch.device("cpu")).sample(logits, seqs, argmax)
+    assert torch.equal(argmax, buffer)
+    assert tokens[0] == buffer[0] and tokens[1] == biased and tokens[2] == buffer[2]
+    probs = (logits[3] / 0.7).softmax(-1)
+    assert probs[tokens[3]] >= 0.5 * probs.max()                          # min_p kept it
+    [(logprob, top)] = seqs[2].new_logprobs
+    reference = logits[2].log_softmax(-1)
+    assert logprob == pytest.approx(float(reference[tokens[2]]), abs=1e-6)
+    assert [t for t, _ in top] == reference.topk(2).indices.tolist()
+    assert seqs[0].new_logprobs == [] and seqs[1].new_logprobs == []
