@@ -40,9 +40,9 @@ def test_bad_engine_options_end_before_listening(flags, message):
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "ready" not in proc.stdout
 
 
-def start(port: int) -> subprocess.Popen:
+def start(port: int, **env) -> subprocess.Popen:
     proc = subprocess.Popen([*SERVE, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO, env=clean_env())
+                            cwd=REPO, env=clean_env(**env))
     deadline = time.monotonic() + READY_TIMEOUT_S
     line = ""
     while time.monotonic() < deadline and "ready at" not in line:
@@ -53,10 +53,10 @@ def start(port: int) -> subprocess.Popen:
     return proc
 
 
-def use(port: int) -> None:
+def use(port: int, api_key: str = "x") -> None:
     """One real request with an open keep-alive connection, so the port has a TIME_WAIT behind it."""
     import openai
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0, timeout=30)
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
 
 
@@ -69,8 +69,10 @@ def test_signal_exit_codes_and_restart_on_the_same_port(sig, code):
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == code
         assert "stopped" in proc.stderr.read()
-        again = start(port)                       # at once, on the same port
-        use(port)
+        again = start(port, LAB_API_KEY="from-env")          # at once, on the same port
+        use(port, api_key="from-env")
+        with pytest.raises(Exception, match="401"):
+            use(port, api_key="x")
         again.send_signal(signal.SIGTERM)
         assert again.wait(timeout=60) == 143
     finally:

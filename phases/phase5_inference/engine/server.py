@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import hmac
+import os
 import signal
 import sys
 import threading
@@ -50,6 +51,7 @@ from .openai_request import ApiError, GenerationRequest, bad_request, parse_requ
 
 DEFAULT_MAX_QUEUE = 1024
 SHUTDOWN_TIMEOUT_S = 5.0
+API_KEY_ENV = "LAB_API_KEY"
 WORKER_THREADS = 2                        # parsing, tokenizing and serializing large bodies
 JSON_ESCAPE_BYTES_PER_CHAR = 12           # the most bytes JSON spends on one character (an escaped surrogate pair)
 ENGINE_KEY = web.AppKey("async_engine", AsyncEngine)
@@ -444,8 +446,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="requests in flight beyond which new ones get 503")
-    parser.add_argument("--api-key", default=None,
-                        help="require `Authorization: Bearer KEY` on /v1/ routes (401 otherwise)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require `Authorization: Bearer KEY` on /v1/ routes (401 otherwise); default: "
+                             f"${API_KEY_ENV} (which keeps the key out of the process list)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
                         help="default: bfloat16 on a GPU, float32 on a CPU")
