@@ -170,3 +170,32 @@ def test_sampler_with_a_graphs_argmax_leaves_it_untouched_and_plain_rows_as_they
     assert logprob == pytest.approx(float(reference[tokens[2]]), abs=1e-6)
     assert [t for t, _ in top] == reference.topk(2).indices.tolist()
     assert seqs[0].new_logprobs == [] and seqs[1].new_logprobs == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_logits_features_beside_graph_decodes(weights, hf):
+    """On the GPU (decode CUDA graphs, the prefill graph, pinned copies): plain requests keep their
+    tokens in a batch that mixes every feature, and logprobs of the prompt and of generated tokens
+    equal transformers' (fp32)."""
+    cuda_weights = {k: v.to("cuda") for k, v in weights.items()}
+    eng = LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cuda", max_model_len=256, num_kv_blocks=256,
+                                 max_num_seqs=8), weights=cuda_weights)
+    prompts = [prompt_of(n, seed=n) for n in (5, 17, 33, 9, 12, 40)]
+    plain = [SamplingParams(max_tokens=12, ignore_eos=True),
+             SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=7)]
+    alone = [eng.generate([prompts[0]], plain[0])[0], eng.generate([prompts[1]], plain[1])[0]]
+    busy = [SamplingParams(max_tokens=12, ignore_eos=True, repetition_penalty=1.3, logprobs=3),
+            SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9, min_p=0.2, presence_penalty=1.0),
+            SamplingParams(max_tokens=12, ignore_eos=True, frequency_penalty=2.0, logit_bias={5: 100.0}),
+            SamplingParams(max_tokens=12, ignore_eos=True, min_tokens=4, prompt_logprobs=2)]
+    assert eng.generate(prompts, plain + busy)[:2] == alone
+    prompt = prompt_of(20, seed=4)
+    outputs = run_one(eng, prompt, SamplingParams(max_tokens=4, ignore_eos=True, logprobs=3, prompt_logprobs=2))
+    generated = [t for o in outputs for t in o.new_token_ids]
+    entries = outputs[0].prompt_logprobs + [e for o in outputs for e in o.logprobs]
+    with torch.no_grad():
+        reference = hf(torch.tensor([prompt + generated])).logits[0].float().log_softmax(-1)
+    sequence = prompt + generated
+    for position, (logprob, _) in enumerate(entries):
+        assert logprob == pytest.approx(float(reference[position, sequence[position + 1]]), abs=LOGPROB_ATOL)
