@@ -5,6 +5,7 @@ Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 noth
 """
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -385,8 +386,14 @@ def cmd_predict(args) -> int:
     if args.dtype not in BYTES_PER_ELEMENT or args.dtype == "fp64":
         raise LabError(f"--dtype must be one of fp32, tf32, fp16, bf16, fp8, int8, not '{args.dtype}'")
     size = BYTES_PER_ELEMENT[args.dtype]
-    if args.op != "custom" and not args.n:
+    if args.op != "custom" and args.n is None:
         raise LabError(f"`lab predict {args.op}` needs --n")
+    if args.op != "custom" and args.n < 1:
+        raise LabError(f"--n must be a positive integer, got {args.n}")
+    for name in ("flops", "bytes"):
+        value = getattr(args, name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise LabError(f"--{name} must be a finite number >= 0, got {value}")
     if args.op == "matmul":      # C = A @ B, all N x N: 2N^3 FLOPs; read A and B, write C once
         flops, nbytes = 2 * args.n**3, 3 * args.n**2 * size
     elif args.op == "elementwise":  # c = a * b: 1 FLOP per element; read 2, write 1

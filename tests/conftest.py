@@ -24,7 +24,8 @@ from common.records import SCHEMA_VERSION, load_records
 from common.timing import summarize
 
 REPO = Path(__file__).resolve().parent.parent
-LAB_VARS = ("LAB_RESULTS_DIR", "LAB_USD_PER_HOUR", "LAB_HARDWARE_YAML", "LAB_GIT_COMMIT", "LAB_DATA_DIR")
+LAB_VARS = ("LAB_RESULTS_DIR", "LAB_USD_PER_HOUR", "LAB_HARDWARE_YAML", "LAB_GIT_COMMIT", "LAB_DATA_DIR",
+            "LAB_API_KEY")
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
 

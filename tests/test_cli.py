@@ -258,6 +258,10 @@ def test_predict_without_hardware_on_cpu(lab):
 @pytest.mark.parametrize("args, words", [
     (["custom", "--flops", "1e9", "--hardware", "h200_sxm"], "--bytes"),
     (["matmul", "--hardware", "h200_sxm"], "--n"),
+    (["matmul", "--n", "-4096", "--hardware", "h200_sxm"], "--n must be a positive integer"),
+    (["copy", "--n", "0", "--hardware", "h200_sxm"], "--n must be a positive integer"),
+    (["custom", "--flops", "-1", "--bytes", "5", "--hardware", "h200_sxm"], "--flops must be a finite number"),
+    (["custom", "--flops", "1", "--bytes", "nan", "--hardware", "h200_sxm"], "--bytes must be a finite number"),
     (["matmul", "--n", "8", "--dtype", "fp64", "--hardware", "h200_sxm"], "--dtype"),
     (["matmul", "--n", "8", "--hardware", "nope"], "unknown hardware key"),
     (["transpose", "--n", "8", "--hardware", "h200_sxm"], "unknown phase or exercise 'transpose'"),

@@ -143,7 +143,7 @@ def test_launch_server_subprocess_serves_and_stops_cleanly(tmp_path):
         assert launched.base_url.startswith("http://127.0.0.1:")
         result = benchmark(launched.base_url, [RequestSpec([1, 2, 3], 3)] * 2, ignore_eos=True)
         assert result.completed == 2 and result.total_output_tokens == 6
-    assert launched.process.returncode == 0                             # Ctrl-C path: a clean exit
+    assert launched.process.returncode == 130                           # Ctrl-C path: a clean stop, 128 + SIGINT
     assert "ready at" in (tmp_path / "stdout.log").read_text()
 
 

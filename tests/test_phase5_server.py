@@ -195,7 +195,25 @@ def test_idle_engine_thread_sleeps(client, server, monkeypatch):
     ({"model": "tiny", "prompt": [7] * 250, "max_tokens": 10}, 400, "max_tokens", "maximum context length"),
     ({"model": "gpt-nothing", "prompt": "hi"}, 404, "model", "does not exist"),
     ({"model": "tiny", "prompt": "hi", "temperature": -1}, 400, "temperature", "temperature"),
-    ({"model": "tiny", "prompt": "hi", "n": 2}, 400, "n", "n=1"),
+    ({"model": "tiny", "prompt": "hi", "n": 100}, 400, "n", "n must be <= 64"),
+    ({"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format",
+     "unsupported field 'response_format'"),
+    ({"model": "tiny", "prompt": "hi", "suffix": "x"}, 400, "suffix", "unsupported field 'suffix'"),
+    ({"model": "tiny", "prompt": "hi", "best_of": 3}, 400, "best_of", "best_of"),
+    ({"model": "tiny", "prompt": "hi", "stop": ["x"] * 1000}, 400, "stop", "at most 64"),
+    ({"model": "tiny", "prompt": "hi", "stop": ["x"] * 1_000_000}, 413, None, "this server takes at most"),
+    ({"model": "tiny", "prompt": "x" * 16 * 2**20}, 413, None, "this server takes at most"),
+    ({"model": "tiny", "prompt": "hi", "stop": "\ud800"}, 400, "stop", "not valid Unicode"),
+    ({"model": "tiny", "prompt": "a\ud800b"}, 400, "prompt", "not valid Unicode"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"99999999": 1}}, 400, "logit_bias", "outside the vocabulary"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias", "[-100, 100]"),
+    ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty", "presence_penalty"),
+    ({"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "repetition_penalty"),
+    ({"model": "tiny", "prompt": "hi", "min_p": 1.5}, 400, "min_p", "min_p"),
+    ({"model": "tiny", "prompt": "hi", "min_tokens": 50, "max_tokens": 5}, 400, "min_tokens", "min_tokens"),
+    ({"model": "tiny", "prompt": "hi", "logprobs": 21}, 400, "logprobs", "logprobs must be <= 20"),
+    ({"model": "tiny", "prompt": "x" * 300 * 128}, 400, "prompt", "at least 300 tokens"),
+    ("[" * 100_000 + "]" * 100_000, 400, None, "malformed JSON"),
     ({"model": "tiny", "prompt": [1, 10**6]}, 400, "prompt", "outside the vocabulary"),
     ({"model": "tiny", "prompt": ""}, 400, "prompt", "empty"),
     ({"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
@@ -206,6 +224,18 @@ def test_completion_errors_are_openai_shaped(server, body, status, param, match)
     error = reply["error"]
     assert set(error) == {"message", "type", "param", "code"} and match in error["message"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_unimplemented_fields_pass_only_at_their_no_op_value(server):
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for field, value in (("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"})):
+        code, reply = post(server.base_url + "/v1/chat/completions", {**chat, field: value})
+        assert code == 200, reply
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+                         ("response_format", {"type": "json_object"}), ("functions", [{"name": "f"}])):
+        code, reply = post(server.base_url + "/v1/chat/completions", {**chat, field: value})
+        assert code == 400 and reply["error"]["param"] == field and f"unsupported field '{field}'" in \
+            reply["error"]["message"]
 
 
 def test_chat_errors_and_unknown_route(server):

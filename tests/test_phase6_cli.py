@@ -13,6 +13,7 @@ from conftest import assert_one_line_error, json_files, read_json
     (["phase6.jax_matmul", "--param", "dtype=fp8"], "one of bf16, fp16"),
     (["phase6.groq_api", "--param", "hardware=nope"], "no hardware.yaml entry 'nope'"),
     (["phase6.groq_api", "--param", "base_url=ftp://example.org"], "not an http(s) URL"),
+    (["phase6.groq_api", "--param", "base_url=http://127.0.0.1:9"], "no route to http://127.0.0.1:9"),
     (["phase6.groq_api", "--param", "runs=0"], "--param runs=0"),
 ])
 def test_bad_parameters_are_one_line_refusals(lab, tmp_path, args, words):

@@ -82,9 +82,15 @@ def test_missing_key_is_a_skip_with_one_line(server, monkeypatch, static_for):
     assert rec["status"] == "skipped" and rec["reason"] == "needs the environment variable GROQ_API_KEY; not set"
 
 
-def test_unreachable_host_is_a_skip_with_one_line(key, static_for):
+def test_unreachable_base_url_is_a_parameter_error_and_the_default_api_a_skip(key, static_for, monkeypatch):
+    """A base_url the user gave that does not answer is their mistake (exit 2, as phase 5's base_url);
+    the default endpoint out of reach (no network here) is a skip."""
+    from common.params import ParamError
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    rec = groq_record(url, static_for)
+    with pytest.raises(ParamError, match=f"--param base_url={url}: no route to {url}"):
+        groq_record(url, static_for)
+    monkeypatch.setenv("GROQ_BASE_URL", url)
+    rec = groq_record(None, static_for)
     assert rec["status"] == "skipped" and rec["rows"] == []
     assert rec["reason"].startswith(f"no route to the API at {url}") and "\n" not in rec["reason"]
 

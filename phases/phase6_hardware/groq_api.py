@@ -38,10 +38,19 @@ def hardware_rule(key) -> str | None:
 
 
 def url_rule(url) -> str | None:
+    """A parameter rule: why `url` cannot be used. A base_url given but unreachable is the user's
+    mistake (exit 2 before any work, as phase 5's base_url is), not a skip."""
     try:
-        groq_client.endpoint(url)
+        ep = groq_client.endpoint(url)
     except ValueError as exc:
         return str(exc)
+    if url is None:
+        return None
+    try:
+        groq_client.round_trips_ms(ep, samples=1)
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return f"no route to {groq_client.safe_url(ep.base_url)} ({reason.lower()})"
     return None
 
 

@@ -73,6 +73,9 @@ class EngineConfig:
             raise LabError(f"quant_path {self.quant_path!r}: choose one of auto, {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
+        from .decode_attention import BACKENDS
+        if self.attention_backend not in BACKENDS:
+            raise LabError(f"attention_backend {self.attention_backend!r}: choose one of {', '.join(BACKENDS)}")
         from .tensor_parallel import ALLREDUCE_MODES
         if self.allreduce not in ALLREDUCE_MODES:
             raise LabError(f"allreduce {self.allreduce!r}: choose one of {', '.join(ALLREDUCE_MODES)}")
@@ -109,6 +112,8 @@ class StepOutput:
     finish_reason: str | None       # "stop" (EOS / stop token), "length" (max_tokens or max_model_len), "abort"
     num_prompt_tokens: int
     num_output_tokens: int
+    logprobs: list | None = None         # per new token (params.logprobs): (logprob, [(top id, logprob), ...])
+    prompt_logprobs: list | None = None  # first output only (params.prompt_logprobs): per prompt token after the first
 
 
 def quantization_of(config: EngineConfig) -> QuantizationConfig | None:
@@ -157,10 +162,23 @@ def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | 
     return None
 
 
+def backend_unavailable(config: EngineConfig, device: torch.device) -> str | None:
+    """Why the decode attention backend cannot run on this device (Triton needs a GPU, or the
+    interpreter), or None: said at startup, not by the first request."""
+    from phases.phase3_triton._support import HAVE_TRITON
+    if config.attention_backend == "triton" and (not HAVE_TRITON or (device.type != "cuda" and not interpreting())):
+        return ("attention_backend 'triton' runs a Triton kernel: it needs a CUDA GPU with triton installed "
+                "(or TRITON_INTERPRET=1); on a CPU use reference or auto")
+    return None
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise LabError(f"device {name!r}: not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LabError(f"device {name!r}: no CUDA GPU is visible")
     if device.type not in ("cuda", "cpu"):
@@ -178,7 +196,7 @@ class LLMEngine:
         if config.quant_path == "auto":
             config = dataclasses.replace(config, quant_path=resolve_quant_path(config, self.device))
             self.config = config
-        refused = fused_path_unavailable(config, self.device)
+        refused = fused_path_unavailable(config, self.device) or backend_unavailable(config, self.device)
         if refused:
             raise LabError(refused)
         dtype = DTYPES[config.dtype]
@@ -232,6 +250,7 @@ class LLMEngine:
                                          self.device, config.seed)
         eos = self.shape.eos_token_id
         self._eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
+        self.runner.sampler.eos_token_ids = self._eos_ids
         self._requests: dict[str, Sequence] = {}
         self._request_counter = itertools.count()
         self._abort_outputs: list[StepOutput] = []
@@ -323,6 +342,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
+        self._check_logits_features(params)
         prompt = self._checked_prompt(prompt_token_ids)
         if request_id is None:
             request_id = f"req-{next(self._request_counter)}"
@@ -336,6 +356,22 @@ class LLMEngine:
         self._requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
+
+    def _check_logits_features(self, params: SamplingParams) -> None:
+        """ValueError naming what this engine cannot honour: logits features under speculative
+        decoding (its verify step picks tokens on the device, past the sampler), token ids outside
+        the vocabulary in logit_bias."""
+        if self.speculator is not None:
+            asked = [name for name, on in (("logprobs", params.logprobs is not None),
+                                           ("prompt_logprobs", params.prompt_logprobs is not None),
+                                           ("logits processing (penalties, logit_bias, min_p, min_tokens)",
+                                            params.processes_logits)) if on]
+            if asked:
+                raise ValueError(f"{asked[0]} is not supported with speculative decoding")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if t >= self.shape.vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.shape.vocab_size})")
 
     def _checked_prompt(self, prompt_token_ids) -> list[int]:
         vocab = self.shape.vocab_size
@@ -400,8 +436,13 @@ class LLMEngine:
                 self._retire(seq, reason)
             elif self.speculator is not None:
                 self.scheduler.block_pool.truncate(seq, self.scheduler.slots_needed(seq))   # rejected tokens' blocks
-            outputs.append(StepOutput(seq.request_id, emitted, reason is not None, reason,
-                                      seq.num_prompt_tokens, seq.num_output_tokens))
+            out = StepOutput(seq.request_id, emitted, reason is not None, reason, seq.num_prompt_tokens,
+                             seq.num_output_tokens)
+            if seq.params.logprobs is not None:
+                out.logprobs, seq.new_logprobs = seq.new_logprobs, []
+            if seq.params.prompt_logprobs is not None and seq.num_output_tokens == len(emitted):
+                out.prompt_logprobs = seq.prompt_logprobs
+            outputs.append(out)
         self.telemetry["steps"] += 1
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
                           "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}

@@ -32,7 +32,7 @@ from common.errors import LabError
 from . import decode_attention
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
-from .sampler import Sampler, categorical
+from .sampler import Sampler, categorical, token_logprobs
 from .sequence import Sequence
 from .shapes import LlamaShape
 
@@ -215,15 +215,38 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
         and one sampled token per sequence."""
-        if is_prefill and self._prefill_graph_fits(seqs):
+        if is_prefill and any(s.params.prompt_logprobs is not None and s.prompt_logprobs is None for s in seqs):
+            logits, greedy = self._prefill_with_prompt_logprobs(seqs), None
+        elif is_prefill and self._prefill_graph_fits(seqs):
             logits, greedy = self._prefill_replay(seqs[0])
         elif is_prefill:
             logits, greedy = self.prefill_logits(seqs), None
         else:
             logits, greedy = self._decode(seqs)
-        if greedy is not None and all(s.params.greedy for s in seqs):
+        if greedy is not None and not any(s.params.needs_sampler for s in seqs):
             return self._read_tokens(greedy)
-        return self.sampler.sample(logits, [s.params for s in seqs], [s.seq_id for s in seqs], greedy)
+        return self.sampler.sample(logits, seqs, greedy)
+
+    def _prefill_with_prompt_logprobs(self, seqs: list[Sequence]) -> torch.Tensor:
+        """An eager prefill keeping every position's logits: each sequence that asks for prompt
+        logprobs (on its first prefill only) gets seq.prompt_logprobs, one entry per prompt token
+        after the first; returns the last rows' logits, to sample from."""
+        rows, spans, start = [], [], 0             # logits only where needed: V floats a row
+        for seq in seqs:
+            wants = seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None
+            first = len(rows)
+            if wants:
+                rows += range(start, start + seq.num_prompt_tokens - 1)
+            spans.append((first, len(rows), wants))
+            rows.append(start + seq.num_tokens - 1)
+            start += seq.num_tokens
+        logits = self.prefill_logits(seqs, rows=rows)
+        for seq, (first, end, wants) in zip(seqs, spans):
+            if wants:
+                n = seq.num_prompt_tokens
+                seq.prompt_logprobs = token_logprobs(logits[first:end], seq.token_ids[1:n],
+                                                     [seq.params.prompt_logprobs] * (n - 1))
+        return logits[torch.tensor([end for _, end, _ in spans], device=logits.device)]
 
     @torch.inference_mode()
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
@@ -241,9 +264,11 @@ class ModelRunner:
         self.sampler.release(seq.seq_id)
 
     @torch.inference_mode()
-    def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False) -> torch.Tensor:
+    def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False,
+                       rows: list[int] | None = None) -> torch.Tensor:
         """fp32 logits after an eager prefill of every token of `seqs` (their blocks allocated): of
-        each sequence's last token, or of every position (the correctness check's view)."""
+        each sequence's last token, of every position (the correctness check's view), or of the
+        packed positions `rows`."""
         seq_lens = [s.num_tokens for s in seqs]
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
@@ -255,6 +280,8 @@ class ModelRunner:
         on_device = torch.from_numpy(packed).to(self.device)
         input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
             [total, total, total, len(seqs), len(seqs) + 1])
+        if rows is not None:
+            last_rows = torch.tensor(rows, dtype=torch.int64).to(self.device)
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)

@@ -5,10 +5,15 @@ Sampling uses the exponential-race form of a categorical draw (argmax of p / E w
 one row of noise per sequence. A request with a seed draws its noise from its own generator, so its
 tokens are the same alone or inside any batch, and after a preemption (the generator lives as long
 as the request); requests without a seed share the engine's generator.
+
+Logits processing (vLLM's order: repetition, frequency and presence penalties, logit_bias, the
+min_tokens mask; then temperature, top-k, top-p, min-p) runs on the host's side of the step, per
+row, only for requests that ask for it: the decode graph stays the same, and every other row keeps
+the graph's argmax or its own seeded draw.
 """
 import torch
 
-from .sequence import SamplingParams
+from .sequence import Sequence
 
 
 def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -29,6 +34,7 @@ class Sampler:
         self.device = torch.device(device)
         self._shared = torch.Generator(device=self.device).manual_seed(seed)
         self._seeded: dict[int, torch.Generator] = {}
+        self.eos_token_ids: frozenset[int] = frozenset()     # masked with stop_token_ids before min_tokens
 
     def release(self, seq_id: int) -> None:
         """Forget a finished request's generator."""
@@ -40,33 +46,96 @@ class Sampler:
             generator = self._seeded[seq_id] = torch.Generator(device=self.device).manual_seed(seed)
         return generator
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int],
-               argmax: torch.Tensor | None = None) -> list[int]:
-        """logits [batch, vocab] fp32 -> one token id per row. `argmax`: the logits' argmax if
-        already computed (a decode graph computes it)."""
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None) -> list[int]:
+        """logits [batch, vocab] fp32 -> one token id per row (seqs[i]'s). `argmax`: the logits'
+        argmax if already computed (a decode graph computes it). Rows whose request asks for no
+        logits processing keep exactly the token they would get in any other batch; rows that ask
+        for logprobs get them appended to seq.new_logprobs (of the raw logits, as vLLM reports)."""
+        params = [s.params for s in seqs]
+        wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw = logits[on_device(wants_logprobs, torch.int64, logits.device)] if wants_logprobs else None
         greedy = logits.argmax(dim=-1) if argmax is None else argmax
+        processed = [i for i, p in enumerate(params) if p.processes_logits]
+        if processed:
+            logits = logits.clone()
+            for i in processed:
+                self._process(logits[i], seqs[i])
+            index = on_device(processed, torch.int64, logits.device)
+            greedy = greedy.clone()
+            greedy[index] = logits[index].argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
-        if not rows:
-            return greedy.tolist()
-        greedy = greedy.clone()
-        chosen = [params[i] for i in rows]
+        if rows:
+            greedy = greedy.clone() if not processed else greedy
+            greedy[on_device(rows, torch.int64, logits.device)] = self._draw(logits, rows, seqs)
+        tokens = greedy.tolist()
+        if wants_logprobs:
+            entries = token_logprobs(raw, [tokens[i] for i in wants_logprobs],
+                                     [params[i].logprobs for i in wants_logprobs])
+            for i, entry in zip(wants_logprobs, entries):
+                seqs[i].new_logprobs.append(entry)
+        return tokens
+
+    def _draw(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
+        """Sampled tokens of `rows`: temperature, top-k, top-p, min-p, then the exponential race
+        with each seeded request's own noise."""
+        chosen = [seqs[i].params for i in rows]
         index = on_device(rows, torch.int64, logits.device)
         temperature = on_device([p.temperature for p in chosen], logits.dtype, logits.device)
         scaled = logits[index] / temperature[:, None]
         scaled = _top_k_top_p(scaled, [p.top_k for p in chosen], [p.top_p for p in chosen])
         probs = scaled.softmax(dim=-1)
+        if any(p.min_p > 0.0 for p in chosen):
+            min_p = on_device([p.min_p for p in chosen], probs.dtype, probs.device)
+            floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+            probs = probs.masked_fill(probs < floor, 0.0)
         noise = torch.empty_like(probs)
         unseeded = []
         for row, (i, p) in enumerate(zip(rows, chosen)):
             if p.seed is None:
                 unseeded.append(row)
             else:
-                noise[row].exponential_(generator=self._generator(seq_ids[i], p.seed))
+                noise[row].exponential_(generator=self._generator(seqs[i].seq_id, p.seed))
         if unseeded:
             shared = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self._shared)
             noise[on_device(unseeded, torch.int64, probs.device)] = shared
-        greedy[index] = (probs / noise).argmax(dim=-1)
-        return greedy.tolist()
+        return (probs / noise).argmax(dim=-1)
+
+    def _process(self, row: torch.Tensor, seq: Sequence) -> None:
+        """One row of logits, in place: repetition penalty (prompt and output tokens), frequency and
+        presence penalties (output tokens), logit_bias, and EOS / stop ids masked before min_tokens."""
+        p, vocab, device = seq.params, row.shape[0], row.device
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.int64, device=device)
+            values = row[seen]
+            row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        output = seq.output_token_ids
+        if output and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0):
+            counts = torch.bincount(torch.tensor(output, dtype=torch.int64, device=device), minlength=vocab)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.int64, device=device)
+            row[ids] += torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=device)
+        if seq.num_output_tokens < p.min_tokens:
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+            stops = sorted(t for t in stops if t < vocab)
+            if stops:
+                row[torch.tensor(stops, dtype=torch.int64, device=device)] = float("-inf")
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], top: list[int]) -> list[tuple]:
+    """Per row of fp32 logits [n, V]: (log-probability of token_ids[row], [(id, logprob) of the
+    row's top[row] most likely tokens, best first]). One log-softmax, one gather, one top-k."""
+    if logits.shape[0] == 0:
+        return []
+    logprobs = logits.float().log_softmax(dim=-1)
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0].tolist()
+    k = max(top)
+    if k == 0:
+        return [(c, []) for c in chosen]
+    values, indices = logprobs.topk(k, dim=-1)
+    values, indices = values.tolist(), indices.tolist()
+    return [(c, list(zip(indices[r][:top[r]], values[r][:top[r]]))) for r, c in enumerate(chosen)]
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+MAX_LOGPROBS = 20                   # OpenAI's limit on top_logprobs (and vLLM's default max_logprobs)
+
 
 @dataclass
 class SamplingParams:
@@ -19,10 +21,31 @@ class SamplingParams:
     seed: int | None = None         # a per-request generator: the same tokens alone or in a batch
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # logits processing (vLLM's semantics): penalties over the output tokens (repetition: prompt and output)
+    presence_penalty: float = 0.0   # [-2, 2]: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # [-2, 2]: subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # > 0: seen tokens' positive logits divided by it, negative multiplied
+    logit_bias: dict | None = None  # {token id: bias in [-100, 100]} added to the logits
+    min_p: float = 0.0              # [0, 1]: tokens below min_p * the top token's probability dropped
+    min_tokens: int = 0             # EOS and stop_token_ids masked until this many tokens are out
+    # log-probabilities of the model's raw logits (before penalties and temperature, as vLLM reports them)
+    logprobs: int | None = None     # per generated token: its logprob and the top `logprobs` (0: only its own)
+    prompt_logprobs: int | None = None  # per prompt token after the first, the same
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the logits change before the pick (penalties, bias, min_tokens, min_p)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                or bool(self.logit_bias) or self.min_tokens > 0 or self.min_p > 0.0)
+
+    @property
+    def needs_sampler(self) -> bool:
+        """False when the argmax a decode graph computes is this request's token and nothing else is asked."""
+        return not self.greedy or self.processes_logits or self.logprobs is not None
 
     def validate(self) -> None:
         """ValueError with one line naming the field, for anything the sampler cannot honour."""
@@ -43,6 +66,29 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not _is_int(t) or t < 0]
         if bad:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0 \
+                or not math.isfinite(self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be a number in (0, 100], got {self.repetition_penalty!r}")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids, got {token!r}")
+                if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
 
 def _is_int(value) -> bool:
@@ -68,7 +114,7 @@ class Sequence:
     _ids = itertools.count()
 
     __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
-                 "block_table", "num_cached_tokens", "finish_reason")
+                 "block_table", "num_cached_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
         self.seq_id = next(Sequence._ids)
@@ -80,6 +126,10 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None
+        # the sampler's log-probabilities (params.logprobs / prompt_logprobs), each entry
+        # (logprob of the token, [(top token id, logprob), ...]); the engine hands them out per step
+        self.new_logprobs: list = []
+        self.prompt_logprobs: list | None = None
 
     @property
     def num_tokens(self) -> int:

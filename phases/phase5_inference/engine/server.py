@@ -1,64 +1,69 @@
 """An OpenAI-compatible HTTP server over the lab's engine, on aiohttp.web: POST /v1/completions and
 /v1/chat/completions (streaming as server-sent events, with stream_options.include_usage), GET
-/v1/models and /health, and GET /v1/engine/stats (the engine's step times beside what a client
-measures; POST /v1/engine/stats/reset starts a new window).
+/v1/models, /v1/models/{id}, /health and /metrics (Prometheus), and GET /v1/engine/stats (the
+engine's step times beside what a client measures; POST /v1/engine/stats/reset starts a new window).
+
+The request fields follow OpenAI's, with vLLM's semantics where OpenAI's are silent: `stop` strings
+(held back while streaming until they cannot match; include_stop_str_in_output), stop_token_ids
+(the stop token's text is not output), logprobs (completions: an int; chat: logprobs + top_logprobs;
+of the raw logits, the chosen token among the top), `echo` with prompt logprobs (max_tokens 0 with
+echo returns the prompt alone: lm-evaluation-harness's loglikelihood), `n` (choice j of a seeded
+request draws from seed + j; each choice is its own engine request, prefilled on its own), a batch
+of prompts, presence / frequency / repetition penalties, logit_bias, min_p, min_tokens, top_k,
+ignore_eos, return_token_ids. Any other field with a value is a 400 naming it.
 
 Errors have OpenAI's body, {"error": {"message", "type", "param", "code"}}: 400 for malformed JSON or
-bad parameters (including a prompt that leaves no room in the context), 404 for an unknown model or
-route, 503 when `max_queue` requests are already in flight. A client that disconnects cancels its
-handler (handler_cancellation), which aborts the request and frees its KV blocks.
+bad parameters (including a prompt that leaves no room in the context), 401 without the --api-key,
+404 for an unknown model or route, 413 for a body larger than the longest prompt could need, 503
+when `max_queue` requests are already in flight. A client that disconnects cancels its handler
+(handler_cancellation), which aborts the request and frees its KV blocks.
+
+Nothing slow runs on the event loop: large bodies are parsed, prompts tokenized and echo answers
+serialized on worker threads, and a text prompt that cannot fit (more characters than
+max_model_len x the longest token) is refused before it is tokenized.
 
 Each SSE event is written as soon as its token exists: aiohttp sets TCP_NODELAY on every connection,
 so no Nagle delay holds small events back. Run it with `python -m phases.phase5_inference.engine.server`
-(or `lab serve`), which prints one line with the URL once the model is loaded and the port is open.
+(or `lab serve`), which checks every option, prints one line with the URL once the model is loaded
+and the port is open, and exits 130 on SIGINT, 143 on SIGTERM.
 """
 import argparse
 import asyncio
 import json
+import hmac
+import os
 import signal
 import sys
 import threading
 import time
 import uuid
-from contextlib import aclosing
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from common.errors import LabError
+from common.errors import LabError, Terminated
 
-from .async_engine import AsyncEngine, EngineStopped, QueueFull
+from .async_engine import AsyncEngine
+from .decode_attention import BACKENDS as ATTENTION_BACKENDS
+from .metrics import ServerMetrics
+from .openai_choice import Choice, choice_body
+from .openai_request import ApiError, GenerationRequest, bad_request, parse_request
 
 DEFAULT_MAX_QUEUE = 1024
-DEFAULT_COMPLETION_MAX_TOKENS = 16        # OpenAI's default for /v1/completions
 SHUTDOWN_TIMEOUT_S = 5.0
+API_KEY_ENV = "LAB_API_KEY"
+WORKER_THREADS = 2                        # parsing, tokenizing and serializing large bodies
+JSON_ESCAPE_BYTES_PER_CHAR = 12           # the most bytes JSON spends on one character (an escaped surrogate pair)
 ENGINE_KEY = web.AppKey("async_engine", AsyncEngine)
 SERVING_KEY = web.AppKey("serving", object)
 
 
-class ApiError(Exception):
-    """An HTTP error with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.error_type = error_type or ("invalid_request_error" if status < 500 else "server_error")
-
-    def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.error_type, "param": self.param,
-                          "code": self.code}}
-        return web.json_response(body, status=self.status)
-
-
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
-
-
 class Serving:
-    """What the handlers share: the engine wrapper, the tokenizer, the model's name and limits."""
+    """What the handlers share: the engine wrapper, the tokenizer, the model's name and limits, the
+    metrics, and the worker threads that parse, tokenize and serialize large bodies."""
 
     def __init__(self, async_engine: AsyncEngine, tokenizer, served_model_name: str,
-                 max_model_len: int | None = None, vocab_size: int | None = None):
+                 max_model_len: int | None = None, vocab_size: int | None = None, api_key: str | None = None):
         engine = async_engine.engine
         telemetry = getattr(engine, "telemetry", {}) or {}
         self.async_engine = async_engine
@@ -67,164 +72,46 @@ class Serving:
         self.max_model_len = int(max_model_len or telemetry.get("max_model_len")
                                  or getattr(getattr(engine, "config", None), "max_model_len", None) or 2**31)
         self.vocab_size = int(vocab_size or engine.shape.vocab_size)
+        self.max_token_chars = tokenizer.max_token_chars
+        self.api_key = api_key
+        self.metrics = ServerMetrics()
         self.created = int(time.time())
+        self._workers = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="lab-serve-parse")
 
+    @property
+    def max_body_bytes(self) -> int:
+        """A body that could hold the longest prompt this model takes, JSON-escaped, and room for the rest."""
+        return 2**20 + JSON_ESCAPE_BYTES_PER_CHAR * self.max_model_len * self.max_token_chars
 
-# ---------------------------------------------------------------------- request parsing
-class GenerationRequest:
-    """A validated completions or chat request: prompt ids, sampling parameters, streaming flags."""
+    async def off_loop(self, fn, *args):
+        """fn(*args) on a worker thread: the event loop keeps serving other streams meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
-    def __init__(self, prompt_ids: list[int], params, stream: bool, include_usage: bool, return_token_ids: bool = False):
-        self.prompt_ids, self.params, self.stream, self.include_usage = prompt_ids, params, stream, include_usage
-        self.return_token_ids = return_token_ids        # vLLM's extension: each choice carries its token ids
-
-
-def parse_request(body: dict, serving: Serving, chat: bool) -> GenerationRequest:
-    """Turn a request body into a GenerationRequest, or raise ApiError (400 / 404)."""
-    from .sequence import SamplingParams
-
-    model = body.get("model")
-    if model is not None and model != serving.model_name:
-        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{serving.model_name}`.",
-                       "model", "model_not_found")
-    _reject_unsupported(body, chat)
-    prompt_ids = _chat_prompt(body, serving) if chat else _completion_prompt(body, serving)
-    if len(prompt_ids) >= serving.max_model_len:
-        raise bad_request(f"The prompt is {len(prompt_ids)} tokens; this model's maximum context length "
-                          f"is {serving.max_model_len} tokens, which leaves no room to generate.",
-                          "messages" if chat else "prompt")
-    max_tokens_field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
-        else "max_tokens"
-    default_max = serving.max_model_len - len(prompt_ids) if chat else DEFAULT_COMPLETION_MAX_TOKENS
-    max_tokens = _integer(body, max_tokens_field, default_max, minimum=1)
-    if len(prompt_ids) + max_tokens > serving.max_model_len:
-        raise bad_request(f"This model's maximum context length is {serving.max_model_len} tokens. However, "
-                          f"you requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the "
-                          f"prompt, {max_tokens} in the completion).", max_tokens_field)
-    stream = _boolean(body, "stream", False)
-    stream_options = body.get("stream_options")
-    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
-        raise bad_request("stream_options must be an object, and only with stream=true", "stream_options")
-    include_usage = bool((stream_options or {}).get("include_usage", False))
-    ignore_eos = _boolean(body, "ignore_eos", False)
-    stop_ids = _token_list(body.get("stop_token_ids") or [], serving.vocab_size, "stop_token_ids")
-    if chat and not ignore_eos:
-        stop_ids += [i for i in serving.tokenizer.eos_token_ids if i not in stop_ids]
-    top_k = _integer(body, "top_k", 0, minimum=-1)
-    params = SamplingParams(max_tokens=max_tokens,
-                            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                            top_k=max(top_k, 0),             # vLLM's -1 means off, as 0 does here
-                            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-                            seed=_integer(body, "seed", None),
-                            ignore_eos=ignore_eos, stop_token_ids=tuple(stop_ids))
-    if params.top_p <= 0.0:
-        raise bad_request("top_p must be in (0, 1]", "top_p")
-    try:
-        params.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    return GenerationRequest(prompt_ids, params, stream, include_usage, _boolean(body, "return_token_ids", False))
-
-
-def _reject_unsupported(body: dict, chat: bool) -> None:
-    """Fields whose non-default values this server cannot honour: a 400, never silent ignoring."""
-    if body.get("n") not in (None, 1):
-        raise bad_request("only n=1 is supported", "n")
-    if body.get("best_of") not in (None, 1):
-        raise bad_request("only best_of=1 is supported", "best_of")
-    if body.get("echo"):
-        raise bad_request("echo is not supported", "echo")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise bad_request("logprobs are not supported", "logprobs")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise bad_request(f"{name} is not supported", name)
-    if body.get("stop") not in (None, "", []):
-        raise bad_request("stop strings are not supported; pass token ids as stop_token_ids", "stop")
-    if chat and body.get("tools"):
-        raise bad_request("tools are not supported", "tools")
-
-
-def _completion_prompt(body: dict, serving: Serving) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]                             # a batch of one prompt
-    if isinstance(prompt, str):
-        ids = serving.tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = _token_list(prompt, serving.vocab_size, "prompt")
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad_request("one prompt per request is supported, not a batch of prompts", "prompt")
-    else:
-        raise bad_request("prompt must be a string or a list of token ids", "prompt")
-    if not ids:
-        raise bad_request("prompt must not be empty", "prompt")
-    return ids
-
-
-def _chat_prompt(body: dict, serving: Serving) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list", "messages")
-    try:
-        return serving.tokenizer.encode_chat(messages)
-    except ValueError as exc:
-        raise bad_request(str(exc), "messages") from None
-
-
-def _token_list(ids, vocab_size: int, param: str) -> list[int]:
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise bad_request(f"{param} must be a list of token ids", param)
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise bad_request(f"token id {bad[0]} in {param} is outside the vocabulary [0, {vocab_size})", param)
-    return list(ids)
-
-
-def _integer(body: dict, name: str, default, minimum: int | None = None):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{name} must be an integer, got {value!r}", name)
-    if minimum is not None and value < minimum:
-        raise bad_request(f"{name} must be >= {minimum}, got {value}", name)
-    return value
-
-
-def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise bad_request(f"{name} must be a number in [{lo}, {hi}], got {value!r}", name)
-    return float(value)
-
-
-def _boolean(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"{name} must be true or false, got {value!r}", name)
-    return value
+    def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------- handlers
-async def _json_body(request: web.Request) -> dict:
+OFF_LOOP_BODY_BYTES = 64 * 1024          # bodies larger than this are parsed on a worker thread
+
+
+async def _json_body(request: web.Request, serving: "Serving") -> dict:
+    """The body as a JSON object; a large one is parsed off the event loop. Malformed, too deeply
+    nested or not an object: 400; over the size cap: 413 (aiohttp's, before it is all read)."""
+    if request.content_length is not None and request.content_length > serving.max_body_bytes:
+        raise ApiError(413, f"the request body is {request.content_length} bytes; this server takes at most "
+                            f"{serving.max_body_bytes} (the longest prompt {serving.model_name} can take)",
+                       code="413")       # said before reading any of it
     raw = await request.read()
     try:
-        body = json.loads(raw)
+        body = await serving.off_loop(json.loads, raw) if len(raw) > OFF_LOOP_BODY_BYTES else json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise bad_request("malformed JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the JSON body must be an object")
     return body
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def _sse(obj) -> bytes:
@@ -232,84 +119,104 @@ def _sse(obj) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+async def _start_choices(serving, parsed, request_id: str, arrived: float) -> list[tuple[Choice, object]]:
+    """Every choice's request in the engine and its first output, or ApiError with none left running."""
+    choices = [Choice(serving, parsed, index, p, params, arrived) for index, p, params in parsed.choices()]
+    suffix = len(choices) > 1
+    firsts = await asyncio.gather(*(c.start(f"{request_id}-{c.index}" if suffix else request_id) for c in choices),
+                                  return_exceptions=True)
+    failed = next((f for f in firsts if isinstance(f, BaseException)), None)
+    if failed is not None:
+        for choice in choices:
+            await choice.outputs.aclose()
+        raise failed
+    return list(zip(choices, firsts))
+
+
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    arrived = time.perf_counter()
     serving: Serving = request.app[SERVING_KEY]
-    body = await _json_body(request)
-    parsed = parse_request(body, serving, chat)
+    body = await _json_body(request, serving)
+    parsed = await serving.off_loop(parse_request, body, serving, chat)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    outputs = serving.async_engine.generate(parsed.prompt_ids, parsed.params, request_id)
-    async with aclosing(outputs):
-        try:
-            first = await anext(outputs)
-        except QueueFull as exc:
-            raise ApiError(503, f"server busy: {exc}; retry later", code="queue_full") from None
-        except EngineStopped as exc:
-            raise ApiError(503, str(exc), code="engine_stopped") from None
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
-        head = {"id": request_id, "created": int(time.time()), "model": serving.model_name}
-        if parsed.stream:
-            return await _stream(request, serving, parsed, chat, head, first, outputs)
-        return await _complete(serving, parsed, chat, head, first, outputs)
-
-
-async def _complete(serving, parsed, chat, head, first, outputs) -> web.Response:
-    detokenizer = serving.tokenizer.detokenizer(parsed.prompt_ids)
-    text, out, token_ids = detokenizer.add(first.new_token_ids), first, list(first.new_token_ids)
+    started = await _start_choices(serving, parsed, request_id, arrived)
+    head = {"id": request_id, "created": int(time.time()), "model": serving.model_name}
     try:
-        while not out.finished:
-            out = await anext(outputs)
-            text += detokenizer.add(out.new_token_ids)
-            token_ids += out.new_token_ids
-    except EngineStopped as exc:
-        raise ApiError(503, str(exc), code="engine_stopped") from None
-    text += detokenizer.flush()
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": out.finish_reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish_reason}
-    if parsed.return_token_ids:
-        choice["token_ids"] = token_ids
-    body = {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-            "usage": _usage(out.num_prompt_tokens, out.num_output_tokens)}
-    return web.json_response(body)
+        if parsed.stream:
+            return await _stream(request, serving, parsed, chat, head, started)
+        return await _complete(serving, parsed, chat, head, started)
+    finally:
+        for choice, _ in started:
+            await choice.outputs.aclose()
 
 
-async def _stream(request, serving, parsed, chat, head, first, outputs) -> web.StreamResponse:
-    """One SSE event per engine step of this request, then the usage chunk if asked, then [DONE].
-    A write to a closed connection ends the handler; closing `outputs` aborts the request."""
+def _usage_of(choices: list[Choice], parsed: GenerationRequest) -> dict:
+    prompt_tokens = sum(len(p) for p in parsed.prompts)
+    completion = sum(c.num_output_tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+async def _complete(serving, parsed, chat, head, started) -> web.Response:
+    async def run(choice, first):
+        entries, ids = [], []
+        async for _, new_ids, new_entries in choice.pieces(first):
+            ids += new_ids
+            entries += new_entries
+        build = (choice, chat, choice.text, entries, choice.finish_reason, False, False, ids, parsed.echo)
+        if parsed.echo or parsed.logprobs is not None:      # a token's text per prompt or output token
+            return await serving.off_loop(choice_body, *build)
+        return choice_body(*build)
+    bodies = await asyncio.gather(*(run(c, f) for c, f in started))
+    body = {**head, "object": "chat.completion" if chat else "text_completion", "choices": list(bodies),
+            "usage": _usage_of([c for c, _ in started], parsed)}
+    text = await serving.off_loop(json.dumps, body) if parsed.echo else json.dumps(body)
+    return web.Response(text=text, content_type="application/json")
+
+
+async def _stream(request, serving, parsed, chat, head, started) -> web.StreamResponse:
+    """One SSE event per engine step of each choice (choices interleaved as their tokens come), then
+    the usage chunk if asked, then [DONE]. A write to a closed connection ends the handler; the
+    caller closes every choice, which aborts what is unfinished."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     usage_field = {"usage": None} if parsed.include_usage else {}
-    detokenizer = serving.tokenizer.detokenizer(parsed.prompt_ids)
-    out, first_event = first, True
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice, first):
+        first_event = True
+        try:
+            async for text, ids, entries in choice.pieces(first):
+                echo = parsed.echo and first_event and not chat
+                events.put_nowait(choice_body(choice, chat, text, entries, choice.finish_reason, stream=True,
+                                               first_event=first_event, token_ids=ids, echo=echo))
+                first_event = False
+        except ApiError as exc:
+            events.put_nowait(exc)
+        events.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(c, f)) for c, f in started]
     try:
-        while True:
-            text = detokenizer.add(out.new_token_ids) + (detokenizer.flush() if out.finished else "")
-            if chat:
-                delta = {"role": "assistant", "content": text} if first_event else {"content": text}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": out.finish_reason}
+        remaining = len(tasks)
+        while remaining:
+            event = await events.get()
+            if event is None:
+                remaining -= 1
+            elif isinstance(event, ApiError):
+                await response.write(_sse({"error": {"message": event.message, "type": event.error_type,
+                                                     "param": None, "code": event.code}}))
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": out.finish_reason}
-            if parsed.return_token_ids:
-                choice["token_ids"] = list(out.new_token_ids)
-            await response.write(_sse({**head, "choices": [choice], **usage_field}))
-            first_event = False
-            if out.finished:
-                break
-            out = await anext(outputs)
+                await response.write(_sse({**head, "choices": [event], **usage_field}))
         if parsed.include_usage:
-            await response.write(_sse({**head, "choices": [],
-                                       "usage": _usage(out.num_prompt_tokens, out.num_output_tokens)}))
-    except EngineStopped as exc:
-        await response.write(_sse({"error": {"message": str(exc), "type": "server_error", "param": None,
-                                             "code": "engine_stopped"}}))
-    except ConnectionResetError:            # the client left: `outputs` is closed by the caller
-        return response
-    await response.write(_sse("[DONE]"))
-    await response.write_eof()
+            await response.write(_sse({**head, "choices": [], "usage": _usage_of([c for c, _ in started], parsed)}))
+        await response.write(_sse("[DONE]"))
+        await response.write_eof()
+    except ConnectionResetError:            # the client left: the choices are closed by the caller
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return response
 
 
@@ -321,11 +228,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=True)
 
 
-async def models(request: web.Request) -> web.Response:
-    serving: Serving = request.app[SERVING_KEY]
-    card = {"id": serving.model_name, "object": "model", "created": serving.created, "owned_by": "lab",
+def _model_card(serving: Serving) -> dict:
+    return {"id": serving.model_name, "object": "model", "created": serving.created, "owned_by": "lab",
             "max_model_len": serving.max_model_len}
-    return web.json_response({"object": "list", "data": [card]})
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[SERVING_KEY])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    serving: Serving = request.app[SERVING_KEY]
+    if request.match_info["model_id"] != serving.model_name:
+        raise ApiError(404, f"The model `{request.match_info['model_id']}` does not exist; this server serves "
+                            f"`{serving.model_name}`.", "model", "model_not_found")
+    return web.json_response(_model_card(serving))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus' text format (version 0.0.4)."""
+    serving: Serving = request.app[SERVING_KEY]
+    text = serving.metrics.render(serving.async_engine.engine, serving.async_engine.num_in_flight)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -348,15 +273,20 @@ async def reset_engine_stats(request: web.Request) -> web.Response:
 
 @web.middleware
 async def openai_errors(request: web.Request, handler):
-    """Every error as OpenAI's JSON body: ours, aiohttp's (404 route, 405 method), and bugs (500)."""
+    """Every error as OpenAI's JSON body: ours, aiohttp's (404 route, 405 method, 413 body too
+    large), and bugs (500); with --api-key, /v1/ routes need `Authorization: Bearer <key>` (401)."""
     try:
+        _check_api_key(request)
         return await handler(request)
     except ApiError as exc:
+        request.app[SERVING_KEY].metrics.refused(exc.status)
         return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return ApiError(exc.status, exc.reason or "error", code=str(exc.status)).response()
+        request.app[SERVING_KEY].metrics.refused(exc.status)
+        message = exc.text if exc.status == 413 and exc.text else exc.reason or "error"
+        return ApiError(exc.status, message, code=str(exc.status)).response()
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:
@@ -364,19 +294,38 @@ async def openai_errors(request: web.Request, handler):
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error").response()
 
 
+def _check_api_key(request: web.Request) -> None:
+    key = request.app[SERVING_KEY].api_key
+    if key is None or not request.path.startswith("/v1/"):
+        return
+    sent = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+        raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
+                       code="invalid_api_key", error_type="authentication_error")
+
+
 def make_app(async_engine: AsyncEngine, tokenizer, served_model_name: str, max_model_len: int | None = None,
-             vocab_size: int | None = None) -> web.Application:
-    """The aiohttp application. `max_model_len` and `vocab_size` default to the engine's."""
-    app = web.Application(middlewares=[openai_errors], client_max_size=64 * 2**20)
+             vocab_size: int | None = None, api_key: str | None = None) -> web.Application:
+    """The aiohttp application. `max_model_len` and `vocab_size` default to the engine's; bodies
+    are capped at what the longest prompt could need (Serving.max_body_bytes)."""
+    serving = Serving(async_engine, tokenizer, served_model_name, max_model_len, vocab_size, api_key)
+    app = web.Application(middlewares=[openai_errors], client_max_size=serving.max_body_bytes)
     app[ENGINE_KEY] = async_engine
-    app[SERVING_KEY] = Serving(async_engine, tokenizer, served_model_name, max_model_len, vocab_size)
+    app[SERVING_KEY] = serving
+    app.on_cleanup.append(_close_serving)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model_id}", model)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/engine/stats", engine_stats)
     app.router.add_post("/v1/engine/stats/reset", reset_engine_stats)
     return app
+
+
+async def _close_serving(app: web.Application) -> None:
+    app[SERVING_KEY].close()
 
 
 # ---------------------------------------------------------------------- running it
@@ -384,7 +333,7 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     """Listen on host:port (0: a free port); returns the runner and the base URL."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, reuse_address=True)     # a restart need not wait out TIME_WAIT
     try:
         await site.start()
     except OSError as exc:
@@ -406,9 +355,9 @@ class ServerThread:
     started; `stop()` (or leaving the `with`) shuts the engine and the site down."""
 
     def __init__(self, engine, tokenizer, served_model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 max_queue: int = DEFAULT_MAX_QUEUE):
+                 max_queue: int = DEFAULT_MAX_QUEUE, api_key: str | None = None):
         self.async_engine = AsyncEngine(engine, max_queue=max_queue)
-        self.app = make_app(self.async_engine, tokenizer, served_model_name)
+        self.app = make_app(self.async_engine, tokenizer, served_model_name, api_key=api_key)
         self.host, self.port = host, port
         self.base_url: str | None = None
         self._loop = asyncio.new_event_loop()
@@ -443,10 +392,11 @@ class ServerThread:
 
 
 def serve(config, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-          max_queue: int = DEFAULT_MAX_QUEUE, engine=None) -> None:
+          max_queue: int = DEFAULT_MAX_QUEUE, engine=None, api_key: str | None = None) -> int:
     """Load the engine (EngineConfig), listen, print one ready line with the URL, and serve until
-    Ctrl-C or SIGTERM; then stop the engine and close the port. Blocks. `engine`: one built
-    already (rank 0's DrivenEngine under tensor parallelism)."""
+    Ctrl-C or SIGTERM; then stop the engine and close the port. Blocks; returns the exit code the
+    signal asks for (130 for SIGINT, 143 for SIGTERM). `engine`: one built already (rank 0's
+    DrivenEngine under tensor parallelism)."""
     from .llm import LLMEngine
     from .tokenizer import load_tokenizer
     from .weights import resolve
@@ -455,20 +405,24 @@ def serve(config, host: str = "127.0.0.1", port: int = 8000, served_model_name: 
     tokenizer = load_tokenizer(folder)
     engine = LLMEngine(config) if engine is None else engine
     name = served_model_name or (folder.name if folder is not None else config.model)
-    asyncio.run(_serve_until_signal(engine, tokenizer, name, host, port, max_queue))
+    return asyncio.run(_serve_until_signal(engine, tokenizer, name, host, port, max_queue, api_key))
 
 
-async def _serve_until_signal(engine, tokenizer, name, host, port, max_queue) -> None:
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}        # 128 + the signal's number, as a shell reports it
+
+
+async def _serve_until_signal(engine, tokenizer, name, host, port, max_queue, api_key=None) -> int:
     async_engine = AsyncEngine(engine, max_queue=max_queue)
     async_engine.start()
-    runner, base_url = await start_site(make_app(async_engine, tokenizer, name), host, port)
+    runner, base_url = await start_site(make_app(async_engine, tokenizer, name, api_key=api_key), host, port)
     stop = asyncio.Event()
+    received = []
     loop = asyncio.get_running_loop()
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             previous[sig] = signal.getsignal(sig)
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig), stop.set()))
         except (NotImplementedError, RuntimeError, ValueError):     # not the main thread, or Windows
             previous.pop(sig, None)
     print(f"lab serve: {name} ready at {base_url} (OpenAI API under {base_url}/v1; Ctrl-C stops)", flush=True)
@@ -480,6 +434,7 @@ async def _serve_until_signal(engine, tokenizer, name, host, port, max_queue) ->
             signal.signal(sig, handler)
         await stop_site(runner, async_engine)
         print("lab serve: stopped", file=sys.stderr, flush=True)
+    return EXIT_CODES[received[0]] if received else 0
 
 
 # ---------------------------------------------------------------------- command line
@@ -491,6 +446,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="requests in flight beyond which new ones get 503")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require `Authorization: Bearer KEY` on /v1/ routes (401 otherwise); default: "
+                             f"${API_KEY_ENV} (which keeps the key out of the process list)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
                         help="default: bfloat16 on a GPU, float32 on a CPU")
@@ -503,7 +461,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="decode eagerly (vLLM's --enforce-eager)")
-    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="decode attention: auto (Triton on a GPU, the reference on a CPU), triton, flex, "
+                             "reference")
     parser.add_argument("--quantization", default="none", choices=("none", "int8", "int4"),
                         help="weight-only quantization of every layer's projections")
     parser.add_argument("--quant-path", default="auto", choices=("auto", "naive", "fused", "library", "cuda"),
@@ -534,7 +494,7 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
-    from .llm import DTYPES, EngineConfig, fused_path_unavailable, pick_device, resolve_quant_path
+    from .llm import DTYPES, EngineConfig, backend_unavailable, fused_path_unavailable, pick_device, resolve_quant_path
     from .weights import resolve
 
     config = EngineConfig(**{f: getattr(args, f) for f in ENGINE_FIELDS if f != "dtype"})
@@ -542,9 +502,11 @@ def config_from_args(args: argparse.Namespace):
     config.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     config.check()
     config.quant_path = resolve_quant_path(config, device)
-    refused = fused_path_unavailable(config, device)
+    refused = fused_path_unavailable(config, device) or backend_unavailable(config, device)
     if refused:
         raise LabError(refused)
+    if args.api_key is not None and not args.api_key.strip():
+        raise LabError("--api-key must not be empty")
     shape, _ = resolve(config.model)
     if config.speculative_model not in ("none", "ngram"):
         resolve(config.speculative_model)
@@ -558,6 +520,7 @@ def config_from_args(args: argparse.Namespace):
         raise LabError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.port:
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the server binds: TIME_WAIT is no conflict
             try:
                 probe.bind((args.host, args.port))
             except OSError as exc:
@@ -583,7 +546,7 @@ def _check_tensor_parallel(config, shape, device) -> None:
 def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     config = config_from_args(args)
     kwargs = {"host": args.host, "port": args.port, "served_model_name": args.served_model_name,
-              "max_queue": args.max_queue}
+              "max_queue": args.max_queue, "api_key": args.api_key}
     if config.tensor_parallel > 1:
         from . import tp_serve
         from .llm import pick_device
@@ -591,8 +554,7 @@ def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> 
             return tp_serve.rank_main(config, kwargs)
         return tp_serve.relaunch(list(sys.argv[1:] if argv is None else argv), config.tensor_parallel,
                                  pick_device(config.device).type)
-    serve(config, **kwargs)
-    return 0
+    return serve(config, **kwargs)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -609,7 +571,11 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as exc:
         print(f"lab serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:                  # SIGTERM while loading (`lab serve` turns it into this)
+        print("lab serve: stopped by SIGTERM", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
+        print("lab serve: interrupted", file=sys.stderr)
         return 130
 
 

@@ -1,8 +1,9 @@
 """Text <-> token ids for the server: a checkpoint's own `tokenizer.json` (through `tokenizers`) when
 it has one, else the GPT-2 byte-level BPE the repository ships (data/gpt2), which needs no network.
 
-Chat prompts use one of two fixed templates, never the checkpoint's Jinja (documented here, chosen
-by the vocabulary):
+Chat prompts use the checkpoint's own template (tokenizer_config.json's `chat_template`, Jinja,
+rendered in a sandbox the way transformers' apply_chat_template does) when it has one; otherwise
+one of two fixed templates, chosen by the vocabulary:
 - "llama-3" when the vocabulary has Llama 3's header tokens:
   `<|begin_of_text|>` then, per message, `<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>`,
   then `<|start_header_id|>assistant<|end_header_id|>\\n\\n` (Meta's format, without the date
@@ -30,14 +31,19 @@ DETOKENIZER_CONTEXT_TOKENS = 5        # earlier tokens decoded beside new ones (
 class Tokenizer:
     """encode/decode over a `tokenizers.Tokenizer`, the end-of-sequence ids, and the chat template."""
 
-    def __init__(self, backend, eos_token_ids: tuple[int, ...], bos_token_id: int | None, source: str):
+    def __init__(self, backend, eos_token_ids: tuple[int, ...], bos_token_id: int | None, source: str,
+                 jinja_template: str | None = None, special_tokens: dict | None = None):
         self.backend = backend
         self.eos_token_ids = tuple(eos_token_ids)
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.bos_token_id = bos_token_id
         self.source = source
         has_llama3_headers = all(backend.token_to_id(t) is not None for t in LLAMA3_HEADER_TOKENS)
-        self.chat_template = "llama-3" if has_llama3_headers else "plain"
+        self.chat_template = "checkpoint" if jinja_template else "llama-3" if has_llama3_headers else "plain"
+        self._jinja = _compile_chat_template(jinja_template) if jinja_template else None
+        self._special_tokens = special_tokens or {}
+        # the longest token's text in characters: a text of n characters is at least n / this many tokens
+        self.max_token_chars = max(1, max(len(t) for t in backend.get_vocab(with_added_tokens=True)))
 
     @property
     def vocab_size(self) -> int:
@@ -46,17 +52,37 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; add_special_tokens adds what the tokenizer's post-processor adds
         (Llama 3's BOS; nothing for GPT-2)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.encode_batch([text], add_special_tokens)[0] if text else \
+            self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text; `tokenizers` lets go of the GIL while it works (its batch call
+        does), so a long prompt tokenized on a worker thread does not stop the event loop."""
+        if not texts:
+            return []
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as an API shows it (logprobs): decoded alone, special tokens included."""
+        return self.backend.decode([token_id], skip_special_tokens=False)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text of `ids`; ids the vocabulary lacks (a model's padding rows) decode to nothing."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict]) -> str:
-        """The prompt text of OpenAI-style messages under this tokenizer's fixed template."""
+        """The prompt text of OpenAI-style messages under the checkpoint's template, or this
+        tokenizer's fixed one. ValueError (one line) for messages the template refuses."""
         turns = [(_role(m), _content(m)) for m in messages]
         if not turns:
             raise ValueError("messages must not be empty")
+        if self._jinja is not None:
+            import jinja2
+            try:
+                return self._jinja.render(messages=[{**m, "content": c} for m, (_, c) in zip(messages, turns)],
+                                          add_generation_prompt=True, **self._special_tokens)
+            except jinja2.TemplateError as exc:
+                raise ValueError(f"the model's chat template refused the messages: {exc}") from None
         if self.chat_template == "llama-3":
             bos = "<|begin_of_text|>" if self.backend.token_to_id("<|begin_of_text|>") is not None else ""
             body = "".join(f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
@@ -135,7 +161,58 @@ def _checkpoint_tokenizer(folder: Path) -> Tokenizer:
     if backend.token_to_id("<|eot_id|>") is not None:      # Llama 3 ends chat turns with it
         eos = eos + tuple(i for i in (backend.token_to_id("<|eot_id|>"),) if i not in eos)
     bos = _token_ids(folder, "bos_token_id", "bos_token", backend)
-    return Tokenizer(backend, eos, bos[0] if bos else None, folder.name)
+    config = _read_json(folder / "tokenizer_config.json")
+    template = _default_template(config.get("chat_template"), folder)
+    special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    try:
+        return Tokenizer(backend, eos, bos[0] if bos else None, folder.name, template,
+                         {k: v for k, v in special.items() if v is not None})
+    except _template_errors() as exc:
+        raise LabError(f"{folder}/tokenizer_config.json: chat_template is not valid Jinja ({exc})") from None
+
+
+def _default_template(template, folder: Path) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named ones (the "default");
+    else a chat_template.jinja file beside it, as transformers 4.43+ saves it."""
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if not isinstance(template, str) and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def _token_text(token) -> str | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _template_errors():
+    import jinja2
+    return (jinja2.TemplateError,)
+
+
+def _compile_chat_template(template: str):
+    """The template in transformers' environment: a sandbox, trim_blocks and lstrip_blocks, the
+    loop-controls extension, `tojson` keeping non-ASCII, raise_exception() and strftime_now()."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
 
 
 def _token_ids(folder: Path, id_field: str, token_field: str, backend) -> tuple[int, ...]:
