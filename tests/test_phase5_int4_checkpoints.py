@@ -291,7 +291,7 @@ def test_serve_refuses_conflicts_and_broken_int4_folders(tmp_path, capsys):
 
     refused("--quantization", "int8", "--quant-path", "naive", needle="conflicts")
     refused("--quantization", "int4", "--quant-group-size", "128", "--quant-path", "naive", needle="conflicts")
-    refused(needle="quant_path 'fused'")                              # the default path, on a CPU without Triton
+    refused("--quant-path", "fused", needle="quant_path 'fused'")           # the Triton path, on a CPU without Triton
     path = tmp_path / "model.safetensors"
     tensors = load_file(str(path))
     tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(128)
