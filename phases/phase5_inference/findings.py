@@ -73,6 +73,13 @@ def quantization(got: dict) -> list[str]:
                          f"roofline against bf16's {pct(bf16['metrics.pct_of_copy_roofline'])})"
                          + (f", tinygemm {ratio(library['metrics.speedup_vs_bf16'])}" if library is not None else "")
                          + ": the kernels, not the bytes, set the speed.")
+        cuda = find(ok, "int4_cuda")
+        cuda8 = find(e[(e["status"] == "ok") & (e["params.batch"] == 8)], "int4_cuda")
+        if cuda is not None:
+            parts.append(f"The CUDA int4 kernel in the engine: {ratio(cuda['metrics.speedup_vs_bf16'])} bf16 at batch 1 "
+                         f"({pct(cuda['metrics.pct_of_copy_roofline'])} of its roofline)"
+                         + (f", {ratio(cuda8['metrics.speedup_vs_bf16'])} at 8 requests" if cuda8 is not None else "")
+                         + ".")
         if naive is not None:
             parts.append(f"The same int4 weights through the naive path run at {ratio(naive['metrics.speedup_vs_bf16'])} "
                          f"bf16 (the seed's naive AWQ: {seed.QUANT_8B['AWQ int4, naive kernel'][2]}x): each projection is "
@@ -85,6 +92,12 @@ def quantization(got: dict) -> list[str]:
             parts.append(f"At the kernel, W4A16 on gate_up at batch 1 takes {num(1000 * fused['metrics.ms'])} µs, "
                          f"{pct(fused['metrics.pct_of_roofline'])} of its roofline and "
                          f"{ratio(fused['metrics.speedup_vs_bf16_cublas'])} bf16 cuBLAS.")
+        ladder = {v: find(k[k["status"] == "ok"], v, matrix="gate_up", batch=16)
+                  for v in ("w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library")}
+        if all(r is not None for r in ladder.values()):
+            fastest = min(ladder, key=lambda v: ladder[v]["metrics.ms"])
+            parts.append("At batch 16 on gate_up the int4 ladder reads " + ", ".join(
+                f"{v} {num(1000 * r['metrics.ms'])} µs" for v, r in ladder.items()) + f": {fastest} is the fastest.")
     q = got.get("phase5.quant_quality")
     if q is not None:
         ok = q[q["status"] == "ok"]
