@@ -55,6 +55,16 @@ def _isolated_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path_factory.mktemp("guard-results")))
 
 
+def tiny_transformers_llama(weights: dict):
+    """transformers' LlamaForCausalLM of the lab's 'tiny' shape holding `weights` (the engine's
+    correctness reference; skips where transformers is missing)."""
+    transformers = pytest.importorskip("transformers")
+    from phases.phase5_inference.engine.shapes import hf_config, named
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config(named("tiny")))).eval()
+    model.load_state_dict(weights, strict=False)
+    return model
+
+
 def clean_env(**extra) -> dict:
     """os.environ without the lab's variables (for subprocesses), plus `extra`."""
     env = {k: v for k, v in os.environ.items() if k not in LAB_VARS}

@@ -5,10 +5,11 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_transformers_llama
 
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import hf_config, named
+from phases.phase5_inference.engine.shapes import named
 from phases.phase5_inference.engine.weights import random_weights
 
 LOGPROB_ATOL = 1e-3          # fp32 engine against fp32 transformers
@@ -26,10 +27,7 @@ def engine(weights, **config) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def hf(weights):
-    transformers = pytest.importorskip("transformers")
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config(named("tiny")))).eval()
-    model.load_state_dict(weights, strict=False)
-    return model
+    return tiny_transformers_llama(weights)
 
 
 def prompt_of(length: int, seed: int) -> list[int]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_transformers_llama
 
 aiohttp = pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
@@ -17,7 +18,7 @@ pytest.importorskip("tokenizers")
 
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.shapes import hf_config, named  # noqa: E402
+from phases.phase5_inference.engine.shapes import named  # noqa: E402
 from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
 from phases.phase5_inference.engine.weights import random_weights  # noqa: E402
 
@@ -107,10 +108,7 @@ def test_stop_token_ids_leave_no_text_of_the_stop_token(client, tokenizer):
 # ---------------------------------------------------------------------- logprobs and echo
 @pytest.fixture(scope="module")
 def hf(weights):
-    transformers = pytest.importorskip("transformers")
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config(named("tiny")))).eval()
-    model.load_state_dict(weights, strict=False)
-    return model
+    return tiny_transformers_llama(weights)
 
 
 def reference_logprobs(hf, ids: list[int]) -> torch.Tensor:

@@ -133,6 +133,16 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
+// Every accumulator of a lane with the output it belongs to: acc[b][i] is row m (an activation)
+// and column n (a weight row) of y, by the mma's C fragment layout.
+template <int MB, typename F>
+__device__ __forceinline__ void for_each_output(int m0, int n_row, int t, F f) {
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f(b, i, m0 + b * 8 + 2 * t + (i & 1), n_row + 8 * (i >> 1));
+}
+
 struct Problem {
     const __nv_bfloat16* x; const uint4* wq; const uint2* meta; __nv_bfloat16* y;
     float* partials; int* counters;
@@ -379,15 +389,10 @@ __global__ void __launch_bounds__(THREADS) w4a16_mma(Problem p) {
     if (p.splits > 1) {
         // Block partials into the workspace [splits][M_pad][n_tiles * 16]; the last block sums them.
         const int n_pad = p.n_tiles * 16, m_pad = gridDim.z * M_TILE;
-        if (leader && active) {
-#pragma unroll
-            for (int b = 0; b < MB; ++b)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int m = m0 + b * 8 + 2 * t + (i & 1), n = n_row + 8 * (i >> 1);
-                    p.partials[((size_t)blockIdx.y * m_pad + m) * n_pad + n] = acc[b][i];
-                }
-        }
+        if (leader && active)
+            for_each_output<MB>(m0, n_row, t, [&](int b, int i, int m, int n) {
+                p.partials[((size_t)blockIdx.y * m_pad + m) * n_pad + n] = acc[b][i];
+            });
         __threadfence();
         __syncthreads();
         int* counter = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
@@ -395,28 +400,18 @@ __global__ void __launch_bounds__(THREADS) w4a16_mma(Problem p) {
         __syncthreads();
         if (!is_last) return;
         __threadfence();
-        if (leader && active) {
-#pragma unroll
-            for (int b = 0; b < MB; ++b)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int m = m0 + b * 8 + 2 * t + (i & 1), n = n_row + 8 * (i >> 1);
-                    float v = 0.f;
-                    for (int s = 0; s < p.splits; ++s) v += __ldcg(p.partials + ((size_t)s * m_pad + m) * n_pad + n);
-                    acc[b][i] = v;
-                }
-        }
+        if (leader && active)
+            for_each_output<MB>(m0, n_row, t, [&](int b, int i, int m, int n) {
+                float v = 0.f;
+                for (int s = 0; s < p.splits; ++s) v += __ldcg(p.partials + ((size_t)s * m_pad + m) * n_pad + n);
+                acc[b][i] = v;
+            });
         if (threadIdx.x == 0) *counter = 0;             // ready for the next call (and a graph replay)
     }
-    if (leader && active) {
-#pragma unroll
-        for (int b = 0; b < MB; ++b)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int m = m0 + b * 8 + 2 * t + (i & 1), n = n_row + 8 * (i >> 1);
-                if (m < p.M && n < p.N) p.y[(size_t)m * p.N + n] = __float2bfloat16(acc[b][i]);
-            }
-    }
+    if (leader && active)
+        for_each_output<MB>(m0, n_row, t, [&](int b, int i, int m, int n) {
+            if (m < p.M && n < p.N) p.y[(size_t)m * p.N + n] = __float2bfloat16(acc[b][i]);
+        });
 }
 
 // The whole weight dequantized to bf16 [N, K] (the path for batches where the tensor cores, not the
