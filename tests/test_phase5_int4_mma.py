@@ -117,9 +117,15 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         assert k_split & (k_split - 1) == 0, cfg
         assert k_split == 1 or im.cdiv(k, 64) // k_split >= im.MIN_CHUNKS_PER_WARP, (m, n, k, cfg)
         assert cfg["mb"] in (1, 2, 4, 8) and 8 * cfg["mb"] >= min(m, im.MMA_MAX_M)
-    # a small N gets split along K across blocks; a large one keeps whole tiles in a block
-    assert im.plan(1, 1024, 14336, 132)["splits"] > 1
-    assert im.plan(1, 28672, 4096, 132)["splits"] == 1
+    # about one wave of resident warps: a small N with a long K gets split along K across blocks; a
+    # large N keeps whole tiles in a warp
+    assert im.plan(1, 512, 65536, 132)["splits"] > 1
+    big = im.plan(1, 28672, 4096, 132)
+    assert big["splits"] == 1 and big["wk"] == 1
+    for m, n, k in [(1, 4096, 14336), (1, 6144, 4096), (16, 16384, 3072)]:
+        cfg = im.plan(m, n, k, 132)
+        warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
+        assert 132 * im.RESIDENT_WARPS_PER_SM // 2 < warps <= 132 * im.RESIDENT_WARPS_PER_SM, (m, n, k, cfg)
     assert im.uses_dequantized(65) and not im.uses_dequantized(64)
 
 

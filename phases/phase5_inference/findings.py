@@ -93,7 +93,7 @@ def quantization(got: dict) -> list[str]:
                          f"{pct(fused['metrics.pct_of_roofline'])} of its roofline and "
                          f"{ratio(fused['metrics.speedup_vs_bf16_cublas'])} bf16 cuBLAS.")
         ladder = {v: find(k[k["status"] == "ok"], v, matrix="gate_up", batch=16)
-                  for v in ("w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library")}
+                  for v in ("w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")}
         if all(r is not None for r in ladder.values()):
             fastest = min(ladder, key=lambda v: ladder[v]["metrics.ms"])
             parts.append("At batch 16 on gate_up the int4 ladder reads " + ", ".join(

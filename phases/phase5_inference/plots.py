@@ -94,7 +94,7 @@ def quant_ladder(view, hw: str, path) -> None:
     of the same method gets from the bytes it promises."""
     plt = pyplot()
     rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw) if r["variant"].startswith("w4_")]
-    rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library")
+    rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
              if any(r["variant"] == v for r in rows)]
     matrices = [m for m in ("qkv", "o", "gate_up", "down") if any(r["params.matrix"] == m for r in rows)]
     batches = [b for b in (1, 16) if any(int(r["params.batch"]) == b for r in rows)]

@@ -12,11 +12,11 @@ dequantize-then-matmul of that format (bf16_cublas: against fp32 x @ W^T) before
   w4_fused        quant_gemm's Triton W4A16 kernel (GEMV-shaped with split-K for M <= 16, tiled above)
   w4_naive        dequantize the whole weight to bf16 in memory, then F.linear (the seed's slow path)
   w4_library      torch._weight_int4pack_mm (tinygemm) in its own packed format, converted once
-  w4_cuda_registers  the CUDA kernel (engine/int4_mma.cu: tensor-core mma on weights re-laid at load),
-                  weights streamed through a ring of 16-byte loads in registers
-  w4_cuda         the same kernel streaming the weights with bulk copies (Hopper's copy engine; the
-                  register ring elsewhere), and above 64 rows dequantize-once + cuBLAS by the kernel's
-                  rule: the path the engine takes (QuantizedLinear path "cuda")
+  w4_cuda_bulk    the CUDA kernel (engine/int4_mma.cu: tensor-core mma on weights re-laid at load),
+                  weights streamed with bulk copies into shared memory (Hopper's copy engine)
+  w4_cuda         the same kernel streaming the weights through a ring of 16-byte loads in registers
+                  (measured faster than the bulk copies), and above 64 rows dequantize-once + cuBLAS
+                  by the kernel's rule: the path the engine takes (QuantizedLinear path "cuda")
   w8_fused, w8_naive, w8_library: the same for int8 (torch._weight_int8pack_mm)
 Counts: FLOPs = 2·M·N·K for every variant; bytes = the format's packed weight + scales (+ zeros)
 + x read and y written (quant_analysis.matmul_bytes; tinygemm's int4 keeps a bf16 scale and a bf16
@@ -42,9 +42,9 @@ from .engine import int4_mma, quant_gemm, quantize
 from .engine.shapes import SHAPES, named
 
 REFERENCE = "fp32 x @ dequantize(W)^T (the variant's own format; bf16: the bf16 weight)"
-VARIANTS = ("bf16_cublas", "w4_naive", "w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library", "w8_fused",
+VARIANTS = ("bf16_cublas", "w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library", "w8_fused",
             "w8_naive", "w8_library")
-CUDA_VARIANTS = ("w4_cuda_registers", "w4_cuda")
+CUDA_VARIANTS = ("w4_cuda_bulk", "w4_cuda")
 MATRICES = ("qkv", "o", "gate_up", "down")
 FORMAT_OF = {"bf16": "bf16", "w4": "int4", "w8": "int8"}
 NAIVE_LAUNCHES = {"w4": 7, "w8": 4}    # torch ops of dequantize() (approximate) and the matmul
@@ -175,7 +175,7 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
             mw = weights["w4_mma"]
             if variant == "w4_cuda":
                 return lambda: int4_mma.multiply(x, mw)
-            cfg = dict(int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms), bulk=False)
+            cfg = dict(int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms), bulk=True)
             return lambda: int4_mma.matmul(x, mw, cfg)
         prefix, path = variant.split("_")
         if prefix == "bf16":
@@ -202,6 +202,8 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
                 continue
         if variant in CUDA_VARIANTS:
             why = int4_mma.unavailable(weights["w4"].weight_format, x)
+            if not why and variant == "w4_cuda_bulk" and not int4_mma.bulk_copies(x.device):
+                why = "the bulk-copy stream needs compute capability 9.0 (Hopper) or newer"
             if why:
                 rows.append(skipped(variant, size, why))
                 continue
@@ -221,7 +223,7 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
         r["metrics"]["algorithm_bytes"] = algorithm_bytes(p, variant)
         if variant in CUDA_VARIANTS and ctx.is_cuda:
             r["metrics"]["config"] = int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms,
-                                                   bulk=variant == "w4_cuda" and int4_mma.bulk_copies(ctx.device))
+                                                   bulk=variant == "w4_cuda_bulk")
             r["metrics"]["dequantized_then_cublas"] = variant == "w4_cuda" and int4_mma.uses_dequantized(p["batch"])
         if variant.endswith("_fused"):
             r["metrics"]["config"] = fused_config(p, variant, sms)

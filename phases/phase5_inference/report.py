@@ -79,7 +79,7 @@ QUANT_KERNELS_TABLE = Table(QKERNELS, QKERNELS, columns=(
     more=(col("algorithm bytes", "metrics.algorithm_bytes", num),),
     brief=lambda rows: rows[(rows["params.matrix"] == "gate_up") & rows["params.batch"].isin([1, 16, 256])])
 
-LADDER = ("w4_naive", "w4_fused", "w4_cuda_registers", "w4_cuda", "w4_library")
+LADDER = ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
 
 QUANT_LADDER_TABLE = Table("phase5.quant_ladder", QKERNELS, columns=(
     ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("rung", "variant"),

@@ -40,11 +40,12 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
     return policy;
 }
 
-// The weights are read once per call: stream them past L1 and let L2 evict them first.
-__device__ __forceinline__ uint4 load_weights(const uint4* ptr, uint64_t policy) {
+// The weights are read once per call: stream them past L1. (An L2 evict-first cache hint, a createpolicy
+// operand, measured slower on the H200: the operand costs two uniform-register moves per load. The bulk
+// copies keep it: one copy per 2 KB.)
+__device__ __forceinline__ uint4 load_weights(const uint4* ptr) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr), "l"(policy));
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
     return v;
 }
 
@@ -81,8 +82,8 @@ __device__ __forceinline__ float scale_of(uint32_t meta_half, bool fp16_scales) 
     return __uint_as_float(uint32_t(bits) << 16);
 }
 
-__device__ __forceinline__ uint32_t zero_pair(uint32_t meta_half) {     // bf16x2 (128 + z, 128 + z)
-    return (meta_half >> 16) * 0x10001u;
+__device__ __forceinline__ uint32_t zero_pair(uint32_t meta_half) {     // bf16x2 (128 + z, 128 + z): one prmt
+    return __byte_perm(meta_half, 0, 0x3232);
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
@@ -147,87 +148,149 @@ struct Problem {
     const __nv_bfloat16* x; const uint4* wq; const uint2* meta; __nv_bfloat16* y;
     float* partials; int* counters;
     int M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales;
+    int x_smem_bytes;         // > 0: the block's activations are staged in shared memory first (small M x K)
 };
 
-// One warp's view of its slice of the problem: where its activations and scales are, and the
-// running sums. `chunk` multiplies one 64-input chunk (the lane's 16-byte word) into them.
+// The block's chunks along K: [begin, end) of its first and last warp slices.
+__device__ __forceinline__ int2 block_chunks(const Problem& p) {
+    const int n_splits = p.splits * p.wk;
+    return make_int2(int((long long)blockIdx.y * p.wk * p.k_chunks / n_splits),
+                     int((long long)(blockIdx.y + 1) * p.wk * p.k_chunks / n_splits));
+}
+
+// Activations of rows [m0, m0 + rows) over the block's K range, copied once into shared memory with
+// cp.async (no registers held; the caller waits with wait_x_staging after issuing its first weight
+// loads, so one latency covers both). Row r starts at r * stride inputs. Without this every warp
+// fetches its activations from L1/L2 one chunk ahead, and a warp alone on its scheduler stalls on that
+// round trip every chunk.
+__device__ __forceinline__ void stage_x(const Problem& p, __nv_bfloat16* xs, int m0, int rows, int stride) {
+    const int2 cb = block_chunks(p);
+    const int k0 = cb.x * CHUNK_K, width = min(cb.y * CHUNK_K, p.K) - k0;     // a multiple of 8
+    const int per_row = width / 8;
+    for (int idx = threadIdx.x; idx < rows * per_row; idx += THREADS) {
+        const int r = idx / per_row, q = idx - r * per_row;
+        const __nv_bfloat16* src = p.x + (size_t)(m0 + r) * p.K + k0 + q * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                     :: "r"(static_cast<uint32_t>(__cvta_generic_to_shared(xs + (size_t)r * stride + q * 8))), "l"(src) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void wait_x_staging() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+}
+
+// One warp's slice of the problem: chunks [c_begin, c_end) of one tile, and its running sums.
+// The hot loop's contract: per 64-input chunk a lane spends one 16-byte weight load, its scale entries,
+// its activations, 4 x (3 shifts, 4 lop3, 4 bf16 subtractions) of dequantization and 4 x MB mma; every
+// address is a pointer bumped once per UNROLL chunks plus an immediate offset, so no per-chunk index
+// arithmetic competes with the dequantization for issue slots (batch 1 is bound by instruction issue,
+// not by the weight stream, once the stream has enough bytes in flight).
 template <int MB, bool SMALL_GROUP>
 struct WarpSlice {
-    const __nv_bfloat16* xrow[MB];
-    bool row_ok[MB];
-    const uint2* meta;
-    int group_shift, groups, K, t, fp16_scales;
-    float acc[MB][4], part[MB][4];
+    static constexpr int METAS = SMALL_GROUP ? 2 : 1;  // scale entries per chunk (group 32: two groups)
+    const uint4* xq[MB];      // the lane's activations of chunk c_begin (uint4 = 8 inputs), per 8-row block
+    const uint2* meta;        // entry of group 0 for this lane group
+    int c_begin, n_chunks, n_full, group_shift, group_mask, groups, K, t, fp16_scales;
+    // part[s % CHAINS]: two independent mma chains per chunk rather than one of four (where registers allow)
+    static constexpr int CHAINS = SMALL_GROUP && MB >= 2 ? 1 : 2;
+    float acc[MB][4], part[CHAINS][MB][4];
 
-    __device__ __forceinline__ void init(const Problem& p, int tile, int m0, int g, int lane_t) {
+    // xs: the block's staged activations (x_smem) with row stride `stride` from block chunk `block_begin`.
+    __device__ __forceinline__ void init(const Problem& p, int tile, int m0, int g, int lane_t, int begin, int end,
+                                         const __nv_bfloat16* xs, int stride, int block_begin) {
         t = lane_t;
         K = p.K;
         groups = p.groups;
         fp16_scales = p.fp16_scales;
+        c_begin = begin;
+        n_chunks = end - begin;
+        n_full = max(0, min(end, p.K / CHUNK_K) - begin);            // chunks with no input past K
         meta = p.meta + (size_t)tile * p.groups * 8 + g;
-        group_shift = SMALL_GROUP ? 0 : p.log2_blocks_per_group - 1;           // chunk -> group (>= 64 inputs)
+        group_shift = SMALL_GROUP ? 0 : p.log2_blocks_per_group - 1;  // chunk -> group (>= 64 inputs)
+        group_mask = SMALL_GROUP ? 0 : (1 << group_shift) - 1;
 #pragma unroll
         for (int b = 0; b < MB; ++b) {
-            const int m = m0 + b * 8 + g;
-            row_ok[b] = m < p.M;
-            xrow[b] = p.x + (size_t)(row_ok[b] ? m : 0) * p.K + 8 * t;
+            // Rows past M read row M - 1: their columns of the mma are never stored.
+            const int m = min(m0 + b * 8 + g, p.M - 1);
+            xq[b] = p.x_smem_bytes ? reinterpret_cast<const uint4*>(xs + (size_t)(m - m0) * stride) + (begin - block_begin) * 8 + t
+                             : reinterpret_cast<const uint4*>(p.x + (size_t)m * p.K) + (size_t)begin * 8 + t;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[b][i] = part[b][i] = 0.f;
+            for (int i = 0; i < 4; ++i) {
+                acc[b][i] = 0.f;
+#pragma unroll
+                for (int c = 0; c < CHAINS; ++c) part[c][b][i] = 0.f;
+            }
         }
     }
 
-    // The chunk's activations: two 16-byte loads per 8-row block (zero past M and K).
-    __device__ __forceinline__ void load_x(int c, uint4 (&xs)[MB][2]) const {
-        const int k0 = c * CHUNK_K;
+    // Activations of chunk c_begin + i (two 16-byte loads per 8-row block), bounded by K on the tail.
+    template <bool TAIL>
+    __device__ __forceinline__ void load_x(int i, uint4 (&xs)[MB][2]) const {
 #pragma unroll
         for (int b = 0; b < MB; ++b)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                xs[b][h] = (row_ok[b] && k0 + h * 32 + 8 * t < K)
-                    ? __ldg(reinterpret_cast<const uint4*>(xrow[b] + k0 + h * 32)) : make_uint4(0, 0, 0, 0);
+                xs[b][h] = (!TAIL || (c_begin + i) * CHUNK_K + h * 32 + 8 * t < K)
+                    ? xq[b][i * 8 + h * 4] : make_uint4(0, 0, 0, 0);     // generic load: shared or global
     }
 
-    // Scale and zero point entries of the chunk's two 32-input blocks (one group for sizes >= 64).
-    __device__ __forceinline__ int group_of_block(int block32) const {
-        return min(block32 >> (SMALL_GROUP ? 0 : group_shift + 1), groups - 1);
+    template <bool TAIL>
+    __device__ __forceinline__ void load_scales(int i, uint2 (&sc)[METAS]) const {
+        const int c = c_begin + i;
+        if (SMALL_GROUP) {
+            sc[0] = __ldg(meta + (TAIL ? min(2 * c, groups - 1) : 2 * c) * 8);
+            sc[METAS - 1] = __ldg(meta + (TAIL ? min(2 * c + 1, groups - 1) : 2 * c + 1) * 8);
+        } else {
+            sc[0] = __ldg(meta + (size_t)(unsigned(c) >> group_shift) * 8);
+        }
     }
 
-    __device__ __forceinline__ void load_scales(int c, uint2 (&sc)[2]) const {
-        sc[0] = __ldg(meta + group_of_block(2 * c) * 8);
-        sc[1] = SMALL_GROUP ? __ldg(meta + group_of_block(2 * c + 1) * 8) : sc[0];
+    // The group's fp32 partial sums times its scales into the running sums.
+    __device__ __forceinline__ void fold(uint2 sc) {
+        const float s_g = scale_of(sc.x, fp16_scales), s_g8 = scale_of(sc.y, fp16_scales);
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float sum = part[0][b][j];
+#pragma unroll
+                for (int c = 1; c < CHAINS; ++c) sum += part[c][b][j];
+                acc[b][j] += (j < 2 ? s_g : s_g8) * sum;
+#pragma unroll
+                for (int c = 0; c < CHAINS; ++c) part[c][b][j] = 0.f;
+            }
+        }
     }
 
-    // c: the chunk's index along K; last: the warp's last chunk (its group's partial sum is folded).
-    __device__ __forceinline__ void chunk(uint4 word, const uint2 (&sc_chunk)[2], const uint4 (&xs)[MB][2], int c, bool last) {
+    // Chunk c_begin + i (its lane word, scale entries and activations) into the sums.
+    __device__ __forceinline__ void chunk(uint4 word, const uint2 (&sc)[METAS], const uint4 (&xs)[MB][2], int i) {
         const uint32_t w4[4] = {word.x, word.y, word.z, word.w};
-        // A group ends at every 32-input block for group size 32; else after this chunk when the next
-        // chunk starts a new group or this warp's range ends.
-        const bool chunk_ends_group = SMALL_GROUP || last || ((c + 1) >> group_shift) != (c >> group_shift);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const int h = s >> 1;
-            const uint2 sc = sc_chunk[h];
+            const uint2 m = sc[SMALL_GROUP ? h : 0];
             uint32_t a[4];
-            dequantize(w4[s], zero_pair(sc.x), zero_pair(sc.y), a);
+            dequantize(w4[s], zero_pair(m.x), zero_pair(m.y), a);
 #pragma unroll
-            for (int b = 0; b < MB; ++b) {
-                const uint32_t b0 = (s & 1) ? xs[b][h].z : xs[b][h].x;
-                const uint32_t b1 = (s & 1) ? xs[b][h].w : xs[b][h].y;
-                mma_bf16(part[b], a, b0, b1);
-            }
-            if ((SMALL_GROUP && (s & 1)) || (s == 3 && chunk_ends_group)) {
-                const float s_g = scale_of(sc.x, fp16_scales), s_g8 = scale_of(sc.y, fp16_scales);
-#pragma unroll
-                for (int b = 0; b < MB; ++b) {
-                    acc[b][0] += s_g * part[b][0];
-                    acc[b][1] += s_g * part[b][1];
-                    acc[b][2] += s_g8 * part[b][2];
-                    acc[b][3] += s_g8 * part[b][3];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) part[b][j] = 0.f;
-                }
-            }
+            for (int b = 0; b < MB; ++b)
+                mma_bf16(part[s % CHAINS][b], a, (s & 1) ? xs[b][h].z : xs[b][h].x, (s & 1) ? xs[b][h].w : xs[b][h].y);
+            if (SMALL_GROUP && (s & 1)) fold(m);                  // a group per 32-input block
         }
+        // A group of >= 64 inputs ends after this chunk when the next chunk starts a new one, or the
+        // warp's range ends here.
+        if (!SMALL_GROUP && ((((c_begin + i + 1) & group_mask) == 0) || i == n_chunks - 1)) fold(sc[0]);
+    }
+
+    // The chunk past the last full one, when K is not a multiple of 64 and this warp owns it.
+    __device__ __forceinline__ uint4 tail_word(const uint4* wp) const { return load_weights(wp); }
+    __device__ __forceinline__ void tail(uint4 word) {
+        uint2 sc[METAS];
+        uint4 xs[MB][2];
+        load_scales<true>(n_full, sc);
+        load_x<true>(n_full, xs);
+        chunk(word, sc, xs, n_full);
     }
 };
 
@@ -242,8 +305,133 @@ constexpr int STAGES = 4, STAGE_CHUNKS = 4;           // 8 KB of weights in flig
 constexpr int STAGE_SCALE_ENTRIES = 2 * STAGE_CHUNKS * 8;  // a stage's scale entries: at most one group per 32 inputs
 constexpr int BULK_RING_BYTES = WARPS * STAGES * STAGE_CHUNKS * 512 + WARPS * STAGES * STAGE_SCALE_ENTRIES * 8;
 
+// The register ring: slot u holds chunk i0 + u (its word and scale entries); once taken it is
+// refilled with chunk i0 + u + UNROLL. Small batches fetch their activations one chunk ahead into the
+// other of two buffers (they come from L1/L2: one chunk of work covers that latency). Full chunks only;
+// the caller does the tail. Whole rounds of UNROLL chunks run without per-chunk bounds checks.
+template <int MB, int UNROLL, bool SMALL_GROUP>
+__device__ __forceinline__ void stream_registers(WarpSlice<MB, SMALL_GROUP>& w, const uint4* wp, bool staged) {
+    static_assert(UNROLL % 2 == 0, "the activation buffers alternate with the chunk's parity");
+    constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS;
+    constexpr bool X_AHEAD = MB <= 2;
+    uint4 words[UNROLL];
+    uint2 scales[UNROLL][METAS];
+    uint4 xs[2][MB][2];
+    const int n = w.n_full;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (u < n) {
+            words[u] = load_weights(wp + u * 32);
+            w.template load_scales<false>(u, scales[u]);
+        }
+    if (staged) wait_x_staging();                        // the activations landed while the ring filled
+    if (X_AHEAD && n > 0) w.template load_x<false>(0, xs[0]);
+    // Chunk i = i0 + u from slot u (u is a compile-time constant in every call).
+    auto step = [&](int u, int i) {
+        const uint4 word = words[u];
+        uint2 sc[METAS];
+#pragma unroll
+        for (int j = 0; j < METAS; ++j) sc[j] = scales[u][j];
+        if (i + UNROLL < n) {
+            words[u] = load_weights(wp + (u + UNROLL) * 32);
+            w.template load_scales<false>(i + UNROLL, scales[u]);
+        }
+        if (X_AHEAD) {
+            if (i + 1 < n) w.template load_x<false>(i + 1, xs[(u + 1) & 1]);
+        } else {
+            w.template load_x<false>(i, xs[u & 1]);
+        }
+        w.chunk(word, sc, xs[u & 1], i);
+    };
+    int i0 = 0;
+    for (; i0 + UNROLL <= n; i0 += UNROLL) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) step(u, i0 + u);
+        wp += UNROLL * 32;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (i0 + u < n) step(u, i0 + u);
+}
+
+// The bulk ring: per warp and stage, STAGE_CHUNKS lane words and the scale entries of their groups,
+// two bulk copies completing one barrier phase. Full chunks only; the caller does the tail.
+template <int MB, bool SMALL_GROUP>
+__device__ __forceinline__ void stream_bulk(WarpSlice<MB, SMALL_GROUP>& w, const char* src, const uint2* tile_meta,
+                                            unsigned char* smem, uint64_t (&bars)[STAGES], int warp, int lane,
+                                            int g, uint64_t policy, bool staged) {
+    constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS;
+    auto ring = reinterpret_cast<uint4 (*)[STAGES][STAGE_CHUNKS * 32]>(smem);
+    auto ring_scales = reinterpret_cast<uint2 (*)[STAGES][STAGE_SCALE_ENTRIES]>(smem + WARPS * STAGES * STAGE_CHUNKS * 512);
+    const int n = w.n_full;
+    const int n_stages = (n + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
+    // Group of the chunk's first and second 32-input blocks.
+    auto group_lo = [&](int c) { return SMALL_GROUP ? 2 * c : c >> w.group_shift; };
+    auto group_hi = [&](int c) { return SMALL_GROUP ? 2 * c + 1 : c >> w.group_shift; };
+    auto first_group = [&](int j) { return group_lo(w.c_begin + j * STAGE_CHUNKS); };
+    auto issue = [&](int j) {
+        const int st = j % STAGES;
+        const int chunks = min(STAGE_CHUNKS, n - j * STAGE_CHUNKS);
+        const int first = first_group(j), count = group_hi(w.c_begin + j * STAGE_CHUNKS + chunks - 1) - first + 1;
+        barrier_expect(&bars[st], chunks * 512 + count * 64);
+        bulk_copy(ring[warp][st], src + (size_t)j * STAGE_CHUNKS * 512, chunks * 512, &bars[st], policy);
+        bulk_copy(ring_scales[warp][st], tile_meta + (size_t)first * 8, count * 64, &bars[st], policy);
+    };
+    if (lane == 0) {
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) barrier_init(&bars[st]);
+#ifndef LAB_NO_BULK_COPY
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+        for (int j = 0; j < min(STAGES, n_stages); ++j) issue(j);
+    }
+    __syncwarp();
+    if (staged) wait_x_staging();
+    constexpr bool X_AHEAD = MB <= 2;                    // activations one chunk ahead (registers allow)
+    uint4 xs[MB][2], xs_next[MB][2];
+    if (X_AHEAD && n > 0) w.template load_x<false>(0, xs);
+    for (int j = 0; j < n_stages; ++j) {
+        const int st = j % STAGES, first = first_group(j);
+        barrier_wait(&bars[st], (j / STAGES) & 1);
+        uint4 words[STAGE_CHUNKS];
+        uint2 sc[STAGE_CHUNKS][METAS];
+#pragma unroll
+        for (int q = 0; q < STAGE_CHUNKS; ++q) {
+            const int c = w.c_begin + min(j * STAGE_CHUNKS + q, n - 1);
+            words[q] = ring[warp][st][q * 32 + lane];
+            sc[q][0] = ring_scales[warp][st][(group_lo(c) - first) * 8 + g];
+            if (SMALL_GROUP) sc[q][METAS - 1] = ring_scales[warp][st][(group_hi(c) - first) * 8 + g];
+        }
+        __syncwarp();
+        if (lane == 0 && j + STAGES < n_stages) issue(j + STAGES);
+#pragma unroll
+        for (int q = 0; q < STAGE_CHUNKS; ++q) {
+            const int i = j * STAGE_CHUNKS + q;
+            if (i < n) {
+                if (X_AHEAD) {
+                    if (i + 1 < n) w.template load_x<false>(i + 1, xs_next);
+                } else {
+                    w.template load_x<false>(i, xs);
+                }
+                w.chunk(words[q], sc[q], xs, i);
+#pragma unroll
+                for (int b = 0; b < MB; ++b) if (X_AHEAD) xs[b][0] = xs_next[b][0], xs[b][1] = xs_next[b][1];
+            }
+        }
+    }
+}
+
+// Shared memory before the staged activations: the bulk ring while streaming, then the warps' sums.
+template <int MB, int STREAM>
+__host__ __device__ constexpr int smem_bytes() {
+    constexpr int sums = WARPS * MB * 4 * 32 * 4, ring = STREAM == STREAM_BULK ? BULK_RING_BYTES : 0;
+    return sums > ring ? sums : ring;
+}
+
+constexpr int X_SMEM_MAX_BYTES = 32 * 1024;         // staged activations: two blocks per SM still fit
+
 template <int MB, int UNROLL, bool SMALL_GROUP, int STREAM>
-__global__ void __launch_bounds__(THREADS) w4a16_mma(Problem p) {
+__global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p) {   // small batches: two blocks per SM
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x * p.wn + warp / p.wk;
     const int split = blockIdx.y * p.wk + warp % p.wk, n_splits = p.splits * p.wk;
@@ -252,8 +440,6 @@ __global__ void __launch_bounds__(THREADS) w4a16_mma(Problem p) {
     const int c_end = int((long long)(split + 1) * p.k_chunks / n_splits);
     const bool active = tile < p.n_tiles;
     const uint64_t policy = evict_first_policy();
-    const int n_chunks = c_end - c_begin;
-    constexpr bool PREFETCH_X = MB <= 2;                // activations one chunk ahead (registers allow)
 
     // Shared memory: the bulk-copy ring while streaming, then the warps' sums (one buffer, both uses).
     // (dynamic: the bulk ring is larger than the 48 KB a static array may take; launch gives smem_bytes<>)
@@ -261,107 +447,25 @@ __global__ void __launch_bounds__(THREADS) w4a16_mma(Problem p) {
     __shared__ __align__(8) uint64_t bars[WARPS][STAGES];
     __shared__ int is_last;
 
+    // The block's activations into shared memory (after the ring or the warps' sums: smem_bytes<>).
+    const int2 cb = block_chunks(p);
+    const int x_stride = (cb.y - cb.x) * CHUNK_K;
+    __nv_bfloat16* x_staged = reinterpret_cast<__nv_bfloat16*>(smem + smem_bytes<MB, STREAM>());
+    const bool staged = p.x_smem_bytes > 0;
+    if (staged) stage_x(p, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
     WarpSlice<MB, SMALL_GROUP> w;
-    w.init(p, tile, m0, g, t);
-
-    if (STREAM == STREAM_REGISTERS && active && n_chunks > 0) {
-        const uint4* wq = p.wq + ((size_t)tile * p.k_chunks + c_begin) * 32 + lane;
-        // Slot u holds chunk i0 + u (its word and scales); once read it is refilled with chunk
-        // i0 + u + UNROLL (clamped to the last chunk: the tail re-reads it from L2, branch-free). The
-        // activations are fetched one chunk ahead.
-        uint4 words[UNROLL];
-        uint2 scales[UNROLL][2];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int c = c_begin + min(u, n_chunks - 1);
-            words[u] = load_weights(wq + (c - c_begin) * 32, policy);
-            w.load_scales(c, scales[u]);
+    w.init(p, active ? tile : 0, m0, g, t, c_begin, c_end, x_staged, x_stride, cb.x);
+    const uint4* wp = p.wq + ((size_t)(active ? tile : 0) * p.k_chunks + c_begin) * 32 + lane;
+    if (active) {
+        if (STREAM == STREAM_REGISTERS) {
+            stream_registers<MB, UNROLL, SMALL_GROUP>(w, wp, staged);
+        } else {
+            stream_bulk<MB, SMALL_GROUP>(w, reinterpret_cast<const char*>(wp - lane), p.meta + (size_t)tile * p.groups * 8,
+                                         smem, bars[warp], warp, lane, g, policy, staged);
         }
-        uint4 xs[MB][2], xs_next[MB][2];
-        if (PREFETCH_X) w.load_x(c_begin, xs);
-        for (int i0 = 0; i0 < n_chunks; i0 += UNROLL) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int i = i0 + u;
-                if (i < n_chunks) {
-                    const int c = c_begin + i;
-                    if (PREFETCH_X) w.load_x(c_begin + min(i + 1, n_chunks - 1), xs_next); else w.load_x(c_begin + i, xs);
-                    const uint4 word = words[u];
-                    const uint2 sc[2] = {scales[u][0], scales[u][1]};
-                    const int refill = c_begin + min(i + UNROLL, n_chunks - 1);
-                    words[u] = load_weights(wq + (refill - c_begin) * 32, policy);
-                    w.load_scales(refill, scales[u]);
-                    w.chunk(word, sc, xs, c, i == n_chunks - 1);
-#pragma unroll
-                    for (int b = 0; b < MB; ++b) if (PREFETCH_X) xs[b][0] = xs_next[b][0], xs[b][1] = xs_next[b][1];
-                }
-            }
-        }
-    }
-    if (STREAM == STREAM_BULK) {
-        // Per warp and stage: STAGE_CHUNKS lane words and the scale entries of their groups, two bulk
-        // copies completing one barrier phase.
-        auto ring = reinterpret_cast<uint4 (*)[STAGES][STAGE_CHUNKS * 32]>(smem);
-        auto ring_scales = reinterpret_cast<uint2 (*)[STAGES][STAGE_SCALE_ENTRIES]>(smem + WARPS * STAGES * STAGE_CHUNKS * 512);
-        const bool streams = active && n_chunks > 0;
-        const char* src = reinterpret_cast<const char*>(p.wq + ((size_t)tile * p.k_chunks + c_begin) * 32);
-        const uint2* tile_meta = p.meta + (size_t)tile * p.groups * 8;
-        const int n_stages = (n_chunks + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
-        auto stage_groups = [&](int j, int& first, int& count) {
-            const int c_lo = c_begin + j * STAGE_CHUNKS, c_hi = min(c_lo + STAGE_CHUNKS, c_end) - 1;
-            first = w.group_of_block(2 * c_lo);
-            count = w.group_of_block(2 * c_hi + 1) - first + 1;
-        };
-        auto issue = [&](int j) {
-            const int st = j % STAGES;
-            const int chunks = min(STAGE_CHUNKS, n_chunks - j * STAGE_CHUNKS);
-            int first, count;
-            stage_groups(j, first, count);
-            barrier_expect(&bars[warp][st], chunks * 512 + count * 64);
-            bulk_copy(ring[warp][st], src + (size_t)j * STAGE_CHUNKS * 512, chunks * 512, &bars[warp][st], policy);
-            bulk_copy(ring_scales[warp][st], tile_meta + (size_t)first * 8, count * 64, &bars[warp][st], policy);
-        };
-        if (lane == 0) {
-#pragma unroll
-            for (int st = 0; st < STAGES; ++st) barrier_init(&bars[warp][st]);
-#ifndef LAB_NO_BULK_COPY
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-            if (streams)
-                for (int j = 0; j < min(STAGES, n_stages); ++j) issue(j);
-        }
-        __syncwarp();
-        if (streams) {
-            uint4 xs[MB][2], xs_next[MB][2];
-            if (PREFETCH_X) w.load_x(c_begin, xs);
-            for (int j = 0; j < n_stages; ++j) {
-                const int st = j % STAGES;
-                int first, count;
-                stage_groups(j, first, count);
-                barrier_wait(&bars[warp][st], (j / STAGES) & 1);
-                uint4 words[STAGE_CHUNKS];
-                uint2 sc[STAGE_CHUNKS][2];
-#pragma unroll
-                for (int q = 0; q < STAGE_CHUNKS; ++q) {
-                    const int c = min(c_begin + j * STAGE_CHUNKS + q, c_end - 1);
-                    words[q] = ring[warp][st][q * 32 + lane];
-                    sc[q][0] = ring_scales[warp][st][(w.group_of_block(2 * c) - first) * 8 + g];
-                    sc[q][1] = ring_scales[warp][st][(w.group_of_block(2 * c + 1) - first) * 8 + g];
-                }
-                __syncwarp();
-                if (lane == 0 && j + STAGES < n_stages) issue(j + STAGES);
-#pragma unroll
-                for (int q = 0; q < STAGE_CHUNKS; ++q) {
-                    const int i = j * STAGE_CHUNKS + q;
-                    if (i < n_chunks) {
-                        if (PREFETCH_X) w.load_x(c_begin + min(i + 1, n_chunks - 1), xs_next); else w.load_x(c_begin + i, xs);
-                        w.chunk(words[q], sc[q], xs, c_begin + i, i == n_chunks - 1);
-#pragma unroll
-                        for (int b = 0; b < MB; ++b) if (PREFETCH_X) xs[b][0] = xs_next[b][0], xs[b][1] = xs_next[b][1];
-                    }
-                }
-            }
-        }
+        if (w.n_full < w.n_chunks) w.tail(w.tail_word(wp + w.n_full * 32));
+    } else if (staged) {
+        wait_x_staging();                               // every thread of the block meets the barrier
     }
     float (&acc)[MB][4] = w.acc;
     if (STREAM == STREAM_BULK) __syncthreads();         // every warp is done with the ring
@@ -445,24 +549,19 @@ __global__ void __launch_bounds__(32) dequantize_to_bf16(const uint4* __restrict
     }
 }
 
-template <int MB, int STREAM>
-constexpr int smem_bytes() {
-    constexpr int sums = WARPS * MB * 4 * 32 * 4, ring = STREAM == STREAM_BULK ? BULK_RING_BYTES : 0;
-    return sums > ring ? sums : ring;
-}
-
 template <int MB, bool SMALL_GROUP, int STREAM>
 cudaError_t launch_mb(const Problem& p, dim3 grid, cudaStream_t stream) {
-    constexpr int UNROLL = MB <= 2 && !SMALL_GROUP ? 6 : 4;    // register ring: as deep as registers allow
+    // Register ring depth: as deep as registers allow without spilling (two blocks per SM up to MB 2).
+    constexpr int UNROLL = MB == 1 ? (SMALL_GROUP ? 2 : 6) : MB == 2 ? (SMALL_GROUP ? 2 : 4) : MB == 4 ? 4 : 2;
     constexpr int bytes = smem_bytes<MB, STREAM>();
     static bool attribute_set = false;               // once per instantiation, before its first launch
     if (!attribute_set) {
         cudaError_t e = cudaFuncSetAttribute(w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes + X_SMEM_MAX_BYTES);
         if (e != cudaSuccess) return e;
         attribute_set = true;
     }
-    w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM><<<grid, THREADS, bytes, stream>>>(p);
+    w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM><<<grid, THREADS, bytes + p.x_smem_bytes, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -494,7 +593,11 @@ int lab_w4a16_mma(const void* x, const void* wq, const void* meta, void* y, void
     if (wn * wk != WARPS || splits < 1 || M < 1) return cudaErrorInvalidValue;
     Problem p{static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(wq), static_cast<const uint2*>(meta),
               static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(counters),
-              M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales};
+              M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales, 0};
+    // Stage the activations when a block's rows x K range fit (batch 1 to a few rows).
+    const int block_chunks_max = (int)(((long long)k_chunks * wk + splits * wk - 1) / (splits * wk)) + 1;
+    const long long x_bytes = (long long)(M < M_TILE ? M : M_TILE) * block_chunks_max * CHUNK_K * 2;
+    if (x_bytes <= X_SMEM_MAX_BYTES) p.x_smem_bytes = (int)x_bytes;
     dim3 grid((n_tiles + wn - 1) / wn, splits, (M + M_TILE - 1) / M_TILE);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return bulk ? launch_stream<STREAM_BULK>(p, mb, grid, s) : launch_stream<STREAM_REGISTERS>(p, mb, grid, s);

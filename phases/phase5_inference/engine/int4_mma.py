@@ -6,7 +6,11 @@ load so that each lane fetches its mma fragments with one 16-byte load per 64 in
 
 What decides its speed, and why it is laid out so (the .cu file's header has the details):
 - batch 1 reads every weight once: 0.5 byte per weight plus a scale and zero point per group, as a
-  stream (evict-first in L2), with 8 lane words (4 KB per warp) in flight per warp;
+  stream past L1 with 6 lane words (3 KB) in flight per warp; the activations of a small batch are
+  staged in shared memory once per block, so no warp waits on an L2 round trip per chunk for them;
+- the hot loop spends its issue slots on dequantization and mma only (pointers bumped per round, two
+  independent mma chains per chunk): at batch 1 the kernel is bound by how many warps keep loads in
+  flight, so the plan fills each SM's resident warps once rather than splitting K into short slices;
 - the batch rides in the mma's 8-column operand, so 1 to 8 rows cost one mma per 16x16 weights, and
   up to 64 rows are multiplied per weight read;
 - K is split across warps (and across blocks when N is small) so that every SM streams weights:
@@ -16,7 +20,8 @@ What decides its speed, and why it is laid out so (the .cu file's header has the
   multiply at its own rate instead (`uses_dequantized`, a rule of M alone).
 
 Two ways to stream the weights, one template parameter (the exercise times both, a rung each):
-  registers   a ring of 16-byte loads per lane in registers (any GPU with bf16 mma, sm_80+);
+  registers   a ring of 16-byte loads per lane in registers (any GPU with bf16 mma, sm_80+): the
+              default, measured at least as fast as the bulk copies on the H200;
   bulk        a ring of 2 KB bulk copies per warp into shared memory (cp.async.bulk on an mbarrier,
               Hopper's copy engine; sm_90+), with each stage's scales copied beside it.
 
@@ -43,8 +48,9 @@ BLOCK_K = 32                      # inputs per activation load (and the smallest
 WARPS = 8                         # warps per block
 LANES = 32
 MMA_MAX_M = 64                    # activation rows multiplied per weight read
-WARPS_PER_SM = 64                 # warps per SM over the whole call: ~4 waves of 16 resident, so blocks balance
-MIN_CHUNKS_PER_WARP = 8           # a warp's slice is at least 4 KB of weights (its share of the stream)
+RESIDENT_WARPS_PER_SM = 16       # two blocks of 8 warps fit an SM's registers up to 16 rows (mb <= 2), else one
+MIN_CHUNKS_PER_WARP = 16          # a warp's slice is at least 8 KB: ~2.5 turns of its 6-word ring, so the
+                                  # ring's fill and the block's epilogue stay a small part of its time
 MAX_SPLITS = 16
 PER_CHANNEL_LOG2 = 30             # "the group never ends" for one group per row
 BF16_128 = 0x4300                 # bf16 bits of 128.0; | z gives 128 + z
@@ -210,14 +216,16 @@ def floor_pow2(v: int) -> int:
     return 1 << (max(1, v).bit_length() - 1)
 
 
-def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: bool = True) -> dict:
+def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: bool = False) -> dict:
     """The partition for an [m, k] x [k, n] problem on `sms` SMs: 8-row activation blocks per tile
     (mb), warps along K per tile (wk), tiles per block (wn = 8 / wk) and blocks along K (splits).
-    K is split until about WARPS_PER_SM warps per SM stream weights, each at least
-    MIN_CHUNKS_PER_WARP lane words long; a power of two, so the split is balanced to one word."""
+    K is split until the call has about one wave of the SMs' resident warps (more warps means shorter
+    slices, fewer means idle load slots; measured on the H200, one wave was best on every matrix), each
+    at least MIN_CHUNKS_PER_WARP lane words long; a power of two, so the split is balanced to one word."""
     n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
     mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
-    wanted = max(1, sms * WARPS_PER_SM // (n_tiles * m_tiles))
+    resident = RESIDENT_WARPS_PER_SM if mb <= 2 else RESIDENT_WARPS_PER_SM // 2
+    wanted = max(1, sms * resident // (n_tiles * m_tiles))
     if k_split is None:
         k_split = min(floor_pow2(wanted), floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP)), WARPS * MAX_SPLITS)
     wk = min(k_split, WARPS)
@@ -286,7 +294,7 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
     y = torch.empty(m, mw.out_features, dtype=torch.bfloat16, device=x.device)
     if m == 0:
         return y
-    cfg = config or plan(m, mw.out_features, mw.in_features, sm_count(x.device), bulk=bulk_copies(x.device))
+    cfg = config or plan(m, mw.out_features, mw.in_features, sm_count(x.device))
     if cfg["bulk"] and not bulk_copies(x.device):
         raise LabError("int4 matmul: the bulk-copy stream needs compute capability 9.0 (Hopper) or newer")
     lib, _ = library()
