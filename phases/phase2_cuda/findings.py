@@ -2,7 +2,7 @@
 from common.formats import pct, ratio
 from common.frame import by_hardware, find, value
 
-from .report import SM, _row_length
+from .rows import SM, row_length
 
 
 def _copy_share(rows, variant: str, dtype: str, cols: int) -> str:
@@ -44,7 +44,7 @@ def softmax_findings(view) -> str:
             w = ours.loc[ours["metrics.speedup_vs_torch"].astype(float).idxmin()]
             t = find(s, "torch", dtype=w["params.dtype"], cols=w["params.cols"], group="sweep")
             items.append(f"**Thin margins.** The narrowest win over torch.softmax is {ratio(w['metrics.speedup_vs_torch'])} "
-                         f"({_row_length(w)}), where torch.softmax itself runs at "
+                         f"({row_length(w)}), where torch.softmax itself runs at "
                          f"{pct(value(t, 'metrics.pct_of_copy_bandwidth'))} of copy.")
         paras.append(f"On the {s.iloc[0]['hardware_name']}:\n\n" + "\n".join(f"- {x}" for x in items))
     return "\n\n".join(paras)

@@ -3,7 +3,7 @@ from common.formats import elements, num, pct, size_bytes
 from common.frame import by_hardware, find, value
 
 from . import analysis
-from .report import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
+from .rows import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
 
 
 def _vector_add(rows) -> str:
