@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from common import render, report
+from common.errors import LabError
 from common.frame import Frame
 from common.paths import REPO_ROOT
 from common.records import load_records
@@ -104,8 +105,8 @@ def test_a_failed_row_shows_its_identity_and_reason_not_numbers():
                         "started": "2026-11-24T00:00:00Z", "commit": "a" * 40}])
     view = render.View(Frame(df, []), REPO_ROOT / "README.md", REPO_ROOT / "results")
     text = render.table(view, Table("t", "x.y", (ident("kernel", "variant"), col("ms", "metrics.ms"))))
-    row = text.splitlines()[2]
-    assert "| k | failed: rel_l2 0.5 > 0.005 | - | - | - |" in row and "1" not in row.split("|")[3]
+    row = text.splitlines()[4]
+    assert row == "| k | failed: rel_l2 0.5 > 0.005 | - |"
 
 
 def test_version_selection_drops_older_methods():
@@ -126,9 +127,16 @@ def test_every_declared_block_is_in_exactly_one_readme():
     assert all(n == 1 for n in seen.values()), [b for b, n in seen.items() if n > 1]
 
 
+README_CHARS_LIMIT = 300 * 120
+
+
 def test_readmes_are_short_enough_to_finish():
+    """At most 300 lines of 120 characters' worth of text per page. Counted in characters, not
+    lines: a table grouped per GPU and run adds short caption and header lines while it drops the
+    hardware, spec and run-link cells of every row (phase 2's README went from 300 lines and 37,878
+    characters to more lines and about 31,000 characters: less to read)."""
     for readme in report.readmes():
-        assert len(readme.read_text().splitlines()) <= 300, readme
+        assert len(readme.read_text()) <= README_CHARS_LIMIT, readme
 
 
 REPORT_S_LIMIT = 10.0
@@ -166,3 +174,72 @@ def test_every_exercise_module_runs_alone():
         source = inspect.getsource(module)
         assert 'if __name__ == "__main__":' in source and "run_alone(" in source, module.__name__
         assert module.__name__.rsplit(".", 1)[1] == ex.name, (module.__name__, ex.id)    # named after its id
+
+
+# ------------------------------------------------------------------------------ tables that fit a screen
+SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
+
+
+def markdown_tables(text: str) -> list[list[str]]:
+    """Every markdown table's header cells in `text` (a header is the line above a |---| line)."""
+    lines = text.splitlines()
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", lines[i - 1].strip())[1:-1]]
+            for i, line in enumerate(lines) if i and SEPARATOR.match(line.strip()) and lines[i - 1].startswith("|")]
+
+
+def test_markdown_tables_finds_each_header():
+    text = "prose | not a table\n\n| a | b `x\\|y` |\n|---|---|\n| 1 | 2 |\n\n| c |\n|---|\n"
+    assert markdown_tables(text) == [["a", "b `x\\|y`"], ["c"]]
+
+
+def test_no_readme_table_is_wider_than_a_screen():
+    """Every table in every README, generated or written by hand, has at most render.MAX_COLUMNS
+    columns: the rest of a wide table lives in its CSV under results/tables/."""
+    seen = 0
+    for readme in report.readmes():
+        for header in markdown_tables(readme.read_text()):
+            seen += 1
+            assert len(header) <= render.MAX_COLUMNS, (readme.name, len(header), header)
+    assert seen > 50                                       # the parse found the READMEs' tables
+
+
+def _two_gpus_two_runs() -> Frame:
+    """Rows of one exercise from two GPUs, the second GPU's newest run holding two rows."""
+    base = {"exercise": "x.y", "phase": 9, "bench_version": 1, "source": "measured", "record_status": "ok",
+            "status": "ok", "commit": "b" * 40, "prediction.predicted_ms": 0.5, "prediction.measured_over_predicted": 2.0,
+            "calibrated.predicted_ms": 0.9, "calibrated.measured_over_predicted": 1.11, "calibrated.bound": "memory"}
+    rows = [{**base, "order": 0, "hardware": "a", "hardware_name": "GPU A", "path": "a.json", "variant": "k",
+             "metrics.ms": 1.0, "started": "2026-11-20T00:00:00Z"},
+            {**base, "order": 1, "hardware": "b", "hardware_name": "GPU B", "path": "b.json", "variant": "k",
+             "metrics.ms": 2.0, "started": "2026-11-21T00:00:00Z", "metrics.extra": 7.0},
+            {**base, "order": 1, "hardware": "b", "hardware_name": "GPU B", "path": "b.json", "variant": "lesson",
+             "metrics.ms": 3.0, "started": "2026-11-21T00:00:00Z", "excluded": "lesson: unsynchronized",
+             "calibrated.computed": "at report time, from a test"}]
+    return Frame(pd.DataFrame(rows), [])
+
+
+def test_a_table_is_grouped_per_gpu_and_run_with_one_prediction_column(tmp_path):
+    view = render.View(_two_gpus_two_runs(), tmp_path / "README.md", tmp_path / "results")
+    spec = Table("x.table", "x.y", (ident("kernel", "variant"), col("ms", "metrics.ms")),
+                 more=(col("extra", "metrics.extra"),))
+    lines = render.table(view, spec).splitlines()
+    captions = [ln for ln in lines if ln.startswith("**")]
+    assert captions == ["**GPU A** · run [2026-11-20 bbbbbbb](results/a.json)",
+                        "**GPU B** · run [2026-11-21 bbbbbbb](results/b.json)"]
+    headers = markdown_tables("\n".join(lines))
+    assert headers == [["kernel", "ms", render.PREDICTION_HEADER]] * 2          # no hardware, run or spec column
+    assert "| k | 2 | 1.11 (memory) |" in lines
+    assert "| lesson | 3 | 1.11† (memory, lesson) |" in lines                # late and lesson rows say so
+    assert lines[-1] == "Every column, the spec-sheet prediction included: [x.table.csv](results/tables/x.table.csv)."
+    csv_rows = [ln.split(",") for ln in render.table_csv(view, spec).splitlines()]
+    assert csv_rows[0] == ["hardware", "kernel", "ms", "extra", *render.CSV_PREDICTION_HEADER, "record"]
+    assert csv_rows[2] == ["GPU B", "k", "2", "7", "0.5", "0.9", "memory", "2", "1.11", "-", "results/b.json"]
+    assert csv_rows[3][-2] == "lesson; calibrated at report time"
+
+
+def test_a_table_wider_than_a_screen_is_refused_by_name(tmp_path):
+    view = render.View(_two_gpus_two_runs(), tmp_path / "README.md", tmp_path / "results")
+    wide = Table("x.wide", "x.y", tuple(col(f"c{i}", "metrics.ms") for i in range(render.MAX_COLUMNS)))
+    with pytest.raises(LabError, match=r"table 'x.wide' has 11 columns.*`more`"):
+        render.table(view, wide)
+    assert render.table(view, Table("x.fits", "x.y", wide.columns[:-1])).count("\n| ") >= 3

@@ -78,9 +78,10 @@ DATA = Table("phase7.data_prep", "phase7.data_prep", where=variants("tokenize"),
     col("train / val tokens (token split)", pair("metrics.train_tokens", "metrics.val_tokens")),
     col("train / val tokens (character split, nanoGPT)",
         pair("metrics.char_split_train_tokens", "metrics.char_split_val_tokens")),
-    col("largest id", "metrics.max_token_id", num), col("decode(encode(text)) == text", "metrics.roundtrip_exact", yes),
-    col("stored split == fresh", "metrics.stored_split_matches", yes),
-    col("tokenizer tokens/s (1 CPU thread)", "metrics.tokenizer_tokens_per_s", num)))
+    col("decode(encode(text)) == text", "metrics.roundtrip_exact", yes),
+    col("stored split == fresh", "metrics.stored_split_matches", yes)),
+    more=(col("largest id", "metrics.max_token_id", num),
+          col("tokenizer tokens/s (1 CPU thread)", "metrics.tokenizer_tokens_per_s", num)))
 
 
 def params_note(view, rows) -> str:
@@ -215,7 +216,8 @@ SCALING = Table("phase7.scaling", "phase7.scaling", prediction=False, note=scali
     col("tokens seen / param at best", "metrics.tokens_seen_per_param_at_best", num),
     col("Chinchilla: 20 N_ne / unique tokens", "metrics.chinchilla_underfed_factor_non_embedding", ratio),
     col("fit error (N_ne)", "metrics.fit_error_pct_non_embedding", signed),
-    col("fit error (N total)", "metrics.fit_error_pct_total", signed), col("seed: N_ne: best val @ iter", seed_point)))
+    col("seed: N_ne: best val @ iter", seed_point)),
+    more=(col("fit error (N total)", "metrics.fit_error_pct_total", signed),))
 
 
 def switch(k: str, fmt):
@@ -226,11 +228,11 @@ FAILURES = Table("phase7.failures", "phase7.failures", prediction=False, note=se
     ident("run", "variant"), ident("model", shape), col("residual", switch("residual", lambda x: "on" if x else "OFF")),
     col("LayerNorm", switch("layernorm", lambda x: "on" if x else "OFF")), col("warmup steps", switch("warmup_iters", num)),
     col("lr", switch("lr", num)), col("clip", switch("grad_clip", lambda x: num(x) if x else "off")),
-    col("outcome", "metrics.outcome"), BEST, col("final val", "metrics.final_val_loss", num4),
-    col("final val vs control", "metrics.final_val_vs_control_pct", signed),
-    col("grad norm min / max", pair("metrics.grad_norm_min", "metrics.grad_norm_max")),
-    col("activation RMS last block / embedding (init)", "metrics.activation_rms_last_over_first", num),
-    col("seed's result", "metrics.seed_result")))
+    col("outcome", "metrics.outcome"), BEST, col("final val vs control", "metrics.final_val_vs_control_pct", signed)),
+    more=(col("final val", "metrics.final_val_loss", num4),
+          col("grad norm min / max", pair("metrics.grad_norm_min", "metrics.grad_norm_max")),
+          col("activation RMS last block / embedding (init)", "metrics.activation_rms_last_over_first", num),
+          col("seed's result", "metrics.seed_result")))
 
 
 def with_ok(exercise: str):
