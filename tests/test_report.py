@@ -137,6 +137,22 @@ def test_a_missing_plot_fails_the_check(fake_repo, quick_results_copy):
     assert "roofline_cpu.png" in messages[-1]
 
 
+def test_a_plot_or_table_no_block_makes_is_stale_and_removed(fake_repo, quick_results_copy):
+    """A renamed plot or a removed table leaves its old file behind: --check names it, lab report deletes it."""
+    res = str(quick_results_copy)
+    report.regenerate(check=False, results=res, echo=quiet)
+    old_plot, old_table = quick_results_copy / "plots" / "roofline_old_cpu.png", quick_results_copy / "tables" / "gone.csv"
+    old_plot.write_bytes(b"\x89PNG old")
+    old_table.write_text("a,b\n")
+    messages = []
+    assert report.regenerate(check=True, results=res, echo=messages.append) == 1
+    assert "results/plots/roofline_old_cpu.png" in messages[-1] and "results/tables/gone.csv" in messages[-1]
+    assert old_plot.exists() and old_table.exists()                                   # --check changes nothing
+    assert report.regenerate(check=False, results=res, echo=messages.append) == 0
+    assert "removed 2 file(s)" in messages[-1] and not old_plot.exists() and not old_table.exists()
+    assert report.regenerate(check=True, results=res, echo=quiet) == 0
+
+
 def test_edits_outside_blocks_are_not_the_reports_business(fake_repo, quick_results_copy):
     res = str(quick_results_copy)
     report.regenerate(check=False, results=res, echo=quiet)
