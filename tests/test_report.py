@@ -106,7 +106,7 @@ def test_check_then_regenerate_then_check(fake_repo, quick_results_copy):
     assert re.search(r"^\| 1 \|.*\| measured \|", block(text, "phases"), re.M)     # phase 1 has records
 
     plots = sorted(p.name for p in (quick_results_copy / "plots").iterdir())
-    assert plots == ["cache_cpu.png", "roofline_cpu.png"]
+    assert plots == ["phase1_cache_cpu.png", "phase1_roofline_cpu.png"]
     assert all((quick_results_copy / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
     assert report.regenerate(check=True, results=res, echo=messages.append) == 0       # up to date
@@ -131,10 +131,10 @@ def test_editing_a_generated_cell_fails_the_check(fake_repo, quick_results_copy)
 def test_a_missing_plot_fails_the_check(fake_repo, quick_results_copy):
     res = str(quick_results_copy)
     report.regenerate(check=False, results=res, echo=quiet)
-    (quick_results_copy / "plots" / "roofline_cpu.png").unlink()
+    (quick_results_copy / "plots" / "phase1_roofline_cpu.png").unlink()
     messages = []
     assert report.regenerate(check=True, results=res, echo=messages.append) == 1
-    assert "roofline_cpu.png" in messages[-1]
+    assert "phase1_roofline_cpu.png" in messages[-1]
 
 
 def test_a_plot_or_table_no_block_makes_is_stale_and_removed(fake_repo, quick_results_copy):

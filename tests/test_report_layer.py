@@ -13,7 +13,7 @@ from common.frame import Frame
 from common.paths import REPO_ROOT
 from common.records import load_records
 from common.registry import all_exercises
-from common.spec import Goal, Goals, Table, col, ident
+from common.spec import Goal, Goals, Plot, Table, col, ident
 from conftest import clean_env
 
 GOAL_ROW = re.compile(r"^\| [^|]+ \| [^|]+ \| [≥≤<>] [^|]+ \| [^|]+ \| (met|\*\*not met\*\*|not measured) \| [^|]+ \|$")
@@ -243,3 +243,13 @@ def test_a_table_wider_than_a_screen_is_refused_by_name(tmp_path):
     with pytest.raises(LabError, match=r"table 'x.wide' has 11 columns.*`more`"):
         render.table(view, wide)
     assert render.table(view, Table("x.fits", "x.y", wide.columns[:-1])).count("\n| ") >= 3
+
+
+def test_every_plot_file_carries_its_phase():
+    """results/plots/ is one folder for all phases: a plot's file name starts with its phase."""
+    for p in report.phases():
+        for b in p.blocks:
+            if isinstance(b, Plot):
+                assert b.stem.startswith(f"phase{p.number}_"), (p.number, b.id, b.stem)
+    names = [path.name for path in (REPO_ROOT / "results" / "plots").glob("*.png")]
+    assert names and all(re.match(r"phase\d_", n) for n in names), names

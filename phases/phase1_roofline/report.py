@@ -75,9 +75,9 @@ CEILINGS = Table("phase1.ceilings", "phase1.ceilings", prediction=False, note=ce
                                       and r.get("params.working_set_bytes") is not None else num(r.get("params.n"))),
     col("ms (median)", "metrics.ms", num4), col("GB/s", "metrics.gbps", num), col("TFLOP/s", "metrics.tflops", num)))
 
-ROOFLINE_PLOT = Plot("phase1.roofline_plot", "roofline", ("phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep"),
+ROOFLINE_PLOT = Plot("phase1.roofline_plot", "phase1_roofline", ("phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep"),
                      plots.roofline, "Roofline of the {name}: spec and measured roofs, every phase 0-1 point")
-CACHE_PLOT = Plot("phase1.cache_plot", "cache", ("phase1.cache_sweep",), plots.cache,
+CACHE_PLOT = Plot("phase1.cache_plot", "phase1_cache", ("phase1.cache_sweep",), plots.cache,
                   "Copy bandwidth against working set on the {name}: the L2 cliff")
 
 
