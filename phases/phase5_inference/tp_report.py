@@ -9,7 +9,7 @@ machine's record; the goals and findings the machine with the most GPUs of its k
 import pandas as pd
 
 from common.formats import count as tokens
-from common.formats import gib, missing, ms, num, pct, ratio, share
+from common.formats import bullets, gib, missing, ms, num, pct, ratio, share
 from common.frame import value
 from common.spec import Goal, Goals, Plot, Table, Text, col, ident
 
@@ -155,11 +155,11 @@ def findings(view) -> str:
                          f"per GPU) and decodes there at {num(r['metrics.decode_tok_s'])} tok/s, "
                          f"{pct(value(r, 'metrics.pct_of_prediction'))} of its prediction "
                          f"({pct(value(r, 'metrics.pct_of_prediction_graph_allreduce'))} with the all-reduce timed in "
-                         f"this run's CUDA graphs), TTFT {ms(value(r, 'metrics.ttft_ms'))} "
-                         f"(the seed's two A100s: {seed.DECODE_70B_TP2_TOK_S} tok/s, {seed.TTFT_70B_TP2_MS} ms, "
-                         f"{seed.KV_TOKENS_70B_TP2:,} tokens of KV).")
+                         f"this run's CUDA graphs), TTFT {ms(value(r, 'metrics.ttft_ms'))}.")
+            parts.append(f"The seed's 70B on two A100s: {seed.DECODE_70B_TP2_TOK_S} tok/s, TTFT {seed.TTFT_70B_TP2_MS} ms, "
+                         f"{seed.KV_TOKENS_70B_TP2:,} tokens of KV.")
         if parts:
-            out.append(f"**{label}.** " + " ".join(parts))
+            out.append(bullets(parts, f"{label}:"))
     return "\n\n".join(out)
 
 
