@@ -4,7 +4,7 @@ Notes and findings are templates over stored values; verdicts and ratios come fr
 from analysis.py. The seed write-up's figures appear only where labelled as the seed's."""
 from common import roofline
 from common.calibration import ceilings_for
-from common.formats import num, num4, pct, ratio, si
+from common.formats import bullets, num, num4, pct, ratio, si
 from common.frame import by_hardware, find, value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
@@ -145,20 +145,22 @@ def throughput_note(view, rows) -> str:
     out = []
     for path, mine in per_record(rows):
         th, rp = find(mine, "throughput"), mine[mine["variant"] == "reproducibility"]
+        claims = []
         if th is not None:
-            ceiling = (f" and the {num(th['metrics.phase1_ceiling_tflops'])} TFLOP/s phase 1 measured ([its record]("
-                       f"{view.link(th['metrics.phase1_ceiling_source'].removeprefix('results/'))}))"
-                       if value(th, "metrics.phase1_ceiling_tflops") else "; no phase 1 ceiling was recorded")
-            out.append(f"{th['hardware_name']}: MFU against the {num(th['metrics.mfu_spec_peak_tflops'])} TFLOP/s "
-                       f"{th['params.dtype']} peak ({th['metrics.mfu_spec_source']}){ceiling}. FLOPs per token: "
-                       f"{th['metrics.flops_convention']}.")
+            claims.append(f"MFU against the {num(th['metrics.mfu_spec_peak_tflops'])} TFLOP/s {th['params.dtype']} peak "
+                          f"({th['metrics.mfu_spec_source']}).")
+            claims.append(f"MFU against the {num(th['metrics.phase1_ceiling_tflops'])} TFLOP/s phase 1 measured ([its record]("
+                          f"{view.link(th['metrics.phase1_ceiling_source'].removeprefix('results/'))}))."
+                          if value(th, "metrics.phase1_ceiling_tflops") else "No phase 1 ceiling was recorded.")
+            claims.append(f"FLOPs per token: {th['metrics.flops_convention']}.")
         if len(rp) and value(rp.iloc[0], "metrics.loss_difference") is not None:
             r, tol = rp.iloc[0], view.record(path)["params"].get("repro_tolerance")
-            out.append(f"Reproducibility: two fresh runs with seed {r['params.train']['seed']} gave train loss "
-                       f"{num4(r['metrics.loss_run_a'])} and {num4(r['metrics.loss_run_b'])} at step "
-                       f"{num(r['metrics.repro_step'])}: a difference of {num(r['metrics.loss_difference'])}, "
-                       f"{'within' if r['status'] == 'ok' else '**outside**'} the {num(tol)} tolerance.")
-    return "\n\n".join(out)
+            claims.append(f"Reproducibility: two fresh runs with seed {r['params.train']['seed']} gave train loss "
+                          f"{num4(r['metrics.loss_run_a'])} and {num4(r['metrics.loss_run_b'])} at step "
+                          f"{num(r['metrics.repro_step'])}: a difference of {num(r['metrics.loss_difference'])}, "
+                          f"{'within' if r['status'] == 'ok' else '**outside**'} the {num(tol)} tolerance.")
+        out.append(bullets(claims, f"{mine.iloc[0]['hardware_name']}:"))
+    return "\n\n".join(x for x in out if x)
 
 
 THROUGHPUT = Table("phase7.throughput", "phase7.overfit", note=throughput_note, columns=(
