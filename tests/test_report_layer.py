@@ -7,7 +7,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from common import render, report
+from common import formats, render, report
 from common.errors import LabError
 from common.frame import Frame
 from common.paths import REPO_ROOT
@@ -38,7 +38,7 @@ def test_every_phase_declares_its_report():
 
 RENDER_EVERY_PHASE = """
 import sys
-from common import render, report
+from common import formats, render, report
 from common.paths import REPO_ROOT
 from common.records import load_records
 from common.spec import Table
@@ -253,3 +253,33 @@ def test_every_plot_file_carries_its_phase():
                 assert b.stem.startswith(f"phase{p.number}_"), (p.number, b.id, b.stem)
     names = [path.name for path in (REPO_ROOT / "results" / "plots").glob("*.png")]
     assert names and all(re.match(r"phase\d_", n) for n in names), names
+
+
+# ------------------------------------------------------------------------------ findings a reader can follow
+def generated_prose(text: str) -> list[tuple[str, str]]:
+    """(block id, line) for every line of a generated block that is not a table row."""
+    return [(m.group(1), line) for m in re.finditer(r"<!-- lab:begin ([\w.]+) -->\n(.*?)<!-- lab:end", text, re.S)
+            for line in m.group(2).splitlines() if not line.startswith("|")]
+
+
+def test_no_generated_line_is_a_wall_of_claims():
+    """Findings and notes come as one claim a line (a bullet): no generated line outside a table is
+    longer than formats.FINDING_CHARS (before bullets, phase 4's findings were one line of 2,808)."""
+    seen = 0
+    for readme in report.readmes():
+        for block_id, line in generated_prose(readme.read_text()):
+            seen += bool(line.strip())
+            assert len(line) <= formats.FINDING_CHARS, (readme.name, block_id, len(line), line[:120])
+    assert seen > 100
+
+
+def test_findings_are_bullets_under_a_bold_title():
+    assert formats.bullets(["One claim.", "", "Another."], "On the GPU:") == "**On the GPU:**\n\n- One claim.\n- Another."
+    assert formats.bullets(["Only."]) == "- Only." and formats.bullets(["", ""], "On the GPU:") == ""
+    seen = 0
+    for readme in report.readmes():
+        for block_id, line in generated_prose(readme.read_text()):
+            if "findings" in block_id and line.strip() and not line.startswith("_No"):
+                seen += 1
+                assert line.startswith(("- ", "  - ")) or re.fullmatch(r"\*\*[^*]+\*\*", line), (block_id, line[:120])
+    assert seen > 50

@@ -79,8 +79,8 @@ def fusion(view) -> str:
         out.append("Not measured here yet: `lab run phase6.jax_attention` compiles attention on this machine's GPU "
                    "and reads the answer from the HLO.")
     a = seed.TPU_ATTENTION
-    out.append(f"The seed, on a TPU v5e at B={a['batch']}, H={a['heads']}, S={a['seq']}, d={a['head_dim']}: "
-               f"{a['ms']} ms through jax.jit, and by its account {a['claim']} ({seed.SEED}).")
+    out.append(bullets([f"On a TPU v5e at B={a['batch']}, H={a['heads']}, S={a['seq']}, d={a['head_dim']}: {a['ms']} ms "
+                        f"through jax.jit, and by its account {a['claim']} ({seed.SEED})."], "The seed, quoted:"))
     return "\n\n".join(out)
 
 
@@ -135,8 +135,10 @@ def findings(view) -> str:
         if parts:
             out.append(bullets(parts, f"{name}:"))
     split = seed.GROQ_TTFT_SPLIT_MS
-    out.append(f"The seed's Groq run split its 8B TTFT of {seed.GROQ_RUNS['groq_lpu']['llama-3.1-8b'][1]} ms into about "
-               f"{split['network']} ms of network (its round trip to the API measured about {split['round_trip']} ms), "
-               f"{split['lpu_compute']} ms of LPU compute and {split['api_overhead']} ms of API infrastructure; Groq publishes {seed.GROQ_SPEC_DECODE_70B_TOK_S.value:,g} tok/s for Llama 3 70B "
-               f"with speculative decoding ({seed.SEED}).")
+    out.append(bullets([
+        f"The seed's Groq run split its 8B TTFT of {seed.GROQ_RUNS['groq_lpu']['llama-3.1-8b'][1]} ms into about "
+        f"{split['network']} ms of network (its round trip to the API measured about {split['round_trip']} ms), "
+        f"{split['lpu_compute']} ms of LPU compute and {split['api_overhead']} ms of API infrastructure ({seed.SEED}).",
+        f"Groq publishes {seed.GROQ_SPEC_DECODE_70B_TOK_S.value:,g} tok/s for Llama 3 70B with speculative decoding "
+        f"({seed.SEED})."], "The seed, quoted:"))
     return "\n\n".join(out)
