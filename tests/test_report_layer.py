@@ -283,3 +283,15 @@ def test_findings_are_bullets_under_a_bold_title():
                 seen += 1
                 assert line.startswith(("- ", "  - ")) or re.fullmatch(r"\*\*[^*]+\*\*", line), (block_id, line[:120])
     assert seen > 50
+
+
+def test_reading_a_result_comes_before_the_first_table():
+    """The section that explains a prediction cell is read before any table that holds one."""
+    holders = 0
+    for readme in report.readmes():
+        text = readme.read_text()
+        if "## Reading a result" in text:
+            holders += 1
+            first_table = next(i for i, line in enumerate(text.splitlines()) if SEPARATOR.match(line.strip()))
+            assert text.splitlines().index("## Reading a result") < first_table - 1, readme.name
+    assert holders >= 1
