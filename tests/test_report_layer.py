@@ -49,7 +49,7 @@ for phase in report.phases():
     for b in phase.blocks:
         out = render.block(view, b)
         assert out.strip() and not out.startswith("_No"), (b.id, out)
-        if isinstance(b, Table) and b.brief is not None:
+        if isinstance(b, Table):
             assert render.table_csv(view, b), b.id
     assert phase.headline is None or phase.headline(view), phase.number
 print("rendered", len(report.phases()), "torch" in sys.modules)
@@ -58,7 +58,7 @@ print("rendered", len(report.phases()), "torch" in sys.modules)
 
 def test_every_phase_renders_every_block_from_the_committed_records_without_torch():
     """Each phase's report.py, run on the committed records the way `lab report` runs it: every
-    block has rows (none says 'no records'), every brief table writes its CSV, every phase with
+    block has rows (none says 'no records'), every table writes its CSV, every phase with
     records has a headline, and nothing imports torch."""
     proc = subprocess.run([sys.executable, "-c", RENDER_EVERY_PHASE], cwd=REPO_ROOT, capture_output=True, text=True,
                           env=clean_env(), timeout=120)
