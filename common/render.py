@@ -59,8 +59,9 @@ class View:
         return f"{label} (quoted from the {origin})"
 
     def caption(self, r) -> str:
-        """The bold line above a group's rows: which GPU, which run (its record linked)."""
-        return f"**{self.hw(r)}** · run {self.run_label(r)}"
+        """The bold line above a group's rows: which GPU, which run (its record linked; a quoted
+        figure's record, which no run of ours wrote, is called a record)."""
+        return f"**{self.hw(r)}** · {'run' if r['source'] == 'measured' else 'record'} {self.run_label(r)}"
 
 
 def _lesson(r) -> bool:

@@ -284,6 +284,7 @@ def test_external_figures_are_labelled(quick_records, tmp_path):
     table = render.table(_view(load_records(tmp_path), tmp_path), ELEMENTWISE)
     caption = table.splitlines()[0]
     assert caption.startswith("**") and "seed write-up" in caption.split("**")[1]   # never shown as if we measured it
+    assert "** · record [" in caption                                                 # nor as a run of ours
 
 
 def test_phase0_findings_with_only_a_tf32_row(quick_records, tmp_path):
