@@ -127,7 +127,7 @@ def table_csv(view: View, spec: Table) -> str | None:
         return None
     columns = spec.columns + spec.more
     header = ["hardware", *(c.header for c in columns), *(CSV_PREDICTION_HEADER if spec.prediction else []), "record"]
-    lines = [[view.hw(r), *_cells(spec, columns, r), *(_csv_prediction(r) if spec.prediction else []),
+    lines = [[view.hw(r), *_cells(columns, r), *(_csv_prediction(r) if spec.prediction else []),
               f"results/{r['path']}"] for r in _narrow(rows)]
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([header, *lines])
@@ -167,7 +167,7 @@ def _narrow(rows: pd.DataFrame) -> list:
     return [_Row(r) for r in rows.dropna(axis=1, how="all").to_dict("records")]
 
 
-def _cells(spec: Table, columns: tuple, r) -> list[str]:
+def _cells(columns: tuple, r) -> list[str]:
     """A row's cells; a row whose status is not ok shows its identity columns and `status: reason`."""
     if r["status"] == "ok":
         return [_cell(c, r) for c in columns]
@@ -192,7 +192,7 @@ def grouped(view: View, spec: Table, rows: pd.DataFrame) -> list[tuple[str, list
     for r in _narrow(rows):
         pred = [prediction_cell(r) if r["status"] == "ok" else "-"] if spec.prediction else []
         caption, lines = groups.setdefault((view.hw(r), r["path"]), (view.caption(r), []))
-        lines.append([*_cells(spec, spec.columns, r), *pred])
+        lines.append([*_cells(spec.columns, r), *pred])
     return [(caption, header, lines) for caption, lines in groups.values()]
 
 
