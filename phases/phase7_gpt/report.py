@@ -226,15 +226,28 @@ def switch(k: str, fmt):
     return lambda r: fmt(part("metrics.switches", k)(r))
 
 
+SWITCHES = (col("residual", switch("residual", lambda x: "on" if x else "OFF")),
+            col("LayerNorm", switch("layernorm", lambda x: "on" if x else "OFF")),
+            col("warmup steps", switch("warmup_iters", num)), col("lr", switch("lr", num)),
+            col("clip", switch("grad_clip", lambda x: num(x) if x else "off")))
+
+
+def switches(r) -> str:
+    """A run's five switches in one cell, in SWITCHES' order (the CSV has a column each)."""
+    return " / ".join(_cell(c, r) for c in SWITCHES)
+
+
+def _cell(c, r) -> str:
+    return c.fmt(c.key(r))
+
+
 FAILURES = Table("phase7.failures", "phase7.failures", prediction=False, note=seed_note, columns=(
-    ident("run", "variant"), ident("model", shape), col("residual", switch("residual", lambda x: "on" if x else "OFF")),
-    col("LayerNorm", switch("layernorm", lambda x: "on" if x else "OFF")), col("warmup steps", switch("warmup_iters", num)),
-    col("lr", switch("lr", num)), col("clip", switch("grad_clip", lambda x: num(x) if x else "off")),
-    col("outcome", "metrics.outcome"), BEST, col("final val vs control", "metrics.final_val_vs_control_pct", signed)),
-    more=(col("final val", "metrics.final_val_loss", num4),
-          col("grad norm min / max", pair("metrics.grad_norm_min", "metrics.grad_norm_max")),
-          col("activation RMS last block / embedding (init)", "metrics.activation_rms_last_over_first", num),
-          col("seed's result", "metrics.seed_result")))
+    ident("run", "variant"), ident("model", shape), col(" / ".join(c.header for c in SWITCHES), switches),
+    col("outcome", "metrics.outcome"), BEST, col("final val vs control", "metrics.final_val_vs_control_pct", signed),
+    col("grad norm min / max", pair("metrics.grad_norm_min", "metrics.grad_norm_max")),
+    col("activation RMS last block / embedding (init)", "metrics.activation_rms_last_over_first", num),
+    col("seed's result", "metrics.seed_result")),
+    more=(*SWITCHES, col("final val", "metrics.final_val_loss", num4)))
 
 
 def with_ok(exercise: str):
