@@ -295,3 +295,26 @@ def test_reading_a_result_comes_before_the_first_table():
             first_table = next(i for i, line in enumerate(text.splitlines()) if SEPARATOR.match(line.strip()))
             assert text.splitlines().index("## Reading a result") < first_table - 1, readme.name
     assert holders >= 1
+
+
+def test_no_phase_report_module_sits_in_an_import_circle():
+    """A phase's report.py imports its findings, plots and analysis; none of them imports it back
+    (directly or around a loop): what two of them share lives in a module both import (rows.py)."""
+    import ast
+    for folder in sorted((REPO_ROOT / "phases").glob("phase*_*")):
+        edges = {}
+        for path in folder.glob("*.py"):
+            names = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    names |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            edges[path.stem] = names
+        reached, todo = set(), list(edges.get("report", ()))
+        while todo:
+            name = todo.pop()
+            if name not in reached:
+                reached.add(name)
+                todo += edges.get(name, ())
+        assert "report" not in reached, f"{folder.name}: report.py imports itself back through {sorted(reached)}"
+    for path in (REPO_ROOT / "phases").glob("phase*_*/report.py"):
+        assert "noqa: E402" not in path.read_text(), path              # no import held at the bottom of a file

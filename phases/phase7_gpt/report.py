@@ -10,6 +10,7 @@ from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
 from . import analysis, plots
 from .cost import GPTConfig, step_cost
+from .findings import findings
 
 
 def variants(*names):
@@ -311,8 +312,6 @@ def recount(r, records) -> dict | None:
                               graph_reps=value(r, "timing.graph_reps"), launches=cost["launches"])
     return {**out, "computed": "at report time, recounted from the row's parameters (phase7_gpt/cost.py)"}
 
-
-from .findings import findings  # noqa: E402  (last: it reads the helpers above)
 
 PHASE = Phase(7, "A GPT from scratch", "phase7_gpt", headline=headline, blocks=(
     DATA, PARAMS, INIT, ATTENTION, OVERFIT, plot("overfit", plots.overfit, "Training and validation loss on the {name}"),
