@@ -89,6 +89,19 @@ def text(x) -> str:
     return x if isinstance(x, str) else num(x)
 
 
+FINDING_CHARS = 400
+"""The longest line a generated README block may hold outside a table: one claim, a sentence or
+two with its numbers, about three lines of prose on a laptop screen; a longer line is several
+claims run together and reads as a wall (tests/test_report_layer.py holds every README to it)."""
+
+
+def bullets(claims: list[str], title: str | None = None) -> str:
+    """Findings as a list, one claim a bullet, under a bold title (a GPU, a setup) when given;
+    empty claims are left out."""
+    items = "\n".join(f"- {c}" for c in claims if c)
+    return f"**{title}**\n\n{items}" if title and items else items
+
+
 def markdown(rows: list[list[str]], header: list[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

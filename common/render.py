@@ -1,8 +1,12 @@
 """The one renderer: a spec (common/spec.py) and the frame in, markdown out.
 
-Every table starts with the hardware and ends with the run link; every timed table carries the
-roofline's prediction columns; every goal reads `met`, `**not met**` or `not measured`. A phase
-never formats these itself, so a reader learns one layout and it holds in every README.
+A table's rows come in groups, one per GPU and run: a bold caption names the GPU and links the
+run's record ("**NVIDIA H200 SXM** · run [2026-11-28 abc1234](...)"), and the rows below it carry
+only what differs between them. A timed table ends in one prediction column, measured over the
+calibrated roofline with its bound ("0.97 (memory)"); the spec-sheet prediction and every column the
+README leaves out are in the table's CSV, results/tables/<id>.csv, linked under it. Every goal reads
+`met`, `**not met**` or `not measured`. A phase never formats these itself, so a reader learns one
+layout and it holds in every README.
 """
 import csv
 import io
@@ -11,14 +15,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from .errors import LabError
 from .formats import markdown, missing, num, pct
 from .frame import Frame, ok, value
 from .spec import OPS, SIGN, Goal, Goals, Plot, Table, Text
 
 NO_RECORDS = "_No records yet: run `lab run {ex}` on a GPU, then `lab report`._"
 VERDICTS = ("met", "**not met**", "not measured")
-PREDICTION_HEADER = ["predicted ms (spec / calibrated)", "bound", "measured/predicted (spec / calibrated)"]
+PREDICTION_HEADER = "measured / calibrated (bound)"
+CSV_PREDICTION_HEADER = ["predicted ms (spec)", "predicted ms (calibrated)", "bound", "measured/predicted (spec)",
+                         "measured/predicted (calibrated)", "prediction note"]
 GOAL_HEADER = ["hardware", "goal", "target", "measured", "verdict", "target from"]
+MAX_COLUMNS = 10
+"""The most columns a README table may have: past that a reader skims instead of reads (and a
+laptop screen wraps the row); the rest goes to the CSV (tests/test_report_layer.py holds every README to it)."""
 
 
 class View:
@@ -48,18 +58,41 @@ class View:
         origin = (value(r, "citation") or "elsewhere").split(" (")[0]      # the full citation is in the record
         return f"{label} (quoted from the {origin})"
 
+    def caption(self, r) -> str:
+        """The bold line above a group's rows: which GPU, which run (its record linked; a quoted
+        figure's record, which no run of ours wrote, is called a record)."""
+        return f"**{self.hw(r)}** · {'run' if r['source'] == 'measured' else 'record'} {self.run_label(r)}"
 
-def prediction_cells(r) -> list[str]:
-    """Both predictions beside each other: the spec sheet's roofline, then the one from this
-    machine's measured ceilings (its bound, which may be latency); † marks a calibrated prediction
-    computed at report time (the row predates its ceilings record). A lesson row says so."""
-    cal = value(r, "calibrated.predicted_ms")
-    ratio = f"{num(value(r, 'prediction.measured_over_predicted'))} / {num(value(r, 'calibrated.measured_over_predicted'))}"
-    if value(r, "excluded", "").startswith("lesson"):
-        ratio += " (lesson)"
-    late = "†" if str(value(r, "calibrated.computed", "")).startswith("at report time") else ""
-    return [f"{num(value(r, 'prediction.predicted_ms'))} / {num(cal)}{late}",
-            value(r, "calibrated.bound") or value(r, "prediction.bound", "-"), ratio]
+
+def _lesson(r) -> bool:
+    return value(r, "excluded", "").startswith("lesson")
+
+
+def _late(r) -> bool:
+    """A calibrated prediction computed at report time (the row predates its ceilings record)."""
+    return str(value(r, "calibrated.computed", "")).startswith("at report time")
+
+
+def prediction_cell(r) -> str:
+    """The README's one prediction cell: measured over the calibrated roofline (this machine's
+    measured ceilings), then its bound, which may be latency; † marks a prediction computed at
+    report time, 'lesson' a row that is not a test of the roofline. The spec sheet's prediction is
+    in the CSV (prediction_csv_cells)."""
+    ratio = value(r, "calibrated.measured_over_predicted")
+    bound = value(r, "calibrated.bound") or value(r, "prediction.bound")
+    if missing(ratio) and not bound:
+        return "-"
+    why = ", ".join(w for w in (bound, "lesson" if _lesson(r) else None) if w)
+    return f"{num(ratio)}{'†' if _late(r) else ''}" + (f" ({why})" if why else "")
+
+
+def prediction_csv_cells(r) -> list[str]:
+    """Both predictions in full, one value a column (CSV_PREDICTION_HEADER)."""
+    note = "; ".join(w for w in ("lesson" if _lesson(r) else "", "calibrated at report time" if _late(r) else "") if w)
+    return [num(value(r, "prediction.predicted_ms")), num(value(r, "calibrated.predicted_ms")),
+            value(r, "calibrated.bound") or value(r, "prediction.bound", "-"),
+            num(value(r, "prediction.measured_over_predicted")), num(value(r, "calibrated.measured_over_predicted")),
+            note or "-"]
 
 
 def _cell(column, r) -> str:
@@ -87,27 +120,35 @@ def csv_path(view: View, spec: Table) -> Path:
 
 
 def table_csv(view: View, spec: Table) -> str | None:
-    """Every row of a `brief` table as CSV (the README shows the brief part), or None."""
+    """Every row and every column of a table as CSV (the hardware and record on each row, both
+    predictions in full, the `more` columns), or None where it has no rows."""
     rows = table_rows(view, spec)
-    if spec.brief is None or not len(rows):
+    if not len(rows):
         return None
-    header, lines = _lines(view, spec, rows, link=False, columns=spec.columns + spec.more)
+    columns = spec.columns + spec.more
+    header = ["hardware", *(c.header for c in columns), *(CSV_PREDICTION_HEADER if spec.prediction else []), "record"]
+    lines = [[view.hw(r), *_cells(columns, r), *(_csv_prediction(r) if spec.prediction else []),
+              f"results/{r['path']}"] for r in _narrow(rows)]
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([header, *lines])
     return out.getvalue()
 
 
 def table(view: View, spec: Table) -> str:
+    """The table in groups of one GPU and run each, and a line linking its CSV (saying how many
+    rows the README shows, for a `brief` table)."""
     rows = table_rows(view, spec)
     if not len(rows):
         return NO_RECORDS.format(ex=spec.exercise)
-    if spec.brief is not None:
-        shown = spec.brief(rows)
-        target = os.path.relpath(csv_path(view, spec), view.readme.parent).replace(os.sep, "/")
-        out = markdown(*reversed(_lines(view, spec, shown)))
-        out += f"\n\n{len(shown)} of {len(rows)} rows shown; every row: [{csv_path(view, spec).name}]({target})."
+    shown = spec.brief(rows) if spec.brief is not None else rows
+    target = os.path.relpath(csv_path(view, spec), view.readme.parent).replace(os.sep, "/")
+    link = f"[{csv_path(view, spec).name}]({target})"
+    spec_too = ", the spec-sheet prediction included" if spec.prediction else ""
+    out = "\n\n".join(f"{caption}\n\n{markdown(lines, header)}" for caption, header, lines in grouped(view, spec, shown))
+    if len(shown) < len(rows):
+        out += f"\n\n{len(shown)} of {len(rows)} rows shown; every row and column{spec_too}: {link}."
     else:
-        out = markdown(*reversed(_lines(view, spec, rows)))
+        out += f"\n\nEvery column{spec_too}: {link}."
     if spec.note:
         note = spec.note(view, rows)
         if note:
@@ -126,24 +167,33 @@ def _narrow(rows: pd.DataFrame) -> list:
     return [_Row(r) for r in rows.dropna(axis=1, how="all").to_dict("records")]
 
 
-def _lines(view: View, spec: Table, rows: pd.DataFrame, link: bool = True,
-           columns: tuple = ()) -> tuple[list[str], list[list[str]]]:
-    columns = columns or spec.columns
-    header = ["hardware", *(c.header for c in columns), *(PREDICTION_HEADER if spec.prediction else []),
-              "run" if link else "record"]
-    lines = []
+def _cells(columns: tuple, r) -> list[str]:
+    """A row's cells; a row whose status is not ok shows its identity columns and `status: reason`."""
+    if r["status"] == "ok":
+        return [_cell(c, r) for c in columns]
+    cells = [_cell(c, r) if c.identity else "-" for c in columns]
+    first = next((i for i, c in enumerate(columns) if not c.identity), None)
+    if first is not None:
+        cells[first] = f"{r['status']}: {value(r, 'reason', '-')}"
+    return cells
+
+
+def _csv_prediction(r) -> list[str]:
+    return prediction_csv_cells(r) if r["status"] == "ok" else ["-"] * len(CSV_PREDICTION_HEADER)
+
+
+def grouped(view: View, spec: Table, rows: pd.DataFrame) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(caption, header, lines) per GPU and run, in the rows' order: the README's layout of a table."""
+    header = [c.header for c in spec.columns] + ([PREDICTION_HEADER] if spec.prediction else [])
+    if len(header) > MAX_COLUMNS:
+        raise LabError(f"table '{spec.id}' has {len(header)} columns, more than the {MAX_COLUMNS} a README table "
+                       "may have: move the rest to its `more` columns (they stay in its CSV)")
+    groups: dict[tuple[str, str], tuple[str, list]] = {}
     for r in _narrow(rows):
-        if r["status"] == "ok":
-            cells = [_cell(c, r) for c in columns]
-            pred = prediction_cells(r) if spec.prediction else []
-        else:
-            cells = [_cell(c, r) if c.identity else "-" for c in columns]
-            first = next((i for i, c in enumerate(columns) if not c.identity), None)
-            if first is not None:
-                cells[first] = f"{r['status']}: {value(r, 'reason', '-')}"
-            pred = ["-"] * len(PREDICTION_HEADER) if spec.prediction else []
-        lines.append([view.hw(r), *cells, *pred, view.run_label(r) if link else f"results/{r['path']}"])
-    return header, lines
+        pred = [prediction_cell(r) if r["status"] == "ok" else "-"] if spec.prediction else []
+        caption, lines = groups.setdefault((view.hw(r), r["path"]), (view.caption(r), []))
+        lines.append([*_cells(spec.columns, r), *pred])
+    return [(caption, header, lines) for caption, lines in groups.values()]
 
 
 # ------------------------------------------------------------------------------ goals

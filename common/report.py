@@ -146,24 +146,37 @@ def regenerate(check: bool = False, results: str | None = None, echo=print) -> i
     wanted = plots(view, known)
     tables = {render.csv_path(view, b): content for b in known.values() if isinstance(b, Table)
               for content in [render.table_csv(view, b)] if content is not None}
+    left_over = leftovers(res, {path for _, _, path in wanted} | set(tables))
     if check:
         absent = [path for _, _, path in wanted if not path.is_file()]
         stale += [f"results/{p.relative_to(res).as_posix()}" for p, content in tables.items()
                   if not p.is_file() or p.read_text() != content]
-        if stale or absent:
-            what = [f"{s} tables" if s.endswith(".md") else s for s in stale] + [f"plot {p.name}" for p in absent]
+        if stale or absent or left_over:
+            what = ([f"{s} tables" if s.endswith(".md") else s for s in stale] + [f"plot {p.name}" for p in absent]
+                    + [f"results/{p.relative_to(res).as_posix()} (no table or plot makes it any more)" for p in left_over])
             echo(f"stale: {', '.join(what)}; run `lab report` (or python scripts/report.py) and commit")
             return 1
         echo("README tables and plots match results/")
         return 0
+    for path in left_over:
+        path.unlink()
     for path, content in tables.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
     for spec, hw, path in wanted:
         path.parent.mkdir(parents=True, exist_ok=True)
         spec.draw(view, hw, path)
-    echo(f"rewrote {len(stale)} README(s); drew {len(wanted)} plot(s) from {len(records)} record(s)")
+    removed = f"; removed {len(left_over)} file(s) no block makes any more" if left_over else ""
+    echo(f"rewrote {len(stale)} README(s); drew {len(wanted)} plot(s) from {len(records)} record(s){removed}")
     return 0
+
+
+def leftovers(res: Path, wanted: set[Path]) -> list[Path]:
+    """Plots and table CSVs in the results folder that no block makes any more (a renamed plot, a
+    removed table): `lab report` deletes them, `--check` calls them stale. Only those two folders,
+    which the report alone writes."""
+    made = [*(res / "plots").glob("*.png"), *(res / "tables").glob("*.csv")]
+    return sorted(p for p in made if p not in wanted)
 
 
 def blocks_missing(known: dict | None = None) -> list[str]:

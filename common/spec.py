@@ -35,11 +35,12 @@ def ident(header: str, key: Key, fmt: Callable[[object], str] = text) -> Column:
 
 @dataclass(frozen=True)
 class Table:
-    """Rows of the newest record of `exercise` per GPU, one line each. The renderer adds the
-    hardware column first, the roofline's prediction columns (when `prediction`) and the run
-    link last. `where` narrows the rows (a function of the DataFrame); a row whose status is not
-    ok shows its identity columns and `status: reason`. `note` adds sentences under the table
-    (a template over the rows' stored values)."""
+    """Rows of the newest record of `exercise` per GPU, one line each, grouped under a caption per
+    GPU and run (the renderer writes the hardware and the run link there, not in a column) and
+    ending, when `prediction`, in one column: measured over the calibrated roofline, with its bound.
+    `where` narrows the rows (a function of the DataFrame); a row whose status is not ok shows its
+    identity columns and `status: reason`. `note` adds sentences under the table (a template over
+    the rows' stored values). At most 10 columns in all (render.MAX_COLUMNS)."""
     id: str
     exercise: str
     columns: tuple[Column, ...]
@@ -51,9 +52,10 @@ class Table:
     rows: Callable[["object"], pd.DataFrame] | None = None    # rows built from several records (rare)
     brief: Callable[[pd.DataFrame], pd.DataFrame] | None = None
     more: tuple[Column, ...] = ()
-    """With `brief`, the README shows only brief(rows) and links every row, written as CSV to
-    results/tables/<id>.csv by `lab report` (long sweeps: a reader sees the shape, a script the
-    rest); `more` columns go to the CSV only (a wide table stays readable in the README)."""
+    """`lab report` writes every row and column of every table to results/tables/<id>.csv, linked
+    under the table: the hardware and record of each row, both predictions in full (spec sheet and
+    calibrated) and the `more` columns, which the README leaves out to stay readable. With
+    `brief`, the README shows only brief(rows) (long sweeps: a reader sees the shape, a script the rest)."""
 
 
 OPS = {">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<=": lambda v, t: v <= t, "<": lambda v, t: v < t}

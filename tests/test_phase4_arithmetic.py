@@ -455,7 +455,7 @@ def test_overrun_facts_name_python_hooks_only_when_they_are_all_there_is():
     # with the host's enqueue time recorded, the sentence says what it measured
     f = _facts([_timed_row(5, "avg", 4.0, 6.0, 33.0, host_ms=31.0), _timed_row(5, "copy_engine", 5.0, 9.0, 35.0, host_ms=35.0)])
     assert f["overrun"]["host_share"] == [pytest.approx(31 / 33), 1.0]
-    assert "Their CPU took 93.9% to 100.0% of their GPU step time" in findings._ddp_finding("2 x H200", f)
+    assert "In those settings the CPU took 93.9% to 100.0% of the GPU step time" in findings._ddp_finding("2 x H200", f)
 
 
 def test_host_facts_name_the_settings_the_cpu_bound():

@@ -36,11 +36,11 @@ def test_the_fusion_answer_is_generated_from_the_hlo(attention_view):
     text = findings.fusion(attention_view)
     rows = attention_view.latest("phase6.jax_attention")
     plain = rows[rows["variant"] == "jax_jit_math"].iloc[0]
-    assert text.startswith("**NVIDIA H200 SXM.** At B=1, H=2, S=2048, d=64, jax.jit of the plain math compiled to "
+    assert text.startswith("**NVIDIA H200 SXM:**\n\n- At B=1, H=2, S=2048, d=64, jax.jit of the plain math compiled to "
                            f"{int(plain['metrics.hlo_kernels'])} kernels")
     answer = "XLA did not fuse attention" if plain["metrics.score_materialized"] else "XLA fused attention"
     assert answer in text and findings.verdict(plain) in text and "SDPA's best backend (sdpa_math)" in text
-    assert "Refused here: jax_dpa_cudnn (" in text and "TPU v5e" in text           # the seed's claim, labelled
+    assert "Refused at B=1, H=2, S=2048, d=64: jax_dpa_cudnn (" in text and "TPU v5e" in text           # the seed's claim, labelled
     [line] = [ln for ln in render.goals(attention_view, GOALS).splitlines() if "S x S scores" in ln]
     assert "| NVIDIA H200 SXM |" in line
     assert ("| 1 (in memory) | **not met** |" if plain["metrics.score_materialized"] else "| 0 (fused) | met |") in line

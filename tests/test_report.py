@@ -89,17 +89,24 @@ def test_check_then_regenerate_then_check(fake_repo, quick_results_copy):
         assert not body.startswith("_No records yet"), block_id
 
     ew = block(text, "phase1.elementwise").splitlines()
-    assert ew[0].startswith("| hardware |") and re.fullmatch(r"\|(---\|)+", ew[1])
-    table = [ln for ln in ew if ln.startswith("|")]
-    assert len(table) == 2 + 2                            # copy and mul at one quick size
-    assert all(ln.count("|") == ew[0].count("|") for ln in table)
     rec = by_exercise(load_records(quick_results_copy), "phase1.elementwise")
     link = os.path.relpath(quick_results_copy / rec["_path"], fake_repo.parent)
-    assert f"]({link})" in ew[2] and not link.startswith("/")                          # the run link
+    assert ew[0].startswith(f"**{rec['hardware']['name']}** · run [") and ew[0].endswith(f"]({link})")  # the caption
+    assert not link.startswith("/") and ew[1] == ""
+    assert ew[2].startswith("| ") and "hardware" not in ew[2] and re.fullmatch(r"\|(---\|)+", ew[3])
+    assert ew[2].endswith(f"| {render.PREDICTION_HEADER} |")
+    table = [ln for ln in ew if ln.startswith("|")]
+    assert len(table) == 2 + 2                            # copy and mul at one quick size
+    assert all(ln.count("|") == ew[2].count("|") for ln in table)
+    csv_file = quick_results_copy / "tables" / "phase1.elementwise.csv"
+    assert ew[-1] == f"Every column, the spec-sheet prediction included: [{csv_file.name}]" \
+                     f"({os.path.relpath(csv_file, fake_repo.parent)})."
+    header = csv_file.read_text().splitlines()[0].split(",")
+    assert header[0] == "hardware" and header[-1] == "record" and "predicted ms (spec)" in header
     assert re.search(r"^\| 1 \|.*\| measured \|", block(text, "phases"), re.M)     # phase 1 has records
 
     plots = sorted(p.name for p in (quick_results_copy / "plots").iterdir())
-    assert plots == ["cache_cpu.png", "roofline_cpu.png"]
+    assert plots == ["phase1_cache_cpu.png", "phase1_roofline_cpu.png"]
     assert all((quick_results_copy / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
     assert report.regenerate(check=True, results=res, echo=messages.append) == 0       # up to date
@@ -112,7 +119,7 @@ def test_editing_a_generated_cell_fails_the_check(fake_repo, quick_results_copy)
     res = str(quick_results_copy)
     report.regenerate(check=False, results=res, echo=quiet)
     text = fake_repo.read_text()
-    row = block(text, "phase1.elementwise").splitlines()[2]
+    row = block(text, "phase1.elementwise").splitlines()[4]
     cells = row.split(" | ")
     cells[4] = "999999"                                    # somebody "fixes" a number by hand
     fake_repo.write_text(text.replace(row, " | ".join(cells)))
@@ -124,10 +131,26 @@ def test_editing_a_generated_cell_fails_the_check(fake_repo, quick_results_copy)
 def test_a_missing_plot_fails_the_check(fake_repo, quick_results_copy):
     res = str(quick_results_copy)
     report.regenerate(check=False, results=res, echo=quiet)
-    (quick_results_copy / "plots" / "roofline_cpu.png").unlink()
+    (quick_results_copy / "plots" / "phase1_roofline_cpu.png").unlink()
     messages = []
     assert report.regenerate(check=True, results=res, echo=messages.append) == 1
-    assert "roofline_cpu.png" in messages[-1]
+    assert "phase1_roofline_cpu.png" in messages[-1]
+
+
+def test_a_plot_or_table_no_block_makes_is_stale_and_removed(fake_repo, quick_results_copy):
+    """A renamed plot or a removed table leaves its old file behind: --check names it, lab report deletes it."""
+    res = str(quick_results_copy)
+    report.regenerate(check=False, results=res, echo=quiet)
+    old_plot, old_table = quick_results_copy / "plots" / "roofline_old_cpu.png", quick_results_copy / "tables" / "gone.csv"
+    old_plot.write_bytes(b"\x89PNG old")
+    old_table.write_text("a,b\n")
+    messages = []
+    assert report.regenerate(check=True, results=res, echo=messages.append) == 1
+    assert "results/plots/roofline_old_cpu.png" in messages[-1] and "results/tables/gone.csv" in messages[-1]
+    assert old_plot.exists() and old_table.exists()                                   # --check changes nothing
+    assert report.regenerate(check=False, results=res, echo=messages.append) == 0
+    assert "removed 2 file(s)" in messages[-1] and not old_plot.exists() and not old_table.exists()
+    assert report.regenerate(check=True, results=res, echo=quiet) == 0
 
 
 def test_edits_outside_blocks_are_not_the_reports_business(fake_repo, quick_results_copy):
@@ -259,8 +282,9 @@ def test_external_figures_are_labelled(quick_records, tmp_path):
     write_record(rec, tmp_path)
     from phases.phase1_roofline.report import ELEMENTWISE
     table = render.table(_view(load_records(tmp_path), tmp_path), ELEMENTWISE)
-    hw_cell = table.splitlines()[2].split(" | ")[0]
-    assert "seed write-up" in hw_cell                      # never shown as if we measured it
+    caption = table.splitlines()[0]
+    assert caption.startswith("**") and "seed write-up" in caption.split("**")[1]   # never shown as if we measured it
+    assert "** · record [" in caption                                                 # nor as a run of ours
 
 
 def test_phase0_findings_with_only_a_tf32_row(quick_records, tmp_path):

@@ -1,5 +1,5 @@
 """Phase 0's README blocks, declared (rendered by common/render.py)."""
-from common.formats import num, num4, pct, ratio
+from common.formats import bullets, num, num4, pct, ratio
 from common.frame import by_hardware, find
 from common.spec import Phase, Table, Text, col, ident
 
@@ -40,7 +40,7 @@ def findings(view) -> str:
         s = []
         fp32, tf32 = find(got.get("phase0.matmul_baseline"), "fp32"), find(got.get("phase0.matmul_baseline"), "tf32")
         if fp32 is not None:
-            s.append(f"On the {name}, cuBLAS ran the {num(fp32['params.n'])}² FP32 matmul at {num(fp32['metrics.tflops'])} "
+            s.append(f"cuBLAS ran the {num(fp32['params.n'])}² FP32 matmul at {num(fp32['metrics.tflops'])} "
                      f"TFLOP/s with TF32 disallowed: {pct(fp32['metrics.pct_of_peak_tflops'])} of the "
                      f"{num(fp32['metrics.peak_tflops'])} TFLOP/s FP32 peak on the spec sheet.")
         if tf32 is not None:
@@ -52,7 +52,8 @@ def findings(view) -> str:
             s.append(f"Timed with a host clock and no synchronize, one matmul appeared to take {num(no_sync['metrics.ms'])} ms, "
                      f"{num(1 / no_sync['prediction.measured_over_predicted'])}x *less* than the roofline's floor of "
                      f"{num(no_sync['prediction.predicted_ms'])} ms: an impossible number, because the clock stopped once the "
-                     f"launches were queued. With a synchronize it took {num(sync['metrics.ms'])} ms "
+                     f"launches were queued.")
+            s.append(f"With a synchronize it took {num(sync['metrics.ms'])} ms "
                      f"({ratio(sync['prediction.measured_over_predicted'])} the floor).")
         timer = got.get("phase0.timer_check")
         if timer is not None and len(timer):
@@ -61,7 +62,7 @@ def findings(view) -> str:
                 agreed = "agreed" if (timer["status"] == "ok").all() else "did NOT agree"
                 s.append(f"The lab's timing harness and `triton.testing.do_bench` {agreed} on {len(gaps)} kernels "
                          f"(worst difference {pct(100 * gaps.max())}; the gate is 5%).")
-        paras.append(" ".join(s))
+        paras.append(bullets(s, f"On the {name}:"))
     return "\n\n".join(paras)
 
 

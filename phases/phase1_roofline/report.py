@@ -1,7 +1,7 @@
 """Phase 1's README blocks, declared (rendered by common/render.py): tables, the roofline and
 L2-cliff plots, and the findings."""
 from common.above_roof import bandwidth_pct
-from common.formats import elements, num, num4, pct, ratio, size_bytes
+from common.formats import bullets, elements, num, num4, pct, ratio, size_bytes
 from common.frame import by_hardware, find, value
 from common.spec import Phase, Plot, Table, Text, col, ident
 
@@ -75,9 +75,9 @@ CEILINGS = Table("phase1.ceilings", "phase1.ceilings", prediction=False, note=ce
                                       and r.get("params.working_set_bytes") is not None else num(r.get("params.n"))),
     col("ms (median)", "metrics.ms", num4), col("GB/s", "metrics.gbps", num), col("TFLOP/s", "metrics.tflops", num)))
 
-ROOFLINE_PLOT = Plot("phase1.roofline_plot", "roofline", ("phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep"),
+ROOFLINE_PLOT = Plot("phase1.roofline_plot", "phase1_roofline", ("phase1.elementwise", "phase1.matmul_fp16", "phase1.regime_sweep"),
                      plots.roofline, "Roofline of the {name}: spec and measured roofs, every phase 0-1 point")
-CACHE_PLOT = Plot("phase1.cache_plot", "cache", ("phase1.cache_sweep",), plots.cache,
+CACHE_PLOT = Plot("phase1.cache_plot", "phase1_cache", ("phase1.cache_sweep",), plots.cache,
                   "Copy bandwidth against working set on the {name}: the L2 cliff")
 
 
@@ -86,37 +86,39 @@ def _power_sentence(view, path: str) -> str:
     reasons = [r for r in (c.get("clock_event_reasons") or []) if r != "gpu_idle"]
     if not reasons:
         return ""
-    return (f" Read right after the run, the SM clock was {num(c.get('sm_clock_mhz'))} MHz at {num(c.get('power_draw_w'))} W, "
+    return (f"Read right after the run, the SM clock was {num(c.get('sm_clock_mhz'))} MHz at {num(c.get('power_draw_w'))} W, "
             f"held back by `{'`, `'.join(reasons)}`: sustained dense math hits the board's power limit before its "
             f"arithmetic peak, so the median is the honest sustained rate and the spec peak is not reachable for long.")
 
 
-def _memory_bound(name, ew) -> str:
+def _memory_bound(ew) -> list[str]:
     big = int(ew["params.n"].max())
     mul, cp = find(ew, "mul", n=big), find(ew, "copy", n=big)
     if mul is None:
-        return ""
+        return []
     vs_copy = (f" and {pct(mul['metrics.pct_of_copy_bandwidth'])} of the {num(cp['metrics.gbps'])} GB/s a plain copy "
                f"reached in the same run" if cp is not None else "")
-    return (f"**Memory-bound.** On the {name}, the FP32 multiply over {size_bytes(big * 4)} vectors "
+    return [f"**Memory-bound.** The FP32 multiply over {size_bytes(big * 4)} vectors "
             f"({size_bytes(3 * big * 4)} moved per call) ran at {num(mul['metrics.gbps'])} GB/s: "
             f"{pct(mul['metrics.pct_of_peak_bandwidth'])} of the {num(mul['metrics.peak_bandwidth_gbps'])} GB/s on the spec "
-            f"sheet{vs_copy}. At {num(mul['prediction.intensity_flop_per_byte'])} FLOP/byte it sits "
+            f"sheet{vs_copy}.",
+            f"At {num(mul['prediction.intensity_flop_per_byte'])} FLOP/byte the multiply sits "
             f"{num(mul['prediction.ridge_flop_per_byte'] / mul['prediction.intensity_flop_per_byte'])}x left of the FP32 "
             f"ridge, so the roofline predicted {num(mul['prediction.predicted_ms'])} ms from bandwidth alone; it took "
-            f"{num(mul['metrics.ms'])} ms ({ratio(mul['prediction.measured_over_predicted'])}).")
+            f"{num(mul['metrics.ms'])} ms ({ratio(mul['prediction.measured_over_predicted'])})."]
 
 
-def _nsight(e, m) -> str:
+def _nsight(e, m) -> list[str]:
     write_back = (" (under 1, most likely because the L2 is write-back: the last lines the kernel writes can still sit in "
                   "L2 when it ends and reach HBM after the counters stop; not verified here)"
                   if e["metrics.dram_bytes_over_ideal"] < 1 else "")
-    return (f"Nsight Compute agrees on who is busy: the multiply kept DRAM at {pct(e['metrics.dram_throughput_pct'])} and the "
-            f"SMs at {pct(e['metrics.sm_throughput_pct'])}; the matmul flipped it, DRAM {pct(m['metrics.dram_throughput_pct'])} "
-            f"and SMs {pct(m['metrics.sm_throughput_pct'])}. The multiply moved {num(e['metrics.dram_bytes_over_ideal'])}x "
-            f"the bytes the roofline counted{write_back}; the matmul {num(m['metrics.dram_bytes_over_ideal'])}x its ideal "
-            f"3N² x 2 bytes, because its tiles re-read A and B from HBM whenever L2 cannot hold them, and still at "
-            f"{num(m['metrics.intensity_measured_flop_per_byte'])} FLOP/byte it stays far right of the ridge.")
+    return [f"**Nsight Compute agrees on who is busy.** The multiply kept DRAM at {pct(e['metrics.dram_throughput_pct'])} "
+            f"and the SMs at {pct(e['metrics.sm_throughput_pct'])}; the matmul flipped it, DRAM "
+            f"{pct(m['metrics.dram_throughput_pct'])} and SMs {pct(m['metrics.sm_throughput_pct'])}.",
+            f"The multiply moved {num(e['metrics.dram_bytes_over_ideal'])}x the bytes the roofline counted{write_back}.",
+            f"The matmul moved {num(m['metrics.dram_bytes_over_ideal'])}x its ideal 3N² x 2 bytes, because its tiles re-read "
+            f"A and B from HBM whenever L2 cannot hold them, and still at {num(m['metrics.intensity_measured_flop_per_byte'])} "
+            f"FLOP/byte it stays far right of the ridge."]
 
 
 def findings(view) -> str:
@@ -124,17 +126,18 @@ def findings(view) -> str:
     paras = []
     for _, got in sorted(by_hardware(view.frame, exercises).items()):
         name = next(iter(got.values())).iloc[0]["hardware_name"]
-        s = [_memory_bound(name, got["phase1.elementwise"])] if "phase1.elementwise" in got else []
+        s = _memory_bound(got["phase1.elementwise"]) if "phase1.elementwise" in got else []
         mm = find(got.get("phase1.matmul_fp16"))
         if mm is not None:
             s.append(f"**Compute-bound.** The FP16 matmul at N = {num(mm['params.n'])} "
                      f"({num(mm['prediction.intensity_flop_per_byte'])} FLOP/byte) ran at {num(mm['metrics.tflops'])} TFLOP/s "
                      f"(median), {pct(mm['metrics.pct_of_peak_tflops'])} of the {num(mm['metrics.peak_tflops'])} TFLOP/s dense "
                      f"peak; measured/predicted {num(mm['prediction.measured_over_predicted'])}. Its fastest sample reached "
-                     f"{num(value(mm, 'metrics.best_tflops'))} TFLOP/s." + _power_sentence(view, mm["path"]))
+                     f"{num(value(mm, 'metrics.best_tflops'))} TFLOP/s.")
+            s.append(_power_sentence(view, mm["path"]))
         e, m = find(got.get("phase1.nsight"), "elementwise"), find(got.get("phase1.nsight"), "matmul_fp16")
         if e is not None and m is not None:
-            s.append(_nsight(e, m))
+            s += _nsight(e, m)
         sweep = got.get("phase1.regime_sweep")
         ok = sweep[sweep["status"] == "ok"].sort_values("params.n") if sweep is not None else []
         if len(ok):
@@ -143,9 +146,10 @@ def findings(view) -> str:
                      f"{num(lo['metrics.tflops'])} to {num(hi['metrics.tflops'])} TFLOP/s. The spec sheet puts the ridge at "
                      f"{num(summ.get('spec_ridge_flop_per_byte'))} FLOP/byte (N ≈ {num(summ.get('spec_crossover_n'))}); this "
                      f"run's own ceilings put it at {num(summ.get('measured_ridge_flop_per_byte'))} (N ≈ "
-                     f"{num(summ.get('measured_crossover_n'))}). The smallest products missed both roofs by "
-                     f"{num(lo['prediction.measured_over_predicted'])}x: at {num(lo['metrics.ms'] * 1000)} µs they are bound "
-                     f"by kernel start-up, a third regime the two-line model does not draw.")
+                     f"{num(summ.get('measured_crossover_n'))}).")
+            s.append(f"The smallest products missed both roofs by {num(lo['prediction.measured_over_predicted'])}x: at "
+                     f"{num(lo['metrics.ms'] * 1000)} µs they are bound by kernel start-up, a third regime the two-line "
+                     "model does not draw.")
         cache = got.get("phase1.cache_sweep")
         summ = view.record(cache.iloc[0]["path"])["summary"] if cache is not None else {}
         if summ.get("hbm_plateau_gbps"):
@@ -153,7 +157,7 @@ def findings(view) -> str:
                      f"{size_bytes(summ['peak_working_set_bytes'])} working set (L2: {size_bytes(summ['l2_bytes'])}), "
                      f"{num(summ['peak_over_plateau'])}x the {num(summ['hbm_plateau_gbps'])} GB/s plateau once the working "
                      f"set is many times the L2 and every byte comes from HBM.")
-        paras.append("\n\n".join(x for x in s if x))
+        paras.append(bullets(s, f"On the {name}:"))
     return "\n\n".join(paras)
 
 

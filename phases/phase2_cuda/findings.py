@@ -1,8 +1,8 @@
 """Phase 2's findings: sentences whose every number comes from the records (a thin template)."""
-from common.formats import pct, ratio
+from common.formats import bullets, pct, ratio
 from common.frame import by_hardware, find, value
 
-from .report import SM, _row_length
+from .rows import SM, row_length
 
 
 def _copy_share(rows, variant: str, dtype: str, cols: int) -> str:
@@ -25,9 +25,10 @@ def softmax_findings(view) -> str:
         if (s["params.cols"] == 16384).any():
             items.append(f"**Shared memory buys rows in flight.** Staged in shared memory, 3-6 CTAs per SM load while "
                          f"others reduce and write: `block_row_smem` reached {share('block_row_smem', 'fp32', 16384)} "
-                         f"(fp32) and {share('block_row_smem', 'bf16', 16384)} (bf16) at 16,384 columns. Split over "
-                         f"clusters at {longest:,}, `cluster_row_smem` fell to {share('cluster_row_smem', 'fp32')} and "
-                         f"{share('cluster_row_smem', 'bf16')}: an SM is refilled only when a whole cluster is done.")
+                         f"(fp32) and {share('block_row_smem', 'bf16', 16384)} (bf16) at 16,384 columns.")
+            items.append(f"Split over clusters at {longest:,} columns, `cluster_row_smem` fell to "
+                         f"{share('cluster_row_smem', 'fp32')} (fp32) and {share('cluster_row_smem', 'bf16')} (bf16): an SM is refilled "
+                         "only when a whole cluster is done.")
         ring = [(d, find(s, "cuda", dtype=d, cols=longest, group="sweep"), find(s, "stream_row", dtype=d, cols=longest))
                 for d in ("fp32", "bf16")]
         said = [f"{pct(c['metrics.pct_of_copy_bandwidth'])} of copy in {d} ({ratio(c['metrics.speedup_vs_torch'])} "
@@ -36,15 +37,16 @@ def softmax_findings(view) -> str:
                  for d, c, t in ring if c is not None and t is not None and c["metrics.kernel"] == "stream_row"]
         if said:
             items.append("**A persistent ring keeps the loads going; a ticket counter keeps the SMs busy to the end.** "
-                         f"At {longest:,} columns the dispatcher reached " + " and ".join(said) + "."
-                         + (" Timed twice in the same run, as `cuda` and as `stream_row`, it read " + "; ".join(twice)
-                            + ": the run-to-run spread to allow for." if twice else ""))
+                         f"At {longest:,} columns the dispatcher reached " + " and ".join(said) + ".")
+            if twice:
+                items.append("Timed twice in the same run, as `cuda` and as `stream_row`, the dispatcher read "
+                             + "; ".join(twice) + ": the run-to-run spread to allow for.")
         ours = s[(s["variant"] == "cuda") & (s["params.group"] == "sweep") & (s["status"] == "ok")]
         if len(ours):
             w = ours.loc[ours["metrics.speedup_vs_torch"].astype(float).idxmin()]
             t = find(s, "torch", dtype=w["params.dtype"], cols=w["params.cols"], group="sweep")
             items.append(f"**Thin margins.** The narrowest win over torch.softmax is {ratio(w['metrics.speedup_vs_torch'])} "
-                         f"({_row_length(w)}), where torch.softmax itself runs at "
+                         f"({row_length(w)}), where torch.softmax itself runs at "
                          f"{pct(value(t, 'metrics.pct_of_copy_bandwidth'))} of copy.")
-        paras.append(f"On the {s.iloc[0]['hardware_name']}:\n\n" + "\n".join(f"- {x}" for x in items))
+        paras.append(bullets(items, f"On the {s.iloc[0]['hardware_name']}:"))
     return "\n\n".join(paras)

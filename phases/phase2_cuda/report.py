@@ -8,9 +8,9 @@ from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
 from . import plots
 from .analysis import ladder_sizes, ladder_steps, tiling_reduction
+from .findings import softmax_findings
+from .rows import MM, SM, TR, VA, row_length
 from .rungs import BASELINES, FP32_RUNGS, MMA_RUNGS, RUNGS, VARIANTS, WGMMA_RUNGS
-
-MM, VA, SM, TR = "phase2.matmul", "phase2.vector_add", "phase2.softmax", "phase2.traffic"
 
 
 def _groups(rows: pd.DataFrame):
@@ -169,10 +169,6 @@ def _cuda(group: str):
     return lambda rows: rows[(rows["variant"] == "cuda") & (rows["params.group"] == group)]
 
 
-def _row_length(r) -> str:
-    return f"{r['params.dtype']}, {int(r['params.cols']):,} columns"
-
-
 CUBLAS = "same-run cuBLAS"
 BAR = "the lab's bar for a hand-written kernel against the library"
 GOALS = Goals("phase2.goals", (
@@ -189,10 +185,10 @@ GOALS = Goals("phase2.goals", (
          detail=lambda r: f"{r['variant']}, {elements(r['params.n'])} elements"),
     Goal("softmax far beyond L2 (`cuda` dispatcher), worst row length: % of copy (same run)", SM,
          "metrics.pct_of_copy_bandwidth", 90, "a same-run copy of the same tensor: the bytes softmax must move",
-         pick="min", where=_cuda("sweep"), detail=_row_length),
+         pick="min", where=_cuda("sweep"), detail=row_length),
     Goal("softmax faster than torch.softmax at every row length (worst)", SM, "metrics.speedup_vs_torch", 1.0,
          "same-run torch.softmax: the library to beat", op=">", pick="min", where=_cuda("sweep"), fmt=ratio,
-         detail=_row_length),
+         detail=row_length),
     Goal("the seed's 4,096 x 32 softmax (in L2): speedup over torch.softmax", SM, "metrics.speedup_vs_torch", 1.0,
          "the seed write-up's softmax exercise (phase 2), against same-run torch.softmax", op=">",
          where=_cuda("seed"), fmt=ratio),
@@ -217,8 +213,6 @@ def headline(view) -> list[str]:
             out.append(f"{got[MM].iloc[0]['hardware_name']}: " + ", ".join(parts))
     return out
 
-
-from .findings import softmax_findings  # noqa: E402  (last: it reads the helpers above)
 
 PHASE = Phase(2, "CUDA kernels", "phase2_cuda",
               blocks=(GOALS, VECTOR_ADD, LADDER, MATMUL, MATMUL_PLOT, SOFTMAX, SOFTMAX_PLOT,

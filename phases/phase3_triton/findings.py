@@ -1,24 +1,27 @@
 """Phase 3's findings: sentences whose every number comes from the records (a thin template)."""
-from common.formats import elements, num, pct, size_bytes
+from common.formats import bullets, elements, num, pct, size_bytes
 from common.frame import by_hardware, find, value
 
 from . import analysis
-from .report import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
+from .rows import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
 
 
-def _vector_add(rows) -> str:
+def _vector_add(rows) -> list[str]:
     big = triton_rows(rows).sort_values("params.n")
     if not len(big):
-        return ""
+        return []
     big, seed = big.iloc[-1], find(rows, "triton", n=98432)
     cp = find(rows, "copy", n=big["params.n"])
-    return ("**Vector add.** " + ("The seed's 98,432-element case matched torch bit for bit (the mask kept the "
-                                  "half-empty last block inside the arrays). " if seed is not None else "")
-            + f"At {elements(big['params.n'])} elements ({size_bytes(big['params.working_set_bytes'])} per call) the Triton "
-            f"kernel moved {num(big['metrics.gbps'])} GB/s, {pct(big['metrics.pct_of_copy_bandwidth'])} of the "
-            f"{num(cp['metrics.gbps'] if cp is not None else None)} GB/s a copy reached at the same size and "
-            f"{pct(big['metrics.pct_of_library'])} of torch.add's rate; the roofline predicted "
-            f"{num(big['prediction.predicted_ms'])} ms from bandwidth alone and it took {num(big['metrics.ms'])} ms.")
+    out = ["The seed's 98,432-element case matched torch bit for bit (the mask kept the half-empty last block inside "
+           "the arrays)." if seed is not None else "",
+           f"At {elements(big['params.n'])} elements ({size_bytes(big['params.working_set_bytes'])} per call) the Triton "
+           f"kernel moved {num(big['metrics.gbps'])} GB/s, {pct(big['metrics.pct_of_copy_bandwidth'])} of the "
+           f"{num(cp['metrics.gbps'] if cp is not None else None)} GB/s a copy reached at the same size and "
+           f"{pct(big['metrics.pct_of_library'])} of torch.add's rate.",
+           f"The roofline predicted {num(big['prediction.predicted_ms'])} ms for it from bandwidth alone and it took "
+           f"{num(big['metrics.ms'])} ms."]
+    out = [x for x in out if x]
+    return ["**Vector add.** " + out[0], *out[1:]]
 
 
 def _softmax(rows) -> list[str]:
@@ -31,9 +34,10 @@ def _softmax(rows) -> list[str]:
                    f"five-kernel chain moved {size_bytes(analysis.own(un, 'bytes'))} against the fused kernel's "
                    f"{size_bytes(analysis.own(tr, 'bytes'))} ({num(cost['bytes_over_fused'])}x) and took "
                    f"{num(cost['time_over_fused'])}x as long: the chain itself ran at {num(analysis.own(un, 'gbps'))} GB/s of its "
-                   f"own traffic, so it is not slow arithmetic but {num(cost['bytes_over_fused'], 2)}x the bytes."
-                   + (f" torch.softmax, one fused kernel too, took {num(th['metrics.ms'] * 1000)} µs against Triton's "
-                      f"{num(tr['metrics.ms'] * 1000)} µs." if th is not None else ""))
+                   f"own traffic, so it is not slow arithmetic but {num(cost['bytes_over_fused'], 2)}x the bytes.")
+        if th is not None:
+            out.append(f"torch.softmax, one fused kernel too, took {num(th['metrics.ms'] * 1000)} µs on the seed's shape "
+                       f"against Triton's {num(tr['metrics.ms'] * 1000)} µs.")
     if len(sweep):
         lo, ln = sweep.loc[sweep["metrics.pct_of_library"].idxmin()], sweep.sort_values("params.cols").iloc[-1]
         out.append(f"Across the row-length sweep the fused kernel's worst showing against torch.softmax was "
@@ -44,22 +48,22 @@ def _softmax(rows) -> list[str]:
     return out
 
 
-def _matmul(view, rows) -> str:
+def _matmul(view, rows) -> list[str]:
     m = matmul_best(rows)
     if m is None:
-        return ""
+        return []
     cb = find(rows, "cublas", n=m["params.n"], dtype="bf16")
     c = (view.record(m["path"]).get("conditions") or {}).get("gpu_after_run") or {}
     reasons = [r for r in (c.get("clock_event_reasons") or []) if r != "gpu_idle"]
-    return (f"**Why tiling wins, and the gap.** The bf16 product at N = {num(m['params.n'])} has an intensity of "
+    return [f"**Why tiling wins, and the gap.** The bf16 product at N = {num(m['params.n'])} has an intensity of "
             f"{num(m['prediction.intensity_flop_per_byte'])} FLOP/byte overall, but every K step of a tile only reuses what "
-            f"it loads a bounded number of times, so the tile shape and the L2 decide whether the tensor cores wait. The "
-            f"best Triton kernel ({m['variant']}, `{m['metrics.config']}`) reached {num(m['metrics.tflops'])} TFLOP/s, "
+            f"it loads a bounded number of times, so the tile shape and the L2 decide whether the tensor cores wait.",
+            f"The best Triton kernel ({m['variant']}, `{m['metrics.config']}`) reached {num(m['metrics.tflops'])} TFLOP/s, "
             f"{pct(m['metrics.pct_of_library'])} of cuBLAS ({num(cb['metrics.tflops'] if cb is not None else None)} TFLOP/s "
             f"in the same run) and {pct(m['metrics.pct_of_peak_tflops'])} of the spec-sheet peak; measured/predicted "
-            f"{num(m['prediction.measured_over_predicted'])}."
-            + (f" Right after the run the SM clock read {num(c.get('sm_clock_mhz'))} MHz at {num(c.get('power_draw_w'))} W, "
-               f"held back by `{'`, `'.join(reasons)}`: both Triton and cuBLAS run under the same power cap." if reasons else ""))
+            f"{num(m['prediction.measured_over_predicted'])}.",
+            f"Right after the run the SM clock read {num(c.get('sm_clock_mhz'))} MHz at {num(c.get('power_draw_w'))} W, "
+            f"held back by `{'`, `'.join(reasons)}`: both Triton and cuBLAS run under the same power cap." if reasons else ""]
 
 
 def _attention(fwd, bwd) -> list[str]:
@@ -87,8 +91,8 @@ def _attention(fwd, bwd) -> list[str]:
 def findings(view) -> str:
     paras = []
     for _, got in sorted(by_hardware(view.frame, [ADD, SOFTMAX, MATMUL, FWD, BWD]).items()):
-        s = [_vector_add(got[ADD]) if ADD in got else "", *(_softmax(got[SOFTMAX]) if SOFTMAX in got else []),
-             _matmul(view, got[MATMUL]) if MATMUL in got else "", *_attention(got.get(FWD), got.get(BWD))]
+        s = [*(_vector_add(got[ADD]) if ADD in got else []), *(_softmax(got[SOFTMAX]) if SOFTMAX in got else []),
+             *(_matmul(view, got[MATMUL]) if MATMUL in got else []), *_attention(got.get(FWD), got.get(BWD))]
         if any(s):
-            paras.append(f"On the {next(iter(got.values())).iloc[0]['hardware_name']}:\n\n" + "\n\n".join(x for x in s if x))
+            paras.append(bullets(s, f"On the {next(iter(got.values())).iloc[0]['hardware_name']}:"))
     return "\n\n".join(paras)

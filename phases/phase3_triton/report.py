@@ -7,20 +7,8 @@ from common.frame import by_hardware, value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
 from . import analysis, counts, plots
-
-ADD, SOFTMAX, MATMUL = "phase3.vector_add", "phase3.softmax", "phase3.matmul"
-FWD, BWD = "phase3.flash_attention", "phase3.flash_attention_bwd"
-LIBRARY = {"torch": "torch.add", "cublas": "cuBLAS", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
-           "sdpa_efficient": "SDPA efficient"}
-
-
-def lib(x) -> str:
-    return "-" if missing(x) else LIBRARY.get(x, x)
-
-
-def group(name):
-    return lambda d: d[d["params.group"] == name]
-
+from .findings import findings
+from .rows import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
 
 ATTN_KEYS = ["params.dtype", "params.head_dim", "params.causal", "params.n"]
 
@@ -112,44 +100,21 @@ SDPA = tuple(f"{v}:metrics.tflops" for v in ("sdpa_flash", "sdpa_cudnn", "sdpa_e
 ATTN_COLUMNS = (
     ident("dtype", "params.dtype"), ident("head dim", "params.head_dim", num), ident("causal", "params.causal", yes_no),
     ident("N", "params.n", num), ident("batch x heads", batch_heads), col("Triton TFLOP/s", "metrics.tflops", num),
-    *(col(lib(k.split(":")[0]), k, num) for k in SDPA), col("fastest library", "metrics.library", lib),
-    col("% of fastest", "metrics.pct_of_library", pct), CONFIG)
-FWD_MAIN = Table(FWD, FWD, where=group("main"), note=not_timed, columns=ATTN_COLUMNS,
+    col("fastest library", "metrics.library", lib), col("% of fastest", "metrics.pct_of_library", pct))
+ATTN_MORE = (*(col(f"{lib(k.split(':')[0])} TFLOP/s", k, num) for k in SDPA), CONFIG)      # the CSV's
+FWD_MAIN = Table(FWD, FWD, where=group("main"), note=not_timed, columns=ATTN_COLUMNS, more=ATTN_MORE,
                  rows=beside(FWD, ("triton",), SDPA, ["params.group", *ATTN_KEYS]),
                  brief=lambda rows: rows[(rows["params.dtype"] == "bf16") & (rows["params.head_dim"] == 128)
                                          & ~rows["params.causal"].astype(bool)])
-BWD_TABLE = Table(BWD, BWD, note=not_timed, columns=ATTN_COLUMNS, rows=beside(BWD, ("triton",), SDPA, ATTN_KEYS),
+BWD_TABLE = Table(BWD, BWD, note=not_timed, columns=ATTN_COLUMNS, more=ATTN_MORE, rows=beside(BWD, ("triton",), SDPA, ATTN_KEYS),
                   brief=lambda rows: rows[rows["params.head_dim"] == 128])
 
 
 # ------------------------------------------------------------------------------ goals
-def triton_rows(d, variants=("triton",), **params):
-    """Our ok rows with these params (e.g. dtype="bf16"), as a goal, the findings and the headline pick them."""
-    if not len(d):
-        return d
-    keep = d["variant"].isin(variants) & (d["status"] == "ok")
-    for k, v in params.items():
-        keep &= d[f"params.{k}"].eq(v)
-    return d[keep]
-
-
-def largest(d):
-    return d[d["params.n"] == d["params.n"].max()] if len(d) else d
-
-
 def beyond_l2(d):
     d = triton_rows(d)
     far = [analysis.far_beyond_l2(value(r, "params.working_set_bytes"), value(r, "summary.l2_bytes")) for _, r in d.iterrows()]
     return d[far] if len(d) else d
-
-
-def attn_top(d):
-    return largest(triton_rows(d, group="main", dtype="bf16", head_dim=128, causal=False))
-
-
-def matmul_best(d):
-    d = largest(triton_rows(d, ("triton", "triton_tma"), dtype="bf16"))
-    return d.loc[d["metrics.tflops"].idxmax()] if len(d) else None
 
 
 COPY_ANCHOR = "same-run copy of the same bytes, the practical ceiling; 90% is the lab's bar"
@@ -220,8 +185,6 @@ def recalibrated(r, records) -> dict | None:
                               launches=c.launches)
     return {**out, "computed": "at report time, from phase 3's counts.py applied to the row's params"}
 
-
-from .findings import findings  # noqa: E402  (last: it reads the helpers above)
 
 PHASE = Phase(3, "Triton kernels", "phase3_triton", headline=headline,
               calibrators={ex: recalibrated for ex in (ADD, SOFTMAX, MATMUL, FWD, BWD)}, blocks=(

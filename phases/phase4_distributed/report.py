@@ -55,9 +55,9 @@ def _algo(r):
 SWEEP = Table("phase4.sweep", EX_SWEEP, rows=_sweep_rows, brief=_brief_sweep, columns=(
     ident("size", "params.size_bytes", size_bytes), ident("collective", lambda r: OPS.get(r["params.op"])),
     col("µs", us("metrics.ms"), num), col("algbw GB/s", "metrics.algbw_gbps", num),
-    col("busbw GB/s", "metrics.busbw_gbps", num), col("factor", "metrics.busbw_factor", num),
-    col("% of link", "metrics.pct_of_link", pct), col("ours / NCCL", "metrics.ours_over_nccl_busbw", frac),
-    col("#wrong", "metrics.wrong"), col("algo", _algo)))
+    col("busbw GB/s", "metrics.busbw_gbps", num), col("% of link", "metrics.pct_of_link", pct),
+    col("ours / NCCL", "metrics.ours_over_nccl_busbw", frac), col("#wrong", "metrics.wrong"), col("algo", _algo)),
+    more=(col("busbw factor", "metrics.busbw_factor", num),))
 
 
 def _ring_rows(view):

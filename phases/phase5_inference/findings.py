@@ -1,5 +1,5 @@
 """Phase 5's findings: sentences whose every number comes from the newest records per GPU."""
-from common.formats import num, pct, ratio
+from common.formats import bullets, num, pct, ratio
 from common.frame import by_hardware, find, value
 
 from . import seed
@@ -51,7 +51,7 @@ def findings(view) -> str:
                              f"{num(value(best, 'summary.ridge_batch_spec'))}.")
         parts += quantization(got)
         if parts:
-            out.append(f"**{name}.** " + " ".join(parts))
+            out.append(bullets(parts, f"{name}:"))
     return "\n\n".join(out)
 
 
@@ -178,7 +178,8 @@ def speculative(view) -> str:
             worst = spec.loc[error.idxmax()]
             error1 = (greedy1[greedy1["variant"] != "target"]["metrics.speedup_measured_over_predicted"] - 1).abs()
             parts.append(f"The formula E[tokens per verify] x t_target / (k t_draft + t_verify(k + 1)) holds within "
-                         f"{100 * error1.max():.0f}% on every greedy batch-1 row; its worst row over the whole sweep "
+                         f"{100 * error1.max():.0f}% on every greedy batch-1 row.")
+            parts.append(f"The formula's worst row over the whole sweep "
                          f"({worst['variant']}, k = {int(worst['params.k'])}, T = {worst['params.temperature']:g}, "
                          f"{int(worst['params.concurrency'])} at once) measured {ratio(worst['metrics.speedup_measured_over_predicted'])} "
                          f"its prediction: the engine spent {num(worst['metrics.propose_ms_per_step'])} + "
@@ -186,5 +187,5 @@ def speculative(view) -> str:
                          f"formula's step times add to {num(worst['metrics.t_propose_ms'])} + "
                          f"{num(worst['metrics.t_verify_ms'])} ms; the rest is what they leave out (acceptance, "
                          "rejection sampling, rollback and the host's bookkeeping).")
-        out.append(f"**{first['hardware_name']}.** " + " ".join(parts))
+        out.append(bullets(parts, f"{first['hardware_name']}:"))
     return "\n\n".join(out)

@@ -92,7 +92,7 @@ def models(view) -> str:
                           f"{m['train_tokens'] / 1e6:.2f}M", num(m.get("train_s")), f"{m['val_loss']:.3f}",
                           m.get("teacher") or "-", share(a.get("val_top1_agreement")),
                           "-" if missing(a.get("val_kl_to_teacher")) else f"{a['val_kl_to_teacher']:.3f}"])
-        out.append(f"{r['hardware_name']} ([record]({view.link(r['path'])})):\n\n" + render.markdown(
+        out.append(view.caption(r) + "\n\n" + render.markdown(
             lines, ["role", "model", "parameters", "corpus", "tokens trained", "train s", "val loss (own corpus)",
                     "taught by", "top-1 = target's (TinyShakespeare val)", "KL(target ‖ draft)"]))
     return "\n\n".join(out)

@@ -9,7 +9,7 @@ machine's record; the goals and findings the machine with the most GPUs of its k
 import pandas as pd
 
 from common.formats import count as tokens
-from common.formats import gib, missing, ms, num, pct, ratio, share
+from common.formats import bullets, gib, missing, ms, num, pct, ratio, share
 from common.frame import value
 from common.spec import Goal, Goals, Plot, Table, Text, col, ident
 
@@ -66,11 +66,10 @@ TABLE = Table(TP, TP, rows=engine_rows, brief=brief, note=seed_note, columns=(
     ident("model", "params.model"), ident("TP", "params.tp", num),
     col("decode tok/s", "metrics.decode_tok_s", num), col("x TP=1", "metrics.x_tp1_tok_s", ratio),
     col("TTFT", "metrics.ttft_ms", ms), col("KV capacity (tokens)", "metrics.kv_capacity_tokens", tokens),
-    col("KV pool / GPU", "metrics.kv_pool_gib", gib),
     col("all-reduce share of a step", "metrics.allreduce_share", share),
     col("% of prediction", "metrics.pct_of_prediction", pct),
     col("% of prediction, this run's all-reduce", "metrics.pct_of_prediction_graph_allreduce", pct)),
-    more=(col("TPOT", "metrics.tpot_ms", ms), col("weights / GPU", "metrics.weights_gib", gib),
+    more=(col("KV pool / GPU", "metrics.kv_pool_gib", gib), col("TPOT", "metrics.tpot_ms", ms), col("weights / GPU", "metrics.weights_gib", gib),
           col("graph step", "metrics.graph_step_ms", ms),
           col("graph step without all-reduces", "metrics.graph_step_noop_ms", ms),
           col("all-reduces alone per step", "metrics.allreduce_isolated_ms_per_step", ms),
@@ -156,11 +155,11 @@ def findings(view) -> str:
                          f"per GPU) and decodes there at {num(r['metrics.decode_tok_s'])} tok/s, "
                          f"{pct(value(r, 'metrics.pct_of_prediction'))} of its prediction "
                          f"({pct(value(r, 'metrics.pct_of_prediction_graph_allreduce'))} with the all-reduce timed in "
-                         f"this run's CUDA graphs), TTFT {ms(value(r, 'metrics.ttft_ms'))} "
-                         f"(the seed's two A100s: {seed.DECODE_70B_TP2_TOK_S} tok/s, {seed.TTFT_70B_TP2_MS} ms, "
-                         f"{seed.KV_TOKENS_70B_TP2:,} tokens of KV).")
+                         f"this run's CUDA graphs), TTFT {ms(value(r, 'metrics.ttft_ms'))}.")
+            parts.append(f"The seed's 70B on two A100s: {seed.DECODE_70B_TP2_TOK_S} tok/s, TTFT {seed.TTFT_70B_TP2_MS} ms, "
+                         f"{seed.KV_TOKENS_70B_TP2:,} tokens of KV.")
         if parts:
-            out.append(f"**{label}.** " + " ".join(parts))
+            out.append(bullets(parts, f"{label}:"))
     return "\n\n".join(out)
 
 

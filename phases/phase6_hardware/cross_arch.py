@@ -1,7 +1,7 @@
 """The cross-architecture tables: every hardware.yaml entry's roofline predictions (architectures.py)
 beside what the lab measured on it (newest records) and what the seed or others reported
 (seed.py), each figure labelled with where it comes from. Torch-free, for `lab report`."""
-from common.formats import markdown, num
+from common.formats import bullets, markdown, num
 
 from . import seed
 from .architectures import DECODE_MODELS, MATMUL_N, architectures, matmul_binds
@@ -82,10 +82,12 @@ def decode_table(view) -> str:
                           d.binds.split(":")[0]])
     header = ["hardware", "model", "bf16 weights GB", "memory GB", "fits one device", "predicted tok/s (one device's bandwidth)",
               "tensor-parallel ideal tok/s", "lab measured tok/s", "quoted tok/s (source)", "binds"]
-    return markdown(lines, header) + (
-        "\n\nBatch-1 decode reads every weight once per token (all but the embedding table, about 1 FLOP per byte), "
-        "so its roofline is bytes per token over bandwidth. Weights that do not fit one device's memory need the "
-        "fewest devices that hold them: split by layers a token still runs at one device's bandwidth; split within "
-        "layers (tensor parallel) at most that many times faster, before the links' own cost. Lab measured: phase 5's "
-        "engine (`phase5.ttft_decode`). Quoted decode figures run on the devices their source used (the A100's 70B on "
-        "two GPUs; Groq's API on an unpublished number of chips).")
+    return markdown(lines, header) + "\n\n" + bullets([
+        "Batch-1 decode reads every weight once per token (all but the embedding table, about 1 FLOP per byte), "
+        "so its roofline is bytes per token over bandwidth.",
+        "Weights that do not fit one device's memory need the fewest devices that hold them: split by layers a token "
+        "still runs at one device's bandwidth; split within layers (tensor parallel) at most that many times faster, "
+        "before the links' own cost.",
+        "Lab measured: phase 5's engine (`phase5.ttft_decode`).",
+        "Quoted decode figures run on the devices their source used (the A100's 70B on two GPUs; Groq's API on an "
+        "unpublished number of chips)."])

@@ -1,6 +1,6 @@
 """Phase 6's findings: sentences whose every number comes from the newest records per GPU, from
 hardware.yaml (through architectures.py), or from seed.py (named as such)."""
-from common.formats import num, pct, size_bytes
+from common.formats import bullets, num, pct, size_bytes
 from common.frame import by_hardware, find, value
 
 from . import seed
@@ -52,32 +52,35 @@ def fusion(view) -> str:
             if plain is None:
                 continue
             targets = value(plain, "metrics.hlo_custom_call_targets")
-            text = (f"At B={p['batch']}, H={p['heads']}, S={p['seq']}, d={p['head_dim']}, jax.jit of the plain math compiled to "
-                    f"{num(value(plain, 'metrics.hlo_kernels'))} kernels ({num(value(plain, 'metrics.hlo_fusions'))} fusions, "
-                    f"{num(value(plain, 'metrics.hlo_custom_calls'))} library calls{': ' + targets if targets else ''}); "
-                    + verdict(plain) + f" It takes {_ms(plain)}")
+            at = f"B={p['batch']}, H={p['heads']}, S={p['seq']}, d={p['head_dim']}"
+            parts.append(f"At {at}, jax.jit of the plain math compiled to {num(value(plain, 'metrics.hlo_kernels'))} "
+                         f"kernels ({num(value(plain, 'metrics.hlo_fusions'))} fusions, "
+                         f"{num(value(plain, 'metrics.hlo_custom_calls'))} library calls{': ' + targets if targets else ''}); "
+                         + verdict(plain))
+            times = [f"the plain math takes {_ms(plain)}"]
             best = mine[mine["variant"].str.startswith("sdpa") & (mine["status"] == "ok")]
             if len(best):
                 b = best.loc[best["metrics.wall_ms"].astype(float).idxmin()]
-                text += f", SDPA's best backend ({b['variant']}) {_ms(b)}"
+                times.append(f"SDPA's best backend ({b['variant']}) {_ms(b)}")
             tri = find(mine, "triton")
             if tri is not None:
-                text += f", the phase 3 Triton kernel {_ms(tri)}"
+                times.append(f"the phase 3 Triton kernel {_ms(tri)}")
             avoided = [r["variant"] for _, r in mine.iterrows() if r["status"] == "ok" and r["variant"].startswith("jax")
                        and fused(r)]
             refused = [f"{r['variant']} ({r['reason']})" for _, r in mine.iterrows()
                        if r["status"] == "skipped" and r["variant"].startswith("jax")]
-            text += (". Without S x S buffers: " + (", ".join(avoided) or "none of the JAX variants") + "."
-                     + (" Refused here: " + "; ".join(refused) + "." if refused else ""))
-            parts.append(text)
+            parts.append(f"At {at}, " + ", ".join(times) + ". Without S x S buffers: "
+                         + (", ".join(avoided) or "none of the JAX variants") + ".")
+            if refused:
+                parts.append(f"Refused at {at}: " + "; ".join(refused) + ".")
         if parts:
-            out.append(f"**{name}.** " + " ".join(parts))
+            out.append(bullets(parts, f"{name}:"))
     if not out:
         out.append("Not measured here yet: `lab run phase6.jax_attention` compiles attention on this machine's GPU "
                    "and reads the answer from the HLO.")
     a = seed.TPU_ATTENTION
-    out.append(f"The seed, on a TPU v5e at B={a['batch']}, H={a['heads']}, S={a['seq']}, d={a['head_dim']}: "
-               f"{a['ms']} ms through jax.jit, and by its account {a['claim']} ({seed.SEED}).")
+    out.append(bullets([f"On a TPU v5e at B={a['batch']}, H={a['heads']}, S={a['seq']}, d={a['head_dim']}: {a['ms']} ms "
+                        f"through jax.jit, and by its account {a['claim']} ({seed.SEED})."], "The seed, quoted:"))
     return "\n\n".join(out)
 
 
@@ -97,8 +100,9 @@ def binding(view) -> str:
                 what += (f"; the sheet's {a.memory_gb:g} GB is short of {d.weight_bytes / 1e9:.1f} GB, the device "
                          "holds more than its headline figure)" if not d.fits else ")")
             decode.append(what)
-        lines.append(f"- **{a.name}**. Decode: {'; '.join(decode) or 'no bandwidth in hardware.yaml'}. "
-                     f"Training-sized matmul: {matmul_binds(a)}.")
+        lines.append(f"- **{a.name}**\n" + "\n".join(f"  - Decode, {what}." for what in decode or
+                                                      ["no bandwidth in hardware.yaml"])
+                     + f"\n  - Training-sized matmul: {matmul_binds(a)}.")
     return "\n".join(lines)
 
 
@@ -129,10 +133,12 @@ def findings(view) -> str:
                                 f"{num(value(r, 'metrics.api_prompt_ms'))} ms" if value(r, "metrics.api_queue_ms") is not None else "")
                              + f" and the rest {num(r['metrics.ttft_rest_ms'])} ms.")
         if parts:
-            out.append(f"**{name}.** " + " ".join(parts))
+            out.append(bullets(parts, f"{name}:"))
     split = seed.GROQ_TTFT_SPLIT_MS
-    out.append(f"The seed's Groq run split its 8B TTFT of {seed.GROQ_RUNS['groq_lpu']['llama-3.1-8b'][1]} ms into about "
-               f"{split['network']} ms of network (its round trip to the API measured about {split['round_trip']} ms), "
-               f"{split['lpu_compute']} ms of LPU compute and {split['api_overhead']} ms of API infrastructure; Groq publishes {seed.GROQ_SPEC_DECODE_70B_TOK_S.value:,g} tok/s for Llama 3 70B "
-               f"with speculative decoding ({seed.SEED}).")
+    out.append(bullets([
+        f"The seed's Groq run split its 8B TTFT of {seed.GROQ_RUNS['groq_lpu']['llama-3.1-8b'][1]} ms into about "
+        f"{split['network']} ms of network (its round trip to the API measured about {split['round_trip']} ms), "
+        f"{split['lpu_compute']} ms of LPU compute and {split['api_overhead']} ms of API infrastructure ({seed.SEED}).",
+        f"Groq publishes {seed.GROQ_SPEC_DECODE_70B_TOK_S.value:,g} tok/s for Llama 3 70B with speculative decoding "
+        f"({seed.SEED})."], "The seed, quoted:"))
     return "\n\n".join(out)

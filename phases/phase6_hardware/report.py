@@ -41,8 +41,8 @@ ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
     col("S x S in memory", scores_in_memory), col("kernels", "metrics.hlo_kernels", num),
     col("both matmuls in one fusion", lambda r: (value(r, "metrics.hlo") or {}).get("attention_in_one_fusion")
         or ("no" if value(r, "metrics.hlo") else None), text),
-    col("library calls", "metrics.hlo_custom_call_targets", text),
     col("XLA temp", "metrics.hlo_temp_bytes", size_bytes)),
+    more=(col("library calls", "metrics.hlo_custom_call_targets", text),),
     note=lambda view, rows: ("\"S x S in memory\" and the kernel count come from each JAX row's compiled HLO "
                              "(hlo.py); torch's rows have none. A skipped row says why this backend refused it."))
 

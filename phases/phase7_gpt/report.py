@@ -4,12 +4,13 @@ Notes and findings are templates over stored values; verdicts and ratios come fr
 from analysis.py. The seed write-up's figures appear only where labelled as the seed's."""
 from common import roofline
 from common.calibration import ceilings_for
-from common.formats import num, num4, pct, ratio, si
+from common.formats import bullets, num, num4, pct, ratio, si
 from common.frame import by_hardware, find, value
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
 from . import analysis, plots
 from .cost import GPTConfig, step_cost
+from .findings import findings
 
 
 def variants(*names):
@@ -78,9 +79,10 @@ DATA = Table("phase7.data_prep", "phase7.data_prep", where=variants("tokenize"),
     col("train / val tokens (token split)", pair("metrics.train_tokens", "metrics.val_tokens")),
     col("train / val tokens (character split, nanoGPT)",
         pair("metrics.char_split_train_tokens", "metrics.char_split_val_tokens")),
-    col("largest id", "metrics.max_token_id", num), col("decode(encode(text)) == text", "metrics.roundtrip_exact", yes),
-    col("stored split == fresh", "metrics.stored_split_matches", yes),
-    col("tokenizer tokens/s (1 CPU thread)", "metrics.tokenizer_tokens_per_s", num)))
+    col("decode(encode(text)) == text", "metrics.roundtrip_exact", yes),
+    col("stored split == fresh", "metrics.stored_split_matches", yes)),
+    more=(col("largest id", "metrics.max_token_id", num),
+          col("tokenizer tokens/s (1 CPU thread)", "metrics.tokenizer_tokens_per_s", num)))
 
 
 def params_note(view, rows) -> str:
@@ -144,20 +146,22 @@ def throughput_note(view, rows) -> str:
     out = []
     for path, mine in per_record(rows):
         th, rp = find(mine, "throughput"), mine[mine["variant"] == "reproducibility"]
+        claims = []
         if th is not None:
-            ceiling = (f" and the {num(th['metrics.phase1_ceiling_tflops'])} TFLOP/s phase 1 measured ([its record]("
-                       f"{view.link(th['metrics.phase1_ceiling_source'].removeprefix('results/'))}))"
-                       if value(th, "metrics.phase1_ceiling_tflops") else "; no phase 1 ceiling was recorded")
-            out.append(f"{th['hardware_name']}: MFU against the {num(th['metrics.mfu_spec_peak_tflops'])} TFLOP/s "
-                       f"{th['params.dtype']} peak ({th['metrics.mfu_spec_source']}){ceiling}. FLOPs per token: "
-                       f"{th['metrics.flops_convention']}.")
+            claims.append(f"MFU against the {num(th['metrics.mfu_spec_peak_tflops'])} TFLOP/s {th['params.dtype']} peak "
+                          f"({th['metrics.mfu_spec_source']}).")
+            claims.append(f"MFU against the {num(th['metrics.phase1_ceiling_tflops'])} TFLOP/s phase 1 measured ([its record]("
+                          f"{view.link(th['metrics.phase1_ceiling_source'].removeprefix('results/'))}))."
+                          if value(th, "metrics.phase1_ceiling_tflops") else "No phase 1 ceiling was recorded.")
+            claims.append(f"FLOPs per token: {th['metrics.flops_convention']}.")
         if len(rp) and value(rp.iloc[0], "metrics.loss_difference") is not None:
             r, tol = rp.iloc[0], view.record(path)["params"].get("repro_tolerance")
-            out.append(f"Reproducibility: two fresh runs with seed {r['params.train']['seed']} gave train loss "
-                       f"{num4(r['metrics.loss_run_a'])} and {num4(r['metrics.loss_run_b'])} at step "
-                       f"{num(r['metrics.repro_step'])}: a difference of {num(r['metrics.loss_difference'])}, "
-                       f"{'within' if r['status'] == 'ok' else '**outside**'} the {num(tol)} tolerance.")
-    return "\n\n".join(out)
+            claims.append(f"Reproducibility: two fresh runs with seed {r['params.train']['seed']} gave train loss "
+                          f"{num4(r['metrics.loss_run_a'])} and {num4(r['metrics.loss_run_b'])} at step "
+                          f"{num(r['metrics.repro_step'])}: a difference of {num(r['metrics.loss_difference'])}, "
+                          f"{'within' if r['status'] == 'ok' else '**outside**'} the {num(tol)} tolerance.")
+        out.append(bullets(claims, f"{mine.iloc[0]['hardware_name']}:"))
+    return "\n\n".join(x for x in out if x)
 
 
 THROUGHPUT = Table("phase7.throughput", "phase7.overfit", note=throughput_note, columns=(
@@ -215,22 +219,36 @@ SCALING = Table("phase7.scaling", "phase7.scaling", prediction=False, note=scali
     col("tokens seen / param at best", "metrics.tokens_seen_per_param_at_best", num),
     col("Chinchilla: 20 N_ne / unique tokens", "metrics.chinchilla_underfed_factor_non_embedding", ratio),
     col("fit error (N_ne)", "metrics.fit_error_pct_non_embedding", signed),
-    col("fit error (N total)", "metrics.fit_error_pct_total", signed), col("seed: N_ne: best val @ iter", seed_point)))
+    col("seed: N_ne: best val @ iter", seed_point)),
+    more=(col("fit error (N total)", "metrics.fit_error_pct_total", signed),))
 
 
 def switch(k: str, fmt):
     return lambda r: fmt(part("metrics.switches", k)(r))
 
 
+SWITCHES = (col("residual", switch("residual", lambda x: "on" if x else "OFF")),
+            col("LayerNorm", switch("layernorm", lambda x: "on" if x else "OFF")),
+            col("warmup steps", switch("warmup_iters", num)), col("lr", switch("lr", num)),
+            col("clip", switch("grad_clip", lambda x: num(x) if x else "off")))
+
+
+def switches(r) -> str:
+    """A run's five switches in one cell, in SWITCHES' order (the CSV has a column each)."""
+    return " / ".join(_cell(c, r) for c in SWITCHES)
+
+
+def _cell(c, r) -> str:
+    return c.fmt(c.key(r))
+
+
 FAILURES = Table("phase7.failures", "phase7.failures", prediction=False, note=seed_note, columns=(
-    ident("run", "variant"), ident("model", shape), col("residual", switch("residual", lambda x: "on" if x else "OFF")),
-    col("LayerNorm", switch("layernorm", lambda x: "on" if x else "OFF")), col("warmup steps", switch("warmup_iters", num)),
-    col("lr", switch("lr", num)), col("clip", switch("grad_clip", lambda x: num(x) if x else "off")),
-    col("outcome", "metrics.outcome"), BEST, col("final val", "metrics.final_val_loss", num4),
-    col("final val vs control", "metrics.final_val_vs_control_pct", signed),
+    ident("run", "variant"), ident("model", shape), col(" / ".join(c.header for c in SWITCHES), switches),
+    col("outcome", "metrics.outcome"), BEST, col("final val vs control", "metrics.final_val_vs_control_pct", signed),
     col("grad norm min / max", pair("metrics.grad_norm_min", "metrics.grad_norm_max")),
     col("activation RMS last block / embedding (init)", "metrics.activation_rms_last_over_first", num),
-    col("seed's result", "metrics.seed_result")))
+    col("seed's result", "metrics.seed_result")),
+    more=(*SWITCHES, col("final val", "metrics.final_val_loss", num4)))
 
 
 def with_ok(exercise: str):
@@ -294,8 +312,6 @@ def recount(r, records) -> dict | None:
                               graph_reps=value(r, "timing.graph_reps"), launches=cost["launches"])
     return {**out, "computed": "at report time, recounted from the row's parameters (phase7_gpt/cost.py)"}
 
-
-from .findings import findings  # noqa: E402  (last: it reads the helpers above)
 
 PHASE = Phase(7, "A GPT from scratch", "phase7_gpt", headline=headline, blocks=(
     DATA, PARAMS, INIT, ATTENTION, OVERFIT, plot("overfit", plots.overfit, "Training and validation loss on the {name}"),
