@@ -1,6 +1,6 @@
 """Phase 3's softmax and flash attention at shapes nobody tuned for (issue 37), checked on a CPU
-through Triton's interpreter: odd lengths (N = 77, 130, 200), causal and not, head dims 16 to 64
-(128 is the same code path; the interpreter is too slow for it), the softmax's multi-program row
+through Triton's interpreter: odd lengths (N = 1, 33, 77, 130), causal and not, head dims 16 to
+128 with several tile shapes (the masked diagonal, the ragged tail, a tail shorter than a tile), the softmax's multi-program row
 path forced at small widths with an odd number of parts, and the configs' rules.
 
 Like test_phase3_interpreter.py, the kernel tests run in a child pytest with TRITON_INTERPRET=1
@@ -95,7 +95,7 @@ def test_user_shapes_replace_the_sweeps_and_bad_ones_are_refused():
     from phases.phase3_triton import softmax as sm
     p = sm.EXERCISE.resolve_params(False, False, {"shapes": [[1000, 100000], [3, 262144]]})
     assert sm.shapes(p) == [(1000, 100000, "user"), (3, 262144, "user")]
-    assert [w.name for w in sm.work(p)][:2] == ["copy user 1000x100000", "torch user 1000x100000"]
+    assert [w.label for w in sm.work(p)][:2] == ["copy user 1000x100000", "torch user 1000x100000"]
     p = fa.EXERCISE.resolve_params(False, False, {"shapes": [[2, 16, 1537, 128]], "causal": [True], "dtypes": ["bf16"]})
     probs = fa.problems(p)
     assert [(x["batch"], x["heads"], x["n"], x["head_dim"], x["causal"], x["group"]) for x in probs] == \
@@ -211,7 +211,7 @@ if INTERPRETED:
 
     FWD_CFGS = [fa._fwd(32, 16, 4, 1, False), fa._fwd(32, 32, 4, 1, True), fa._fwd(16, 16, 4, 1, False)]
 
-    @pytest.mark.parametrize("n, d", [(77, 16), (130, 32), (1, 16), (33, 64)])
+    @pytest.mark.parametrize("n, d", [(77, 16), (130, 32), (1, 16), (33, 64), (130, 64), (77, 128)])
     @pytest.mark.parametrize("causal", [False, True])
     @in_child
     def test_attention_forward_at_odd_lengths(n, d, causal):
@@ -242,7 +242,7 @@ if INTERPRETED:
     # -------------------------------------------------------------------------- attention backward
     BWD_CFGS = [fa._bwd(16, 32, 4, 1, 32, 16, 4, 1), fa._bwd(32, 32, 4, 1, 32, 32, 4, 1)]
 
-    @pytest.mark.parametrize("n, d", [(77, 16), (130, 32)])
+    @pytest.mark.parametrize("n, d", [(77, 16), (130, 32), (130, 64), (77, 128)])
     @pytest.mark.parametrize("causal", [False, True])
     @in_child
     def test_attention_backward_at_odd_lengths(n, d, causal):
@@ -268,13 +268,12 @@ if INTERPRETED:
 
     @in_child
     def test_attention_exercises_run_a_users_shapes(spec_ctx):
-        res = fa.run(spec_ctx(), {**fa.EXERCISE.cpu_params, **{k: v.default for k, v in fa.EXERCISE.params.items()
-                                                                if k not in fa.EXERCISE.cpu_params},
-                                  "shapes": [[1, 2, 77, 32]], "causal": [True], "dtypes": ["fp16"]})
+        res = fa.run(spec_ctx(), fa.EXERCISE.resolve_params(True, False, {"shapes": [[1, 2, 77, 32]], "causal": [True],
+                                                                          "dtypes": ["fp16"]}))
         ours = [r for r in res.rows if r["variant"] == "triton"]
         assert [r["status"] for r in ours] == ["ok"] and ours[0]["params"]["n"] == 77, [r["reason"] for r in ours]
         assert not any(r["variant"] == "naive" for r in res.rows)
-        res = fab.run(spec_ctx(), {**fab.EXERCISE.cpu_params, "shapes": [[1, 2, 77, 32]], "causal": [False],
-                                   "dtypes": ["fp16"]})
+        res = fab.run(spec_ctx(), fab.EXERCISE.resolve_params(True, False, {"shapes": [[1, 2, 77, 32]], "causal": [False],
+                                                                            "dtypes": ["fp16"]}))
         ours = [r for r in res.rows if r["variant"] == "triton"]
         assert [r["status"] for r in ours] == ["ok"] and ours[0]["params"]["n"] == 77, [r["reason"] for r in ours]

@@ -65,11 +65,12 @@ def load_rows(src, row0, n_ctx, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, USE_
 def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr,
                    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Key blocks [lo, hi): the online-softmax update. MASK only on the diagonal and the tail."""
+    """Key blocks [lo, hi): the online-softmax update. MASK only on the diagonal and the tail;
+    the unmasked stage's blocks lie wholly inside N, so their loads skip the bounds test too."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN or not MASK)
         s = tl.dot(q, tl.trans(k))                             # raw scores, fp32 accumulate
         if MASK:
             cols = start_n + offs_n
@@ -84,7 +85,7 @@ def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal
         alpha = tl.math.exp2(m_i - m_new)                      # rescales what came before
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN or not MASK)
         acc = tl.dot(p.to(v.dtype), v, acc)                    # P in the input dtype for the tensor cores
         m_i = m_new
     return acc, l_i, m_i
@@ -184,10 +185,10 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
     """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows)."""
     for start_m in range(lo, hi, BLOCK_M):
-        q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
-        do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+        q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
+        do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        lse, delta = load_row_stats(lse_src, delta_src, offs_m, n_ctx, EVEN)
+        lse, delta = load_row_stats(lse_src, delta_src, offs_m, n_ctx, EVEN or not MASK)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])   # P^T, recomputed
         if MASK:
             keep = (offs_m[None, :] < n_ctx) & ((offs_m[None, :] >= offs_n[:, None]) | (causal == 0))
@@ -240,8 +241,8 @@ def attn_bwd_dq_inner(dq, q, do, lse, delta, k_src, v_src, offs_m, lo, hi, n_ctx
                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
-        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN or not MASK)
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN or not MASK)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
         if MASK:
             cols = start_n + offs_n
@@ -289,24 +290,87 @@ def _fwd(bm, bn, warps, stages, tma, ws=False):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "tma": tma, "ws": ws}
 
 
+HOPPER_SMS = 132                       # an H100 / H200 SXM: the rules' defaults when no GPU is at hand
+HOPPER_SMEM_BYTES = 227 * 1024         # shared memory one block may use on sm_90
+
+
+def gpu_limits(device) -> dict:
+    """SM count and shared memory per block of `device` (the rules' inputs); Hopper's off a GPU."""
+    if getattr(device, "type", None) == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"sms": props.multi_processor_count,
+                "smem_bytes": getattr(props, "shared_memory_per_block_optin", HOPPER_SMEM_BYTES)}
+    return {"sms": HOPPER_SMS, "smem_bytes": HOPPER_SMEM_BYTES}
+
+
+def forward_smem_bytes(cfg: dict, head_dim: int, itemsize: int) -> int:
+    """Shared memory a forward config asks for: the Q tile, and a K and a V tile per pipeline
+    stage (compile_check.py's figures for sm_90 agree within the 1 KiB of barriers added here)."""
+    return (cfg["BLOCK_M"] + 2 * cfg["num_stages"] * cfg["BLOCK_N"]) * head_dim * itemsize + 1024
+
+
+def forward_config(dtype: torch.dtype, head_dim: int, causal: bool, n: int, batch_heads: int,
+                   sms: int = HOPPER_SMS, smem_bytes: int = HOPPER_SMEM_BYTES) -> dict:
+    """The forward config `attention_forward` runs when given none: a rule, not a table of sizes.
+
+    * Query tile 128 rows (two 64-row wgmma groups: 8 warps at D = 128, whose 128 x 128 fp32
+      accumulator needs them; 4 at D <= 64), unless that leaves fewer programs than SMs
+      (cdiv(N, 128) x B x H < SMs): then 64 rows and 4 warps, twice the programs.
+    * Key tile 128 at D = 128 when each program's key loop is long (N >= 4096: 32+ steps), which
+      halves the loop's softmax bookkeeping per key; 64 otherwise, and always at D <= 64, where a
+      step's two dots are short and the smaller tile keeps more programs per SM.
+    * TMA loads with the 128-key tile or long sequences (N >= 8192); pointer loads otherwise.
+    * Three pipeline stages, fewer (then a smaller key tile) until it fits the GPU's shared memory.
+    Causal changes no tile: the kernel skips the masked blocks and starts the longest rows first.
+    The seed's fp32 (tf32) case keeps 64 x 64 tiles: its tiles take twice the bytes."""
+    if dtype == torch.float32:
+        cfg = _fwd(64, 64, 4, 3, False)
+    else:
+        block_m = 128 if triton.cdiv(n, 128) * batch_heads >= sms else 64
+        block_n = 128 if head_dim >= 128 and n >= 4096 and block_m == 128 else 64
+        warps = 8 if head_dim >= 128 and block_m == 128 else 4
+        cfg = _fwd(block_m, block_n, warps, 3, block_n == 128 or n >= 8192)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    while forward_smem_bytes(cfg, head_dim, itemsize) > smem_bytes:
+        if cfg["num_stages"] > 2:
+            cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
+        elif cfg["BLOCK_N"] > 32:
+            cfg = {**cfg, "BLOCK_N": cfg["BLOCK_N"] // 2, "num_stages": 3}
+        else:
+            break
+    return cfg
+
+
 def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_specialize: bool = False,
-                       n: int | None = None) -> list[dict]:
-    """Hopper candidates, best guesses first (all compile for sm_90 without spills: see
-    compile_check.py). 128-row query tiles keep two 64-row wgmma groups busy; the key block trades
-    registers (the BLOCK_M x BLOCK_N score tile) against loop overhead and shared memory."""
+                       n: int | None = None, batch_heads: int | None = None, sms: int = HOPPER_SMS,
+                       smem_bytes: int = HOPPER_SMEM_BYTES) -> list[dict]:
+    """The rule's pick first (when N and B x H are given), then its neighbours: the other key tile,
+    the other load path, the other query tile (all compile for sm_90 without spills: see
+    compile_check.py). The exercise tunes over them and records which won."""
     if dtype == torch.float32:                    # the seed's case: tf32 dots, twice the bytes per tile
-        return [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
+        out = [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
+    elif head_dim <= 64:
+        out = [_fwd(128, 64, 4, 3, False), _fwd(128, 64, 4, 3, True), _fwd(128, 128, 8, 3, True),
+               _fwd(64, 64, 4, 3, False)]
+    else:
+        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False),
+               _fwd(64, 64, 4, 3, False)]
+    if n is not None and batch_heads is not None:
+        out.insert(0, forward_config(dtype, head_dim, causal, n, batch_heads, sms, smem_bytes))
     if head_dim <= 64:
-        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 4, 3, True), _fwd(128, 64, 4, 3, False)]
         ws = [_fwd(128, 128, 4, 3, True, ws=True), _fwd(128, 64, 4, 3, True, ws=True)]
     else:
-        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False)]
         ws = [_fwd(128, 128, 4, 2, True, ws=True), _fwd(128, 64, 4, 2, True, ws=True)]
     # Warp specialization (num_warps=4 becomes one producer + two consumer warp groups, 12 warps):
     # non-causal only, N a multiple of 128 (one unmasked loop; see attn_fwd_kernel).
-    if warp_specialize and not causal and (n is None or n % 128 == 0):
+    if warp_specialize and not causal and dtype != torch.float32 and (n is None or n % 128 == 0):
         out += ws
-    return out
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    unique = []
+    for c in out:
+        if c not in unique and forward_smem_bytes(c, head_dim, itemsize) <= smem_bytes:
+            unique.append(c)
+    return unique
 
 
 INTERPRETER_FWD = [_fwd(32, 16, 4, 1, False), _fwd(32, 32, 4, 1, True)]
@@ -318,24 +382,56 @@ def _bwd(bm1, bn1, w1, s1, bm2, bn2, w2, s2):
             "dq": {"BLOCK_M": bm2, "BLOCK_N": bn2, "num_warps": w2, "num_stages": s2}}
 
 
-def dkdv_candidates(head_dim: int) -> list[dict]:
-    if head_dim <= 64:
-        return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
-    return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-            {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+def _part(bm, bn, warps, stages):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
 
 
-def dq_candidates(head_dim: int) -> list[dict]:
+def backward_smem_bytes(cfg: dict, head_dim: int, itemsize: int, part: str) -> int:
+    """Shared memory of a backward kernel: the tiles it keeps (K, V for dK/dV; Q, dO for dQ) and
+    the two tiles it streams per stage (Q, dO; or K, V)."""
+    kept, streamed = (cfg["BLOCK_N"], cfg["BLOCK_M"]) if part == "dkdv" else (cfg["BLOCK_M"], cfg["BLOCK_N"])
+    return 2 * (kept + cfg["num_stages"] * streamed) * head_dim * itemsize + 1024
+
+
+def backward_config(head_dim: int, causal: bool, n: int, batch_heads: int, sms: int = HOPPER_SMS,
+                    smem_bytes: int = HOPPER_SMEM_BYTES) -> dict:
+    """The backward's configs by rule ({"dkdv": ..., "dq": ...}), for 16-bit inputs.
+
+    dK/dV keeps a key tile and streams query tiles: 64 x 64 at 4 warps (five live tiles of scores,
+    probabilities and their gradients fit the registers at D = 128 only this small); at D <= 64
+    and long sequences (N >= 8192) 128 keys at 8 warps, which halves the Q and dO traffic.
+    dQ keeps 128 query rows at 8 warps and streams key tiles of 32 (D = 128: the register budget)
+    or 64 (D <= 64). Where that leaves fewer programs than SMs, 64-row tiles at 4 warps.
+    Stages: 3 at D <= 64, 2 at D = 128, fewer where shared memory is short."""
+    stages = 3 if head_dim <= 64 else 2
+    dkdv = _part(64, 128, 8, stages) if head_dim <= 64 and n >= 8192 else _part(64, 64, 4, stages)
+    if triton.cdiv(n, dkdv["BLOCK_N"]) * batch_heads < sms:
+        dkdv = _part(64, 64, 4, stages)
+    dq = _part(128, 32 if head_dim >= 128 else 64, 8, 3)
+    if triton.cdiv(n, 128) * batch_heads < sms:
+        dq = _part(64, 64, 4, stages)
+    out = {"dkdv": dkdv, "dq": dq}
+    for part, c in out.items():
+        while backward_smem_bytes(c, head_dim, 2, part) > smem_bytes and c["num_stages"] > 1:
+            c["num_stages"] -= 1
+    return out
+
+
+def dkdv_candidates(head_dim: int, rule: dict | None = None) -> list[dict]:
+    """The rule's dK/dV config first (when given), then the ones the lab has seen win."""
     if head_dim <= 64:
-        return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
-    return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-            {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+        out = [_part(64, 128, 8, 3), _part(32, 128, 4, 3), _part(64, 64, 4, 3)]
+    else:
+        out = [_part(64, 128, 8, 2), _part(32, 128, 8, 3), _part(64, 64, 4, 2)]
+    return ([rule] if rule else []) + [c for c in out if c != rule]
+
+
+def dq_candidates(head_dim: int, rule: dict | None = None) -> list[dict]:
+    if head_dim <= 64:
+        out = [_part(128, 64, 8, 3), _part(128, 32, 4, 3), _part(64, 64, 4, 3)]
+    else:
+        out = [_part(128, 64, 8, 2), _part(128, 32, 8, 3), _part(64, 64, 4, 2)]
+    return ([rule] if rule else []) + [c for c in out if c != rule]
 
 
 def backward_candidates(dtype: torch.dtype, head_dim: int) -> list[dict]:
@@ -367,7 +463,8 @@ def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = No
     require(q, k, v)
     B, H, N, D = _shape_check(q, k, v)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    cfg = config or (INTERPRETER_FWD[0] if interpreting() else forward_candidates(q.dtype, D, causal)[0])
+    cfg = config or (INTERPRETER_FWD[0] if interpreting() else
+                     forward_config(q.dtype, D, causal, N, B * H, **gpu_limits(q.device)))
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     if cfg["tma"]:
@@ -388,8 +485,7 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: floa
     require(q, k, v, o, do)
     B, H, N, D = _shape_check(q, k, v, o, do)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    cfg = config or (INTERPRETER_BWD if interpreting() else
-                     {"dkdv": dkdv_candidates(D)[0], "dq": dq_candidates(D)[0]})
+    cfg = config or (INTERPRETER_BWD if interpreting() else backward_config(D, causal, N, B * H, **gpu_limits(q.device)))
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     delta = torch.empty_like(lse)
     pre_block = 64
@@ -531,8 +627,25 @@ naive_bytes = counts.naive_bytes                  # what naive attention itself 
 
 
 # ------------------------------------------------------------------------------ the exercise
+def user_problems(params) -> list[dict]:
+    """A user's own shapes (`--param shapes=[[B,H,N,D],...]`), each for every dtype and causality."""
+    return [{"group": "user", "n": n, "batch": b, "heads": h, "head_dim": d, "dtype": dtype, "causal": causal}
+            for dtype in params["dtypes"] for b, h, n, d in params["shapes"] for causal in params["causal"]]
+
+
+def shape_rule(shape: list[int]) -> str | None:
+    """A user's (B, H, N, D): a head dim the kernels run, tensors that int64 offsets address."""
+    b, h, n, d = shape
+    if d not in EXERCISE_HEAD_DIMS:
+        return f"head dim D={d} is not one of {', '.join(map(str, EXERCISE_HEAD_DIMS))}"
+    return None
+
+
 def problems(params) -> list[dict]:
-    """The seed's fp32 case, then the main sweep at a fixed token count and model width."""
+    """The user's shapes when given (they replace everything else); else the seed's fp32 case,
+    then the main sweep at a fixed token count and model width."""
+    if params.get("shapes"):
+        return user_problems(params)
     out = [{"group": "seed", "n": n, "batch": params["seed_batch"], "heads": params["seed_heads"],
             "head_dim": params["seed_head_dim"], "dtype": "fp32", "causal": False} for n in params["seed_sizes"]]
     for dtype in params["dtypes"]:
@@ -639,7 +752,8 @@ def run(ctx, params):
 
         def triton_row():
             key = (d, causal, n)
-            cands = forward_candidates(t, d, causal, params["warp_specialize"], n)
+            cands = forward_candidates(t, d, causal, params["warp_specialize"], n, b * h, **gpu_limits(ctx.device))
+            rule = forward_config(t, d, causal, n, b * h, **gpu_limits(ctx.device))
             reuse = t == torch.float16 and key in _WINNERS and not interpreting()
             if interpreting():
                 cands = INTERPRETER_FWD
@@ -671,6 +785,10 @@ def run(ctx, params):
                         check=lambda: check_both(cfg), timing=timing, **cost("triton"))
             r["metrics"]["algorithm_bytes_formula"] = "4·B·H·N·D·bytes + 4·B·H·N (also writes the fp32 LSE for the backward)"
             r["metrics"]["config"] = label(cfg)
+            r["metrics"]["rule_config"] = label(rule)          # what attention_forward runs untuned
+            rule_ms = next((x["ms"] for x in trials if x["config"] == label(rule)), None)
+            if rule_ms:
+                r["metrics"]["rule_ms_in_tuning"] = rule_ms
             r["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize     # what naive would write
             return r
 
@@ -717,7 +835,11 @@ EXERCISE = Exercise(
             "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
             # Off by default: with Triton 3.6 the warp-specialized configs failed their checks (out-of-bounds
             # writes at head dim 64, a wrong LSE at 128). Opt in with --param warp_specialize=true.
-            "warp_specialize": Bool(False)},
+            "warp_specialize": Bool(False),
+            # A user's own sizes: replaces the seed case and the sweep (dtypes and causal still apply),
+            # e.g. --param shapes=[[2,16,1537,128]] --param causal=true
+            "shapes": Int(None, min=1, many=True, length=4, also=(None,), rule=shape_rule,
+                          unit="B, H, N, D: your own shapes (replaces the seed case and the sweep)")},
     cpu_params={"seed_sizes": [256], "sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [False],
                 "tokens": 512, "model_dim": 128},
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],

@@ -72,6 +72,9 @@ VARIANTS = (*fa.SDPA_BACKENDS, "triton")
 
 
 def problems(params) -> list[dict]:
+    """The user's shapes when given, else the sweep at a fixed token count and model width."""
+    if params.get("shapes"):
+        return [{k: v for k, v in p.items() if k != "group"} for p in fa.user_problems(params)]
     return [{"n": n, "batch": max(1, params["tokens"] // n), "heads": max(1, params["model_dim"] // d),
              "head_dim": d, "dtype": dtype, "causal": causal}
             for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
@@ -149,7 +152,8 @@ def run(ctx, params):
             fwd_cfg = fa._WINNERS.get((d, causal, n)) if t == torch.bfloat16 else None   # tuned by 3.4 in this run
             o, lse = fa.attention_forward(q, k, v, causal, sm_scale, fwd_cfg or fa.fallback_forward_config(d))
             picked = {}
-            for part, cands in (("dkdv", fa.dkdv_candidates(d)), ("dq", fa.dq_candidates(d))):
+            rule = fa.backward_config(d, causal, n, b * h, **fa.gpu_limits(ctx.device))
+            for part, cands in (("dkdv", fa.dkdv_candidates(d, rule["dkdv"])), ("dq", fa.dq_candidates(d, rule["dq"]))):
                 cands = [fa.INTERPRETER_BWD[part]] if interpreting() else cands
                 which = ("dk", "dv") if part == "dkdv" else ("dq",)
 
@@ -173,6 +177,7 @@ def run(ctx, params):
                                                                      grads=(dq, dk, dv)),
                             q, ref, heads, precision), timing=timing, **cost("triton"))
             r["metrics"]["config"] = f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}"
+            r["metrics"]["rule_config"] = f"dkdv: {label(rule['dkdv'])}; dq: {label(rule['dq'])}"   # untuned
             return r
 
         for variant in fa.SDPA_BACKENDS:
@@ -199,7 +204,10 @@ EXERCISE = Exercise(
             "head_dims": Int([128, 64], choices=fa.EXERCISE_HEAD_DIMS, many=True, unit="head dim D"),
             "causal": Bool([False, True], many=True),
             "tokens": Int(16384, min=1, unit="tokens per problem (B = tokens // N, at least 1)"),
-            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)")},
+            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
+            # A user's own sizes: replaces the sweep (dtypes and causal still apply)
+            "shapes": Int(None, min=1, many=True, length=4, also=(None,), rule=fa.shape_rule,
+                          unit="B, H, N, D: your own shapes (replaces the sweep)")},
     cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
