@@ -277,3 +277,16 @@ if INTERPRETED:
                                                                             "dtypes": ["fp16"]}))
         ours = [r for r in res.rows if r["variant"] == "triton"]
         assert [r["status"] for r in ours] == ["ok"] and ours[0]["params"]["n"] == 77, [r["reason"] for r in ours]
+
+    # -------------------------------------------------------------------------- the benchmark script's rows
+    @in_child
+    def test_bench_shapes_rows_check_and_time_on_tiny_shapes():
+        """bench_shapes.py's own code path, tiny: checked rows get a rate, SDPA (absent here) none."""
+        from phases.phase3_triton import bench_shapes as bench
+        cpu = torch.device("cpu")
+        rows = bench.attention_rows(cpu, [77], [16], [True], tokens=77, model_dim=32, dtype=torch.float16)
+        assert len(rows) == 1 and rows[0]["fwd_tflops"] > 0 and rows[0]["bwd_tflops"] > 0, rows
+        assert "fwd_failed" not in rows[0] and "bwd_failed" not in rows[0]
+        soft = bench.softmax_rows(cpu, [100], elements=700)
+        assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
+        assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
