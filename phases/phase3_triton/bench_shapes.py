@@ -136,7 +136,7 @@ def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS) -> list[dict]
         gbytes = sm.bytes_fused(m, n) / 1e9
         row = {"cols": n, "rows": m, "config": sm.label(cfg)}
         y.fill_(float("nan"))
-        sm.softmax(x, y, cfg)
+        sm.softmax(x, y)                              # no config: the rule's, as a user gets it
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         verdict = compare(y, lambda a, b: _softmax_ref_chunk(x, a, b), "fp32", sm.REFERENCE, expected_shape=tuple(x.shape))
@@ -144,7 +144,7 @@ def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS) -> list[dict]
         row["copy_gbps"] = gbytes / (copy_ms * 1e-3)
         row["torch_gbps"] = gbytes / (timed_ms(lambda: torch.softmax(x, dim=1), device) * 1e-3)
         if verdict["passed"]:
-            row["gbps"] = gbytes / (timed_ms(lambda: sm.softmax(x, y, cfg), device) * 1e-3)
+            row["gbps"] = gbytes / (timed_ms(lambda: sm.softmax(x, y), device) * 1e-3)
             row["pct_of_copy"] = 100 * row["gbps"] / row["copy_gbps"]
         else:
             row["failed"] = verdict["reason"]

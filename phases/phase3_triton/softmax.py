@@ -319,7 +319,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
                                     ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1),
                                     **launch_options(cfg))
     elif cfg["kind"] == "split":
-        split_softmax(x, out, cfg)
+        split_softmax(x, out, cfg, adapt=config is None)
     else:
         programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
         keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
@@ -329,7 +329,8 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     return out
 
 
-def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None) -> None:
+def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None,
+                  adapt: bool = False) -> None:
     """The multi-program row path. On a GPU: one launch of n_groups x SPLIT programs, never more
     than fit at once (the parts of a group wait for each other).
 
@@ -339,7 +340,9 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     iteration publishes the row after its last into the fourth): the first launch leaves
     every row's words in place, the second reads them and writes the right answer. Every index,
     mask, tag and the combine of the GPU's code path are exercised; only the waiting is not.
-    `launches` overrides the count (a test shows one interpreted launch is rejected)."""
+    `launches` overrides the count (a test shows one interpreted launch is rejected). With
+    `adapt` (the rule's own config), fewer programs per SM are launched where fewer fit, instead
+    of refusing; a config the tuner tries is refused, so the record shows what it asked for."""
     n_rows, n_cols = x.shape
     split, chunk = cfg["SPLIT"], cfg["CHUNK"]
     if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
@@ -351,13 +354,16 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         n_groups, launches = -(-n_rows // 3), launches or 2
     else:
         n_groups, launches = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split)), 1
-        if (sm_count(x.device) * per_sm) < split:
+        if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
     args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
     resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
                                         args, consts)
     if resident is not None and resident < per_sm:
-        raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
+        if not adapt or resident * sm_count(x.device) < split:
+            raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
+        n_groups = max(1, min(n_rows, (sm_count(x.device) * resident) // split))
+        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:7], n_groups)
     for _ in range(launches):
         softmax_split_kernel[(n_groups * split,)](*args, **consts)
 
