@@ -5,8 +5,8 @@ path forced at small widths with an odd number of parts, and the configs' rules.
 
 Like test_phase3_interpreter.py, the kernel tests run in a child pytest with TRITON_INTERPRET=1
 set before Triton is imported; the rule tests run in this process. Each kernel also meets a
-wrong twin (one interpreted launch of the split kernel, the backward with its causal mask
-dropped) that the same checker must reject.
+wrong twin (one interpreted launch of the split kernel, a forward that drops the ragged tail,
+both backward schemes with the causal mask dropped) that the same checker must reject.
 """
 import importlib.util
 import math
@@ -240,7 +240,8 @@ if INTERPRETED:
         assert not verdict["passed"]
 
     # -------------------------------------------------------------------------- attention backward
-    BWD_CFGS = [fa._bwd(16, 32, 4, 1, 32, 16, 4, 1), fa._bwd(32, 32, 4, 1, 32, 32, 4, 1)]
+    BWD_CFGS = [fa._bwd(16, 32, 4, 1, 32, 16, 4, 1), fa._bwd(32, 32, 4, 1, 32, 32, 4, 1),
+                {"atomic": fa._part(16, 32, 4, 1)}, {"atomic": fa._part(32, 32, 4, 1)}]     # dQ by atomics
 
     @pytest.mark.parametrize("n, d", [(77, 16), (130, 32), (130, 64), (77, 128)])
     @pytest.mark.parametrize("causal", [False, True])
@@ -262,9 +263,10 @@ if INTERPRETED:
         heads = fa.check_heads(1, 1)
         ref = fab.reference_grads(q, k, v, do, True, 0.25, heads)
         o, lse = fa.attention_forward(q, k, v, True, 0.25, FWD_CFGS[0])
-        verdict = fab.check_grads(lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, False, 0.25, BWD_CFGS[0],
-                                                                           grads=(dq, dk, dv)), q, ref, heads, "fp16")
-        assert not verdict["passed"]
+        for cfg in (BWD_CFGS[0], BWD_CFGS[2]):          # both schemes, without the mask
+            verdict = fab.check_grads(lambda dq, dk, dv, c=cfg: fa.attention_backward(
+                q, k, v, o, lse, do, False, 0.25, c, grads=(dq, dk, dv)), q, ref, heads, "fp16")
+            assert not verdict["passed"], cfg
 
     @in_child
     def test_attention_exercises_run_a_users_shapes(spec_ctx):
@@ -286,7 +288,7 @@ if INTERPRETED:
         cpu = torch.device("cpu")
         rows = bench.attention_rows(cpu, [77], [16], [True], tokens=77, model_dim=32, dtype=torch.float16)
         assert len(rows) == 1 and rows[0]["fwd_tflops"] > 0 and rows[0]["bwd_tflops"] > 0, rows
-        assert "fwd_failed" not in rows[0] and "bwd_failed" not in rows[0]
+        assert rows[0]["bwd_atomic_tflops"] > 0 and not any(k.endswith("_failed") for k in rows[0]), rows
         soft = bench.softmax_rows(cpu, [100], elements=700)
         assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))

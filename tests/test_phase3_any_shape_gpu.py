@@ -87,3 +87,19 @@ def test_softmax_every_split_candidate_at_odd_widths(m, n):
         assert v["passed"], (label(cfg), v)
         ran += 1
     assert ran
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1000, 2048])
+def test_attention_backward_atomic_dq_every_candidate(d, causal, n):
+    b, h = 1, 512 // d
+    q, k, v, do = (torch.randn(b, h, n, d, device=DEV).bfloat16() for _ in range(4))
+    scale = 1 / math.sqrt(d)
+    heads = fa.check_heads(b, h)
+    ref = fab.reference_grads(q, k, v, do, causal, scale, heads)
+    o, lse = fa.attention_forward(q, k, v, causal, scale)
+    for c in [*fa.atomic_candidates(d), fa.atomic_config(d, n, b * h)]:
+        verdict = fab.check_grads(lambda gq, gk, gv, c=c: fa.attention_backward(
+            q, k, v, o, lse, do, causal, scale, {"atomic": c}, grads=(gq, gk, gv)), q, ref, heads, "bf16")
+        assert verdict["passed"], (c, verdict)

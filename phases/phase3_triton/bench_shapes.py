@@ -10,7 +10,9 @@ softmax: the whole tensor); a failed check prints FAILED and no time.
 * Attention (bf16): N in 1000, 1537, 4096, 7000, 16384, head dims 64 and 128, causal and not, at
   16,384 tokens (B = 16384 // N) and model width 2048 (H = 2048 // D). Forward and backward
   TFLOP/s (the usual convention: 4·B·H·N²·D forward, 2.5x that backward, halved when causal) and
-  the percentage of SDPA's fastest backend (cuDNN, flash), timed in the same run.
+  the percentage of SDPA's fastest backend (cuDNN, flash), timed in the same run. The backward
+  twice: the rule's two kernels (7 matmuls), and FlashAttention-2's atomic-dQ scheme (5 matmuls,
+  `atomic_config`), so the faster can become the rule.
 * Softmax (fp32): widths 64 to 262,144, odd ones included, 2^27 elements per tensor. GB/s of
   the problem's bytes (read x, write y) and the percentage of a copy of the same tensor.
 
@@ -79,12 +81,22 @@ def attention_rows(device, sizes, head_dims, causals, tokens: int = TOKENS, mode
                 verdict = fab.check_grads(lambda gq, gk, gv: fa.attention_backward(q, k, v, o, lse, do, causal, scale,
                                                                                    bcfg, grads=(gq, gk, gv)),
                                           q, ref, heads, precision)
-                del ref
                 if verdict["passed"]:
                     ms = timed_ms(lambda: fa.attention_backward(q, k, v, o, lse, do, causal, scale, bcfg), device)
                     row["bwd_tflops"] = bwd_flops / (ms * 1e9)
                 else:
                     row["bwd_failed"] = verdict["reason"]
+                acfg = {"atomic": fa.atomic_config(d, n, b * h, limits["sms"])}     # FlashAttention-2's scheme
+                row["bwd_atomic_config"] = fa.label(acfg["atomic"])
+                verdict = fab.check_grads(lambda gq, gk, gv: fa.attention_backward(q, k, v, o, lse, do, causal, scale,
+                                                                                   acfg, grads=(gq, gk, gv)),
+                                          q, ref, heads, precision)
+                del ref
+                if verdict["passed"]:
+                    ms = timed_ms(lambda: fa.attention_backward(q, k, v, o, lse, do, causal, scale, acfg), device)
+                    row["bwd_atomic_tflops"] = bwd_flops / (ms * 1e9)
+                else:
+                    row["bwd_atomic_failed"] = verdict["reason"]
                 for variant in ("sdpa_cudnn", "sdpa_flash"):
                     if fa.sdpa_unsupported(variant, q, k, v, causal):
                         continue
@@ -98,8 +110,9 @@ def attention_rows(device, sizes, head_dims, causals, tokens: int = TOKENS, mode
                         except RuntimeError:
                             pass
                         del qg, kg, vg
-                for part in ("fwd", "bwd"):
-                    libs = {v: row[f"{v}_{part}_tflops"] for v in ("sdpa_cudnn", "sdpa_flash") if f"{v}_{part}_tflops" in row}
+                for part, lib_part in (("fwd", "fwd"), ("bwd", "bwd"), ("bwd_atomic", "bwd")):
+                    libs = {v: row[f"{v}_{lib_part}_tflops"] for v in ("sdpa_cudnn", "sdpa_flash")
+                            if f"{v}_{lib_part}_tflops" in row}
                     if libs and f"{part}_tflops" in row:
                         best = max(libs, key=libs.get)
                         row[f"{part}_library"] = best
@@ -112,14 +125,16 @@ def attention_rows(device, sizes, head_dims, causals, tokens: int = TOKENS, mode
 
 
 def attention_line(r: dict) -> str:
-    def part(p):
+    def part(p, name):
         if f"{p}_failed" in r:
-            return f"{p} FAILED ({r[p + '_failed']})"
+            return f"{name} FAILED ({r[p + '_failed']})"
         lib = r.get(f"{p}_library", "-")
-        return (f"{p} {r.get(p + '_tflops', float('nan')):6.1f} TFLOP/s = {r.get(p + '_pct_of_library', float('nan')):5.1f}% "
-                f"of {lib} ({r.get(lib + '_' + p + '_tflops', float('nan')):6.1f})")
-    return (f"attn d={r['head_dim']:3d} causal={int(r['causal'])} N={r['n']:5d} {r['batch']:2d}x{r['heads']:2d}  "
-            f"{part('fwd')}  |  {part('bwd')}  |  fwd [{r['fwd_config']}] bwd [{r['bwd_config']}]")
+        lib_part = "fwd" if p == "fwd" else "bwd"
+        return (f"{name} {r.get(p + '_tflops', float('nan')):5.0f} TFLOP/s {r.get(p + '_pct_of_library', float('nan')):5.1f}%"
+                + ("" if p == "bwd_atomic" else f" of {lib} ({r.get(lib + '_' + lib_part + '_tflops', float('nan')):4.0f})"))
+    return (f"attn d={r['head_dim']:3d} causal={int(r['causal'])} N={r['n']:5d} {r['batch']:2d}x{r['heads']:2d} | "
+            f"{part('fwd', 'fwd')} | {part('bwd', 'bwd')} | {part('bwd_atomic', 'atomic-dQ bwd')} | "
+            f"fwd [{r['fwd_config']}] bwd [{r['bwd_config']}] atomic [{r['bwd_atomic_config']}]")
 
 
 def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS) -> list[dict]:
@@ -173,15 +188,16 @@ def softmax_line(r: dict) -> str:
 
 def summary(attn: list[dict], soft: list[dict]) -> list[str]:
     lines = []
-    for part in ("fwd", "bwd"):
+    for part in ("fwd", "bwd", "bwd_atomic"):
         got = [r for r in attn if f"{part}_pct_of_library" in r]
         if got:
             worst = min(got, key=lambda r: r[f"{part}_pct_of_library"])
-            met = sum(r[f"{part}_pct_of_library"] >= GOALS_PCT[part] for r in got)
-            lines.append(f"attention {part}: {met}/{len(got)} shapes >= {GOALS_PCT[part]:.0f}% of SDPA's best; worst "
+            goal = GOALS_PCT["bwd" if part == "bwd_atomic" else part]
+            met = sum(r[f"{part}_pct_of_library"] >= goal for r in got)
+            lines.append(f"attention {part}: {met}/{len(got)} shapes >= {goal:.0f}% of SDPA's best; worst "
                          f"{worst[f'{part}_pct_of_library']:.1f}% (d={worst['head_dim']} causal={worst['causal']} "
                          f"N={worst['n']})")
-    failed = [r for r in attn if "fwd_failed" in r or "bwd_failed" in r] + [r for r in soft if "failed" in r]
+    failed = [r for r in attn if any(k.endswith("_failed") for k in r)] + [r for r in soft if "failed" in r]
     got = [r for r in soft if "pct_of_copy" in r]
     if got:
         worst = min(got, key=lambda r: r["pct_of_copy"])

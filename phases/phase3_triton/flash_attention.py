@@ -181,9 +181,11 @@ def load_row_stats(LSE, DELTA, rows, n_ctx, EVEN: tl.constexpr):
 
 
 @triton.jit
-def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, lo, hi, n_ctx, causal, qk_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
-    """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows)."""
+def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, lo, hi, n_ctx, causal,
+                        qk_scale, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                        EVEN: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows).
+    DQ_ATOMIC: also add this key block's share of dQ (dS K, scaled) into the fp32 dq_dst."""
     for start_m in range(lo, hi, BLOCK_M):
         q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
         do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
@@ -195,16 +197,26 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n,
             p_t = tl.where(keep, p_t, 0.0)
         dv += tl.dot(p_t.to(do.dtype), do)                     # dV = P^T dO
         dp_t = tl.dot(v, tl.trans(do))                         # dP^T = V dO^T
-        ds_t = p_t * (dp_t - delta[None, :])                   # dS = P * (dP - delta)
-        dk += tl.dot(ds_t.to(q.dtype), q)                      # dK = dS^T Q (scale applied at the end)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)    # dS = P * (dP - delta)
+        dk += tl.dot(ds_t, q)                                  # dK = dS^T Q (scale applied at the end)
+        if DQ_ATOMIC:                                          # dQ += dS K: 5 matmuls in all, not 7
+            dq = tl.dot(tl.trans(ds_t), k) * sm_scale
+            ptrs = dq_dst + offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+            if EVEN or not MASK:
+                tl.atomic_add(ptrs, dq, sem="relaxed")
+            else:
+                tl.atomic_add(ptrs, dq, mask=offs_m[:, None] < n_ctx, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["causal"])
-def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, n_ctx, causal,
-                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, qk_scale, sm_scale, n_ctx, causal,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+                         DQ_ATOMIC: tl.constexpr):
     """Grid (key blocks, batch x heads): dK and dV for BLOCK_N keys, looping over the queries that
-    see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M."""
+    see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M.
+    DQ_ATOMIC (FlashAttention-2's scheme): each program also adds its keys' share of dQ into an
+    fp32 accumulator (relaxed atomics, zeroed before), so no dQ kernel recomputes S and dP."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
     base = bh * n_ctx * HEAD_DIM
@@ -214,18 +226,20 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, n_
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     q_src, do_src, lse_src, delta_src = Q + base, DO + base, LSE + bh * n_ctx, DELTA + bh * n_ctx
+    dq_dst = DQ_ACC + base
     full_start = 0
     if causal:                                   # the diagonal band: masked
         full_start = start_n + BLOCK_N
-        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, start_n,
-                                     min(full_start, n_ctx), n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, True, EVEN)
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, start_n,
+                                     min(full_start, n_ctx), n_ctx, causal, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
+                                     True, EVEN, DQ_ATOMIC)
     full_end = (n_ctx // BLOCK_M) * BLOCK_M
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, full_start, full_end,
-                                 n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, False, EVEN)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, full_start, full_end,
+                                 n_ctx, causal, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, EVEN, DQ_ATOMIC)
     if not EVEN:                                 # ragged last query block
-        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n,
-                                     max(full_start, full_end), n_ctx, n_ctx, causal, qk_scale,
-                                     HEAD_DIM, BLOCK_M, True, EVEN)
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n,
+                                     max(full_start, full_end), n_ctx, n_ctx, causal, qk_scale, sm_scale,
+                                     HEAD_DIM, BLOCK_M, True, EVEN, DQ_ATOMIC)
     dk *= sm_scale                               # S = sm_scale Q K^T: the chain rule's factor
     ptrs = offs_n[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     if EVEN:
@@ -417,6 +431,23 @@ def backward_config(head_dim: int, causal: bool, n: int, batch_heads: int, sms: 
     return out
 
 
+def atomic_config(head_dim: int, n: int, batch_heads: int, sms: int = HOPPER_SMS) -> dict:
+    """The dK/dV kernel's config when it also accumulates dQ by atomics (attention_backward's
+    {"atomic": ...}): 64 query rows so the dQ product is a wgmma too (32 rows fall back to
+    mma.sync); 8 warps at D = 128, where 4 spill; 128 keys at D <= 64 when the programs fill
+    the GPU, halving the atomic traffic per key."""
+    if head_dim > 64:
+        return _part(64, 64, 8, 2)
+    return _part(64, 128, 8, 3) if triton.cdiv(n, 128) * batch_heads >= sms else _part(64, 64, 4, 3)
+
+
+def atomic_candidates(head_dim: int) -> list[dict]:
+    """Atomic-dQ configs that compile for sm_90 without spills (compile_check.py)."""
+    if head_dim <= 64:
+        return [_part(64, 128, 8, 3), _part(64, 64, 4, 3), _part(32, 128, 4, 3)]
+    return [_part(64, 64, 8, 2), _part(32, 128, 8, 3)]
+
+
 def dkdv_candidates(head_dim: int, rule: dict | None = None) -> list[dict]:
     """The rule's dK/dV config first (when given), then the ones the lab has seen win."""
     if head_dim <= 64:
@@ -481,7 +512,9 @@ def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = No
 
 def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None = None,
                        config: dict | None = None, grads=None, parts=("dkdv", "dq")):
-    """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time."""
+    """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time.
+    A config {"atomic": {...}} runs the dK/dV kernel alone with dQ accumulated by atomics into an
+    fp32 buffer, then copied out (4 launches: delta, zeroing, the kernel, the copy)."""
     require(q, k, v, o, do)
     B, H, N, D = _shape_check(q, k, v, o, do)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
@@ -492,13 +525,23 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: floa
     attn_bwd_preprocess[(triton.cdiv(N, pre_block), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=pre_block,
                                                              EVEN=N % pre_block == 0, num_warps=4)
     qk_scale = sm_scale * LOG2E_VALUE
+    if "atomic" in cfg:
+        c = cfg["atomic"]
+        assert c["BLOCK_N"] % c["BLOCK_M"] == 0
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        attn_bwd_dkdv_kernel[(triton.cdiv(N, c["BLOCK_N"]), B * H)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
+            DQ_ATOMIC=True, **launch_options(c))
+        dq.copy_(dq_acc)
+        return dq, dk, dv
     if "dkdv" in parts:
         c = cfg["dkdv"]
         assert c["BLOCK_N"] % c["BLOCK_M"] == 0
         attn_bwd_dkdv_kernel[(triton.cdiv(N, c["BLOCK_N"]), B * H)](
-            q, k, v, do, lse, delta, dk, dv, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            q, k, v, do, lse, delta, dk, dv, dk, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
-            **launch_options(c))
+            DQ_ATOMIC=False, **launch_options(c))
     if "dq" in parts:
         c = cfg["dq"]
         assert c["BLOCK_M"] % c["BLOCK_N"] == 0

@@ -8,7 +8,10 @@ owns a block of keys and loops over queries, and a dQ kernel that owns a block o
 over keys. Both recompute P from the forward's saved row statistics: no N x N matrix is written.
 FLOPs by the usual convention: five N² matmuls, 2.5x the forward's 4·B·H·N²·D (halved when causal).
 These kernels do seven (S and dP recomputed in both, which avoids atomic adds on dQ), so our TFLOP/s
-is comparable with published figures and understates the arithmetic done. Bytes: Q, K, V, O, dO
+is comparable with published figures and understates the arithmetic done. On a GPU the exercise
+also tunes FlashAttention-2's scheme (the dK/dV kernel adds each key block's dS K into an fp32
+dQ by relaxed atomics: five matmuls, four launches) and times whichever of the two is faster;
+`metrics.scheme` says which ran. Bytes: Q, K, V, O, dO
 and the forward's fp32 LSE read, dQ, dK, dV written, 8·B·H·N·D elements + 4·B·H·N bytes, the same
 for every variant. Launches: our backward is 3 kernels; SDPA's are counted from their sources
 (counts.py). The check compares dQ, dK and dV of the first and last head with float64 autograd on
@@ -19,6 +22,7 @@ import math
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
+from common.errors import LabError
 from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
@@ -170,13 +174,38 @@ def run(ctx, params):
                         q, ref, heads, precision, which))
                 tuning[f"{part} {p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
             cfg = {"dkdv": picked["dkdv"], "dq": picked["dq"]}
+            scheme = "two kernels: dK/dV over queries, dQ over keys (7 matmuls)"
+            if not interpreting():                    # FlashAttention-2's atomic dQ (5 matmuls): the faster one runs
+                try:
+                    atomic, trials = tune(
+                        ctx, ("attn_bwd", "atomic", p["dtype"], b, h, n, d, causal, ctx.device.type),
+                        [{"atomic": c} for c in fa.atomic_candidates(d)],
+                        launch=lambda c: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c),
+                        check=lambda c: check_grads(
+                            lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c,
+                                                                     grads=(dq, dk, dv)), q, ref, heads, precision))
+                    tuning[f"atomic {p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
+                except LabError as exc:               # no atomic config ran correctly: the two kernels it is
+                    tuning[f"atomic {p['dtype']} d={d} causal={causal} n={n}"] = str(exc)[:400]
+                    atomic = None
+
+                def whole_ms(c):
+                    return ctx.time(lambda: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c),
+                                    warmup_ms=5.0, target_ms=25.0, min_samples=5, max_samples=50).median_ms
+                if atomic is not None and whole_ms(atomic) < whole_ms(cfg):
+                    cfg, scheme = atomic, "one kernel: dK/dV over queries, dQ added by fp32 atomics (5 matmuls)"
+            costs = cost("triton")
+            if "atomic" in cfg:                       # delta, zeroing the fp32 dQ, the kernel, its copy out
+                costs["launches"] = 4
             r = measure(ctx, "triton", p,
                         fn=lambda: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg),
                         check=lambda: check_grads(
                             lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg,
                                                                      grads=(dq, dk, dv)),
-                            q, ref, heads, precision), timing=timing, **cost("triton"))
-            r["metrics"]["config"] = f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}"
+                            q, ref, heads, precision), timing=timing, **costs)
+            r["metrics"]["config"] = (f"atomic: {label(cfg['atomic'])}" if "atomic" in cfg else
+                                      f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}")
+            r["metrics"]["scheme"] = scheme
             r["metrics"]["rule_config"] = f"dkdv: {label(rule['dkdv'])}; dq: {label(rule['dq'])}"   # untuned
             return r
 
