@@ -217,8 +217,8 @@ def _split_slots(device, n_groups: int, split: int) -> torch.Tensor:
 VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight each, no spills
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
-SPLIT_CHUNK_MIN = 4096      # columns per part of a split row: 8 warps x 16 values
-SPLIT_PROGRAMS_PER_SM = 2   # split programs resident per SM (8 warps of ~100 registers each: 2 fit)
+SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
+SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
 
 def plan(n_rows: int, n_cols: int, sms: int) -> dict:
@@ -229,21 +229,30 @@ def plan(n_rows: int, n_cols: int, sms: int) -> dict:
       VALUES_PER_THREAD per thread (the longest rows 32 per thread at the 32-warp limit).
     * Longer rows, or rows too few to give every SM one (n_rows < SMs, n_cols >= 2 chunks), are
       split across programs: ceil(n_cols / CHUNK) parts, each holding CHUNK columns, exchanging
-      their (max, sum) (softmax_split_kernel): still one HBM read and one write per element. CHUNK
-      grows (4096, 8192, 16384) until all the parts of one row fit on the GPU at once.
-    * Rows wider than that (over ~4M columns on 132 SMs) take the two-pass online kernel."""
+      their (max, sum) (softmax_split_kernel): still one HBM read and one write per element.
+      Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
+      takes the one that leaves the fewest lanes idle: padding past the row's end (an odd width's
+      last part) and program slots no whole group fills. Ties go to 4096, the size measured best.
+    * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
+      two-pass online kernel."""
     block = next_pow2(n_cols)
     few_rows = n_rows < sms and n_cols >= 2 * SPLIT_CHUNK_MIN
     if block <= REGISTER_ROW_MAX and not few_rows:
         tile = max(block, ROW_TILE_MIN)
         warps = max(4, min(32, tile // (32 * VALUES_PER_THREAD)))
         return {"kind": "rows", "ROWS": tile // block, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
-    chunk = SPLIT_CHUNK_MIN
-    while -(-n_cols // chunk) > sms * SPLIT_PROGRAMS_PER_SM and chunk < 16384:
-        chunk *= 2
-    split = -(-n_cols // chunk)
-    if split <= sms * SPLIT_PROGRAMS_PER_SM:
-        return split_config(n_cols, chunk, SPLIT_PROGRAMS_PER_SM)
+    best, best_use = None, 0.0
+    for chunk in (4096, 2048, 8192):                  # the order breaks ties
+        per_sm = SPLIT_WARPS_PER_SM * 32 * VALUES_PER_THREAD // chunk
+        split, slots = -(-n_cols // chunk), sms * per_sm
+        if split > slots:
+            continue
+        busy = min(n_rows, slots // split) * split / slots
+        use = n_cols / (split * chunk) * busy
+        if use > best_use * 1.01:
+            best, best_use = split_config(n_cols, chunk, per_sm), use
+    if best is not None:
+        return best
     return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
 
 
