@@ -82,6 +82,11 @@ def test_attention_rule_follows_head_dim_length_and_gpu():
     assert few["BLOCK_M"] == 64                                        # 16 programs of 128 rows: too few for 132 SMs
     small_smem = fa.forward_config(torch.bfloat16, 128, False, 16384, 16, sms=132, smem_bytes=100 * 1024)
     assert fa.forward_smem_bytes(small_smem, 128, 2) <= 100 * 1024    # fewer stages or a smaller tile where shared memory is small
+    cpu = torch.device("cpu")                                          # off a GPU: a 50 MiB L2
+    assert fa.heads_per_group(256, 1024, 128, 2, True, cpu) == 50      # causal: LPT over heads whose K, V fit half the L2
+    assert fa.heads_per_group(16, 16384, 128, 2, True, cpu) == 3
+    assert fa.heads_per_group(2, 1000, 64, 2, True, cpu) == 2 and fa.heads_per_group(16, 10**6, 128, 2, True, cpu) == 1
+    assert fa.heads_per_group(256, 1024, 128, 2, False, cpu) == 1     # equal tiles: head-major order
     cands = fa.forward_candidates(torch.bfloat16, 128, True, n=7000, batch_heads=32, sms=132)
     assert cands[0] == fa.forward_config(torch.bfloat16, 128, True, 7000, 32, sms=132)
     assert len(cands) == len({fa.label(c) for c in cands})
@@ -293,3 +298,23 @@ if INTERPRETED:
         soft = bench.softmax_rows(cpu, [100], elements=700)
         assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
+
+
+    @pytest.mark.parametrize("group", [1, 2, 3, 5])
+    @in_child
+    def test_attention_causal_tiles_in_groups_of_heads_cover_every_head(group):
+        """query_tile's order (longest tiles first across a group of heads) with a ragged last
+        group: 5 heads in groups of 2 or 3; every head's every tile written, forward and dQ."""
+        q, k, v, do = _qkv(1, 5, 70, 16, count=4)
+        heads = fa.check_heads(1, 5)
+        assert len(heads) == 2 and heads[1] == (0, 4)
+        heads = [(0, i) for i in range(5)]
+        verdict = fa.check_forward(lambda o: fa.attention_forward(q, k, v, True, 0.25, FWD_CFGS[0], out=o, group_heads=group),
+                                   q, k, v, True, 0.25, "fp16", heads=heads)
+        assert verdict["passed"], verdict
+        o, lse = fa.attention_forward(q, k, v, True, 0.25, FWD_CFGS[0], group_heads=group)
+        ref = fab.reference_grads(q, k, v, do, True, 0.25, heads)
+        verdict = fab.check_grads(lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, True, 0.25, BWD_CFGS[0],
+                                                                           grads=(dq, dk, dv), group_heads=group),
+                                  q, ref, heads, "fp16")
+        assert verdict["passed"], verdict

@@ -91,20 +91,43 @@ def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["causal"])
-def attn_fwd_kernel(Q, K, V, O, LSE, qk_scale, n_ctx, causal,
+@triton.jit
+def query_tile(n_ctx, n_bh, heads_per_group, longest_first, BLOCK_M: tl.constexpr):
+    """(query block, head) of this program in a 1-D grid of cdiv(N, BLOCK_M) x B·H programs.
+
+    Heads are taken `heads_per_group` at a time; inside a group the order is query block major:
+    every head's block 0 (or, `longest_first`, every head's last block: under a causal mask the
+    one that sees the most keys), then the next. Causal work is then launched longest first
+    across the group (LPT scheduling: the grid's tail is the shortest tiles of all its heads,
+    not one head's longest), while a group's K and V (the wrapper sizes it to fit in half the
+    L2) stay cached for all its programs. With one head per group this is the usual head-major
+    order."""
+    n_blocks = tl.cdiv(n_ctx, BLOCK_M)
+    pid = tl.program_id(0)
+    per_group = heads_per_group * n_blocks
+    group = pid // per_group
+    rem = pid - group * per_group
+    first = group * heads_per_group
+    in_group = tl.minimum(heads_per_group, n_bh - first)
+    start_m = rem // in_group
+    if longest_first:
+        start_m = n_blocks - 1 - start_m
+    return start_m, (first + rem % in_group).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["causal", "heads_per_group"])
+def attn_fwd_kernel(Q, K, V, O, LSE, qk_scale, n_ctx, causal, n_bh, heads_per_group,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Grid (query blocks, batch x heads). Q, K, V, O contiguous (B, H, N, D); LSE (B, H, N) fp32
-    receives each row's log2-sum-exp2 of the scaled scores, which the backward pass needs.
+    """1-D grid of query tiles in query_tile's order. Q, K, V, O contiguous (B, H, N, D); LSE
+    (B, H, N) fp32 receives each row's log2-sum-exp2 of the scaled scores, which the backward needs.
     WARP_SPECIALIZE configs are only used non-causal with N a multiple of the blocks: the kernel is
     then one unmasked loop with no runtime branch around it, which Triton's Hopper warp
     specialization pass requires (with two loops it does not apply, or the compiler aborts)."""
-    start_m = tl.program_id(0)
-    if not WARP_SPECIALIZE:
-        if causal:                               # the longest rows first: they set the tail
-            start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
-    bh = tl.program_id(1).to(tl.int64)
+    if WARP_SPECIALIZE:                          # non-causal only: no branch before the loop
+        start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, 0, BLOCK_M)
+    else:
+        start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, causal, BLOCK_M)
     base = bh * n_ctx * HEAD_DIM
     if USE_TMA:
         q_src = tl.make_tensor_descriptor(Q + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
@@ -267,15 +290,12 @@ def attn_bwd_dq_inner(dq, q, do, lse, delta, k_src, v_src, offs_m, lo, hi, n_ctx
     return dq
 
 
-@triton.jit(do_not_specialize=["causal"])
-def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, n_ctx, causal,
+@triton.jit(do_not_specialize=["causal", "heads_per_group"])
+def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, n_ctx, causal, n_bh, heads_per_group,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
-    """Grid (query blocks, batch x heads): dQ for BLOCK_M queries, looping over the keys they see.
-    BLOCK_M must be a multiple of BLOCK_N."""
-    start_m = tl.program_id(0)
-    if causal:
-        start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
-    bh = tl.program_id(1).to(tl.int64)
+    """1-D grid of query tiles in query_tile's order (causal: longest first): dQ for BLOCK_M
+    queries, looping over the keys they see. BLOCK_M must be a multiple of BLOCK_N."""
+    start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, causal, BLOCK_M)
     base = bh * n_ctx * HEAD_DIM
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = load_rows(Q + base, start_m * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
@@ -488,9 +508,19 @@ def _shape_check(*ts: torch.Tensor) -> tuple[int, int, int, int]:
     return q.shape
 
 
+def heads_per_group(n_bh: int, n: int, head_dim: int, itemsize: int, causal: bool, device) -> int:
+    """How many heads query_tile interleaves: causal, as many as keep their K and V within half
+    the L2 (at least 1, at most all); otherwise 1 (equal tiles: head-major order is already balanced)."""
+    if not causal:
+        return 1
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 50 * 2**20
+    return max(1, min(n_bh, (l2 // 2) // (2 * n * head_dim * itemsize)))
+
+
 def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = None, config: dict | None = None,
-                      out: torch.Tensor | None = None):
-    """O and the row log2-sum-exp2 (for the backward). q, k, v: contiguous (B, H, N, D)."""
+                      out: torch.Tensor | None = None, group_heads: int | None = None):
+    """O and the row log2-sum-exp2 (for the backward). q, k, v: contiguous (B, H, N, D).
+    `group_heads` overrides heads_per_group() (tests force a ragged last group)."""
     require(q, k, v)
     B, H, N, D = _shape_check(q, k, v)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
@@ -503,15 +533,17 @@ def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = No
     even = N % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0
     if cfg["ws"] and (causal or not even):
         raise ValueError("warp-specialized configs run only non-causal attention with N a multiple of the blocks")
-    grid = (triton.cdiv(N, cfg["BLOCK_M"]), B * H)
-    attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale * LOG2E_VALUE, N, int(causal),
+    group = heads_per_group(B * H, N, D, q.element_size(), causal and not cfg["ws"], q.device) \
+        if group_heads is None else group_heads
+    grid = (triton.cdiv(N, cfg["BLOCK_M"]) * B * H,)
+    attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale * LOG2E_VALUE, N, int(causal), B * H, group,
                           HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                           EVEN=even, USE_TMA=cfg["tma"], WARP_SPECIALIZE=cfg["ws"], **launch_options(cfg))
     return out, lse
 
 
 def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None = None,
-                       config: dict | None = None, grads=None, parts=("dkdv", "dq")):
+                       config: dict | None = None, grads=None, parts=("dkdv", "dq"), group_heads: int | None = None):
     """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time.
     A config {"atomic": {...}} runs the dK/dV kernel alone with dQ accumulated by atomics into an
     fp32 buffer, then copied out (4 launches: delta, zeroing, the kernel, the copy)."""
@@ -545,8 +577,9 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: floa
     if "dq" in parts:
         c = cfg["dq"]
         assert c["BLOCK_M"] % c["BLOCK_N"] == 0
-        attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+        group = heads_per_group(B * H, N, D, q.element_size(), causal, q.device) if group_heads is None else group_heads
+        attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]) * B * H,)](
+            q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), B * H, group, HEAD_DIM=D,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
             **launch_options(c))
     return dq, dk, dv
