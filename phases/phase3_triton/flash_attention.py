@@ -11,10 +11,13 @@ causal: compute-bound, the matmul question of exercise 3.3 with a softmax betwee
 are every variant's counts (one problem); naive's N² traffic and the LSE our kernel stores for the
 backward are `algorithm_bytes`; fp32 inputs make a tf32 problem (counts.py).
 Choices: exp2 with log2(e) folded into the score scale; causal in two stages (unmasked blocks left
-of the diagonal, masked ones on it, longest rows launched first); TMA or pointer loads; masks only
-when N is not a multiple of the blocks. The backward (FlashAttention-2's scheme) recomputes P from
-the saved row log-sum-exp: delta = rowsum(dO * O), a dK/dV kernel looping over queries and a dQ
-kernel looping over keys; by convention 2.5x the forward's FLOPs.
+of the diagonal, masked ones on it), the longest tiles launched first across a group of heads
+whose K and V fit in L2 (query_tile); TMA or pointer loads; masks only on the diagonal and the
+ragged tail (any N). Configs by rule (forward_config, backward_config: head dim, N, programs
+against SMs, shared memory); the exercise tunes around the rule's pick. The backward recomputes P
+from the saved row log-sum-exp: delta = rowsum(dO * O), then a dK/dV kernel looping over queries
+and a dQ kernel looping over keys, or (FlashAttention-2's scheme) the dK/dV kernel alone adding
+dQ by atomics; by convention 2.5x the forward's FLOPs.
 """
 import math
 import warnings
@@ -239,7 +242,9 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, qk_scale, sm_s
     """Grid (key blocks, batch x heads): dK and dV for BLOCK_N keys, looping over the queries that
     see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M.
     DQ_ATOMIC (FlashAttention-2's scheme): each program also adds its keys' share of dQ into an
-    fp32 accumulator (relaxed atomics, zeroed before), so no dQ kernel recomputes S and dP."""
+    fp32 accumulator (relaxed atomics, zeroed before), so no dQ kernel recomputes S and dP.
+    Head-major grid (key block 0, which most queries see under a causal mask, first in each head):
+    query_tile's grouped order cost this kernel registers (spills at D = 128, compile_check)."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
     base = bh * n_ctx * HEAD_DIM
@@ -509,8 +514,9 @@ def _shape_check(*ts: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def heads_per_group(n_bh: int, n: int, head_dim: int, itemsize: int, causal: bool, device) -> int:
-    """How many heads query_tile interleaves: causal, as many as keep their K and V within half
-    the L2 (at least 1, at most all); otherwise 1 (equal tiles: head-major order is already balanced)."""
+    """How many heads query_tile interleaves: causal, as many as keep their K and V (which every
+    program of a head streams) within half the L2 (at least 1, at most all); otherwise 1 (equal
+    tiles: head-major order is already balanced)."""
     if not causal:
         return 1
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 50 * 2**20
@@ -557,6 +563,7 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: floa
     attn_bwd_preprocess[(triton.cdiv(N, pre_block), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=pre_block,
                                                              EVEN=N % pre_block == 0, num_warps=4)
     qk_scale = sm_scale * LOG2E_VALUE
+    group = heads_per_group(B * H, N, D, q.element_size(), causal, q.device) if group_heads is None else group_heads
     if "atomic" in cfg:
         c = cfg["atomic"]
         assert c["BLOCK_N"] % c["BLOCK_M"] == 0
@@ -577,7 +584,6 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: floa
     if "dq" in parts:
         c = cfg["dq"]
         assert c["BLOCK_M"] % c["BLOCK_N"] == 0
-        group = heads_per_group(B * H, N, D, q.element_size(), causal, q.device) if group_heads is None else group_heads
         attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]) * B * H,)](
             q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), B * H, group, HEAD_DIM=D,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
