@@ -125,6 +125,16 @@ def test_lab_run_refuses_a_bad_shape_with_one_line_and_exit_2(lab, tmp_path):
     assert rc == 2 and "shapes" in (out + err) and "Traceback" not in (out + err), out + err
 
 
+@in_parent
+def test_bench_shapes_without_a_gpu_says_so_in_one_line_and_exits_2():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the script would run")
+    proc = subprocess.run([sys.executable, "-m", "phases.phase3_triton.bench_shapes"], cwd=REPO, capture_output=True,
+                          text=True, env=clean_env(PYTHONWARNINGS="ignore"), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "CUDA" in proc.stderr, proc.stderr
+
+
 # ------------------------------------------------------------------------------ child-only tests
 if INTERPRETED:
     import numpy as np
