@@ -390,10 +390,10 @@ def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_spe
         out = [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
     elif head_dim <= 64:
         out = [_fwd(128, 64, 4, 3, False), _fwd(128, 64, 4, 3, True), _fwd(128, 128, 8, 3, True),
-               _fwd(64, 64, 4, 3, False)]
-    else:
+               _fwd(128, 128, 4, 3, True), _fwd(64, 64, 4, 3, False)]
+    else:                                         # 64 x 64 in 2 stages: two programs per SM (80 KiB each)
         out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False),
-               _fwd(64, 64, 4, 3, False)]
+               _fwd(128, 64, 8, 4, True), _fwd(64, 64, 4, 2, False)]
     if n is not None and batch_heads is not None:
         out.insert(0, forward_config(dtype, head_dim, causal, n, batch_heads, sms, smem_bytes))
     if head_dim <= 64:
