@@ -337,8 +337,9 @@ def gpu_limits(device) -> dict:
     """SM count and shared memory per block of `device` (the rules' inputs); Hopper's off a GPU."""
     if getattr(device, "type", None) == "cuda":
         props = torch.cuda.get_device_properties(device)
+        optin = getattr(props, "shared_memory_per_block_optin", None)   # a block's most; else the SM's less 1 KiB
         return {"sms": props.multi_processor_count,
-                "smem_bytes": getattr(props, "shared_memory_per_block_optin", HOPPER_SMEM_BYTES)}
+                "smem_bytes": optin or props.shared_memory_per_multiprocessor - 1024}
     return {"sms": HOPPER_SMS, "smem_bytes": HOPPER_SMEM_BYTES}
 
 
