@@ -9,12 +9,14 @@ moves just that. Unfused (the same five operations) is five kernels, 5 reads and
 plus the row vectors, about 4x the problem's bytes: its own traffic is the row's `algorithm_bytes`,
 and its 5 launches are counted. At ~0.6 FLOP/byte both are memory-bound, so the roofline predicts
 fused = a copy's speed and unfused ~4x slower. (Counts: counts.py.)
-Three kernels cover every row length (the tuner times them all and keeps the fastest correct one):
+Three kernels cover every row length; `plan()` picks one by a rule of the width and the GPU (what
+`softmax(x)` runs), and the exercise's tuner times it beside the other candidates:
 * `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
   second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
-* `softmax_split_kernel`: SPLIT resident programs share a row, each holding its chunk in registers,
-  exchanging (max, sum) through memory one row ahead, so HBM sees exactly one read and one write.
+* `softmax_split_kernel`: the multi-program row path: ceil(cols / CHUNK) resident programs share a
+  row, each holding its chunk in registers, exchanging (max, sum) through memory one row ahead,
+  so HBM sees exactly one read and one write at any width (plan() uses it past 32,768 columns).
 """
 import torch
 
