@@ -11,10 +11,13 @@ causal: compute-bound, the matmul question of exercise 3.3 with a softmax betwee
 are every variant's counts (one problem); naive's N² traffic and the LSE our kernel stores for the
 backward are `algorithm_bytes`; fp32 inputs make a tf32 problem (counts.py).
 Choices: exp2 with log2(e) folded into the score scale; causal in two stages (unmasked blocks left
-of the diagonal, masked ones on it, longest rows launched first); TMA or pointer loads; masks only
-when N is not a multiple of the blocks. The backward (FlashAttention-2's scheme) recomputes P from
-the saved row log-sum-exp: delta = rowsum(dO * O), a dK/dV kernel looping over queries and a dQ
-kernel looping over keys; by convention 2.5x the forward's FLOPs.
+of the diagonal, masked ones on it), the longest tiles launched first across a group of heads
+whose K and V fit in L2 (query_tile); TMA or pointer loads; masks only on the diagonal and the
+ragged tail (any N). Configs by rule (forward_config, backward_config: head dim, N, programs
+against SMs, shared memory); the exercise tunes around the rule's pick. The backward recomputes P
+from the saved row log-sum-exp: delta = rowsum(dO * O), then a dK/dV kernel looping over queries
+and a dQ kernel looping over keys, or (FlashAttention-2's scheme) the dK/dV kernel alone adding
+dQ by atomics; by convention 2.5x the forward's FLOPs.
 """
 import math
 import warnings
@@ -65,11 +68,12 @@ def load_rows(src, row0, n_ctx, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, USE_
 def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr,
                    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Key blocks [lo, hi): the online-softmax update. MASK only on the diagonal and the tail."""
+    """Key blocks [lo, hi): the online-softmax update. MASK only on the diagonal and the tail;
+    the unmasked stage's blocks lie wholly inside N, so their loads skip the bounds test too."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN or not MASK)
         s = tl.dot(q, tl.trans(k))                             # raw scores, fp32 accumulate
         if MASK:
             cols = start_n + offs_n
@@ -84,26 +88,49 @@ def attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, n_ctx, causal
         alpha = tl.math.exp2(m_i - m_new)                      # rescales what came before
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN)
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, USE_TMA, EVEN or not MASK)
         acc = tl.dot(p.to(v.dtype), v, acc)                    # P in the input dtype for the tensor cores
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["causal"])
-def attn_fwd_kernel(Q, K, V, O, LSE, qk_scale, n_ctx, causal,
+@triton.jit
+def query_tile(n_ctx, n_bh, heads_per_group, longest_first, BLOCK_M: tl.constexpr):
+    """(query block, head) of this program in a 1-D grid of cdiv(N, BLOCK_M) x B·H programs.
+
+    Heads are taken `heads_per_group` at a time; inside a group the order is query block major:
+    every head's block 0 (or, `longest_first`, every head's last block: under a causal mask the
+    one that sees the most keys), then the next. Causal work is then launched longest first
+    across the group (LPT scheduling: the grid's tail is the shortest tiles of all its heads,
+    not one head's longest), while a group's K and V (the wrapper sizes it to fit in half the
+    L2) stay cached for all its programs. With one head per group this is the usual head-major
+    order."""
+    n_blocks = tl.cdiv(n_ctx, BLOCK_M)
+    pid = tl.program_id(0)
+    per_group = heads_per_group * n_blocks
+    group = pid // per_group
+    rem = pid - group * per_group
+    first = group * heads_per_group
+    in_group = tl.minimum(heads_per_group, n_bh - first)
+    start_m = rem // in_group
+    if longest_first:
+        start_m = n_blocks - 1 - start_m
+    return start_m, (first + rem % in_group).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["causal", "heads_per_group"])
+def attn_fwd_kernel(Q, K, V, O, LSE, qk_scale, n_ctx, causal, n_bh, heads_per_group,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Grid (query blocks, batch x heads). Q, K, V, O contiguous (B, H, N, D); LSE (B, H, N) fp32
-    receives each row's log2-sum-exp2 of the scaled scores, which the backward pass needs.
+    """1-D grid of query tiles in query_tile's order. Q, K, V, O contiguous (B, H, N, D); LSE
+    (B, H, N) fp32 receives each row's log2-sum-exp2 of the scaled scores, which the backward needs.
     WARP_SPECIALIZE configs are only used non-causal with N a multiple of the blocks: the kernel is
     then one unmasked loop with no runtime branch around it, which Triton's Hopper warp
     specialization pass requires (with two loops it does not apply, or the compiler aborts)."""
-    start_m = tl.program_id(0)
-    if not WARP_SPECIALIZE:
-        if causal:                               # the longest rows first: they set the tail
-            start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
-    bh = tl.program_id(1).to(tl.int64)
+    if WARP_SPECIALIZE:                          # non-causal only: no branch before the loop
+        start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, 0, BLOCK_M)
+    else:
+        start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, causal, BLOCK_M)
     base = bh * n_ctx * HEAD_DIM
     if USE_TMA:
         q_src = tl.make_tensor_descriptor(Q + base, shape=[n_ctx, HEAD_DIM], strides=[HEAD_DIM, 1],
@@ -180,30 +207,44 @@ def load_row_stats(LSE, DELTA, rows, n_ctx, EVEN: tl.constexpr):
 
 
 @triton.jit
-def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, lo, hi, n_ctx, causal, qk_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
-    """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows)."""
+def attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, lo, hi, n_ctx, causal,
+                        qk_scale, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                        EVEN: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """Query blocks [lo, hi) against this program's keys, everything transposed (keys are rows).
+    DQ_ATOMIC: also add this key block's share of dQ (dS K, scaled) into the fp32 dq_dst."""
     for start_m in range(lo, hi, BLOCK_M):
-        q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
-        do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
+        q = load_rows(q_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
+        do = load_rows(do_src, start_m, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN or not MASK)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        lse, delta = load_row_stats(lse_src, delta_src, offs_m, n_ctx, EVEN)
+        lse, delta = load_row_stats(lse_src, delta_src, offs_m, n_ctx, EVEN or not MASK)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])   # P^T, recomputed
         if MASK:
             keep = (offs_m[None, :] < n_ctx) & ((offs_m[None, :] >= offs_n[:, None]) | (causal == 0))
             p_t = tl.where(keep, p_t, 0.0)
         dv += tl.dot(p_t.to(do.dtype), do)                     # dV = P^T dO
         dp_t = tl.dot(v, tl.trans(do))                         # dP^T = V dO^T
-        ds_t = p_t * (dp_t - delta[None, :])                   # dS = P * (dP - delta)
-        dk += tl.dot(ds_t.to(q.dtype), q)                      # dK = dS^T Q (scale applied at the end)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)    # dS = P * (dP - delta)
+        dk += tl.dot(ds_t, q)                                  # dK = dS^T Q (scale applied at the end)
+        if DQ_ATOMIC:                                          # dQ += dS K: 5 matmuls in all, not 7
+            dq = tl.dot(tl.trans(ds_t), k) * sm_scale
+            ptrs = dq_dst + offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+            if EVEN or not MASK:
+                tl.atomic_add(ptrs, dq, sem="relaxed")
+            else:
+                tl.atomic_add(ptrs, dq, mask=offs_m[:, None] < n_ctx, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["causal"])
-def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, n_ctx, causal,
-                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, qk_scale, sm_scale, n_ctx, causal,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+                         DQ_ATOMIC: tl.constexpr):
     """Grid (key blocks, batch x heads): dK and dV for BLOCK_N keys, looping over the queries that
-    see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M."""
+    see them (causal: only queries at or after the keys). BLOCK_N must be a multiple of BLOCK_M.
+    DQ_ATOMIC (FlashAttention-2's scheme): each program also adds its keys' share of dQ into an
+    fp32 accumulator (relaxed atomics, zeroed before), so no dQ kernel recomputes S and dP.
+    Head-major grid (key block 0, which most queries see under a causal mask, first in each head):
+    query_tile's grouped order cost this kernel registers (spills at D = 128, compile_check)."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
     base = bh * n_ctx * HEAD_DIM
@@ -213,18 +254,20 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, n_
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     q_src, do_src, lse_src, delta_src = Q + base, DO + base, LSE + bh * n_ctx, DELTA + bh * n_ctx
+    dq_dst = DQ_ACC + base
     full_start = 0
     if causal:                                   # the diagonal band: masked
         full_start = start_n + BLOCK_N
-        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, start_n,
-                                     min(full_start, n_ctx), n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, True, EVEN)
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, start_n,
+                                     min(full_start, n_ctx), n_ctx, causal, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
+                                     True, EVEN, DQ_ATOMIC)
     full_end = (n_ctx // BLOCK_M) * BLOCK_M
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n, full_start, full_end,
-                                 n_ctx, causal, qk_scale, HEAD_DIM, BLOCK_M, False, EVEN)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n, full_start, full_end,
+                                 n_ctx, causal, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, EVEN, DQ_ATOMIC)
     if not EVEN:                                 # ragged last query block
-        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, offs_n,
-                                     max(full_start, full_end), n_ctx, n_ctx, causal, qk_scale,
-                                     HEAD_DIM, BLOCK_M, True, EVEN)
+        dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_dst, offs_n,
+                                     max(full_start, full_end), n_ctx, n_ctx, causal, qk_scale, sm_scale,
+                                     HEAD_DIM, BLOCK_M, True, EVEN, DQ_ATOMIC)
     dk *= sm_scale                               # S = sm_scale Q K^T: the chain rule's factor
     ptrs = offs_n[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     if EVEN:
@@ -240,8 +283,8 @@ def attn_bwd_dq_inner(dq, q, do, lse, delta, k_src, v_src, offs_m, lo, hi, n_ctx
                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
-        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN)
+        k = load_rows(k_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN or not MASK)
+        v = load_rows(v_src, start_n, n_ctx, BLOCK_N, HEAD_DIM, False, EVEN or not MASK)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
         if MASK:
             cols = start_n + offs_n
@@ -252,15 +295,12 @@ def attn_bwd_dq_inner(dq, q, do, lse, delta, k_src, v_src, offs_m, lo, hi, n_ctx
     return dq
 
 
-@triton.jit(do_not_specialize=["causal"])
-def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, n_ctx, causal,
+@triton.jit(do_not_specialize=["causal", "heads_per_group"])
+def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, n_ctx, causal, n_bh, heads_per_group,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
-    """Grid (query blocks, batch x heads): dQ for BLOCK_M queries, looping over the keys they see.
-    BLOCK_M must be a multiple of BLOCK_N."""
-    start_m = tl.program_id(0)
-    if causal:
-        start_m = tl.cdiv(n_ctx, BLOCK_M) - 1 - start_m
-    bh = tl.program_id(1).to(tl.int64)
+    """1-D grid of query tiles in query_tile's order (causal: longest first): dQ for BLOCK_M
+    queries, looping over the keys they see. BLOCK_M must be a multiple of BLOCK_N."""
+    start_m, bh = query_tile(n_ctx, n_bh, heads_per_group, causal, BLOCK_M)
     base = bh * n_ctx * HEAD_DIM
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = load_rows(Q + base, start_m * BLOCK_M, n_ctx, BLOCK_M, HEAD_DIM, False, EVEN)
@@ -289,24 +329,88 @@ def _fwd(bm, bn, warps, stages, tma, ws=False):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "tma": tma, "ws": ws}
 
 
+HOPPER_SMS = 132                       # an H100 / H200 SXM: the rules' defaults when no GPU is at hand
+HOPPER_SMEM_BYTES = 227 * 1024         # shared memory one block may use on sm_90
+
+
+def gpu_limits(device) -> dict:
+    """SM count and shared memory per block of `device` (the rules' inputs); Hopper's off a GPU."""
+    if getattr(device, "type", None) == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        optin = getattr(props, "shared_memory_per_block_optin", None)   # a block's most; else the SM's less 1 KiB
+        return {"sms": props.multi_processor_count,
+                "smem_bytes": optin or props.shared_memory_per_multiprocessor - 1024}
+    return {"sms": HOPPER_SMS, "smem_bytes": HOPPER_SMEM_BYTES}
+
+
+def forward_smem_bytes(cfg: dict, head_dim: int, itemsize: int) -> int:
+    """Shared memory a forward config asks for: the Q tile, and a K and a V tile per pipeline
+    stage (compile_check.py's figures for sm_90 agree within the 1 KiB of barriers added here)."""
+    return (cfg["BLOCK_M"] + 2 * cfg["num_stages"] * cfg["BLOCK_N"]) * head_dim * itemsize + 1024
+
+
+def forward_config(dtype: torch.dtype, head_dim: int, causal: bool, n: int, batch_heads: int,
+                   sms: int = HOPPER_SMS, smem_bytes: int = HOPPER_SMEM_BYTES) -> dict:
+    """The forward config `attention_forward` runs when given none: a rule, not a table of sizes.
+
+    * Query tile 128 rows (two 64-row wgmma groups: 8 warps at D = 128, whose 128 x 128 fp32
+      accumulator needs them; 4 at D <= 64), unless that leaves fewer programs than SMs
+      (cdiv(N, 128) x B x H < SMs): then 64 rows and 4 warps, twice the programs.
+    * Key tile 128 at D = 128 when each program's key loop is long (N >= 4096: 32+ steps), which
+      halves the loop's softmax bookkeeping per key; 64 otherwise, and always at D <= 64, where a
+      step's two dots are short and the smaller tile keeps more programs per SM.
+    * TMA loads with the 128-key tile or long sequences (N >= 8192); pointer loads otherwise.
+    * Three pipeline stages, fewer (then a smaller key tile) until it fits the GPU's shared memory.
+    Causal changes no tile: the kernel skips the masked blocks and starts the longest rows first.
+    The seed's fp32 (tf32) case keeps 64 x 64 tiles: its tiles take twice the bytes."""
+    if dtype == torch.float32:
+        cfg = _fwd(64, 64, 4, 3, False)
+    else:
+        block_m = 128 if triton.cdiv(n, 128) * batch_heads >= sms else 64
+        block_n = 128 if head_dim >= 128 and n >= 4096 and block_m == 128 else 64
+        warps = 8 if head_dim >= 128 and block_m == 128 else 4
+        cfg = _fwd(block_m, block_n, warps, 3, block_n == 128 or n >= 8192)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    while forward_smem_bytes(cfg, head_dim, itemsize) > smem_bytes:
+        if cfg["num_stages"] > 2:
+            cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
+        elif cfg["BLOCK_N"] > 32:
+            cfg = {**cfg, "BLOCK_N": cfg["BLOCK_N"] // 2, "num_stages": 3}
+        else:
+            break
+    return cfg
+
+
 def forward_candidates(dtype: torch.dtype, head_dim: int, causal: bool, warp_specialize: bool = False,
-                       n: int | None = None) -> list[dict]:
-    """Hopper candidates, best guesses first (all compile for sm_90 without spills: see
-    compile_check.py). 128-row query tiles keep two 64-row wgmma groups busy; the key block trades
-    registers (the BLOCK_M x BLOCK_N score tile) against loop overhead and shared memory."""
+                       n: int | None = None, batch_heads: int | None = None, sms: int = HOPPER_SMS,
+                       smem_bytes: int = HOPPER_SMEM_BYTES) -> list[dict]:
+    """The rule's pick first (when N and B x H are given), then its neighbours: the other key tile,
+    the other load path, the other query tile (all compile for sm_90 without spills: see
+    compile_check.py). The exercise tunes over them and records which won."""
     if dtype == torch.float32:                    # the seed's case: tf32 dots, twice the bytes per tile
-        return [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
+        out = [_fwd(64, 64, 4, 3, False), _fwd(128, 64, 8, 2, False), _fwd(64, 64, 4, 3, True)]
+    elif head_dim <= 64:
+        out = [_fwd(128, 64, 4, 3, False), _fwd(128, 64, 4, 3, True), _fwd(128, 128, 8, 3, True),
+               _fwd(128, 128, 4, 3, True), _fwd(64, 64, 4, 3, False)]
+    else:                                         # 64 x 64 in 2 stages: two programs per SM (80 KiB each)
+        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False),
+               _fwd(128, 64, 8, 4, True), _fwd(64, 64, 4, 2, False)]
+    if n is not None and batch_heads is not None:
+        out.insert(0, forward_config(dtype, head_dim, causal, n, batch_heads, sms, smem_bytes))
     if head_dim <= 64:
-        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 4, 3, True), _fwd(128, 64, 4, 3, False)]
         ws = [_fwd(128, 128, 4, 3, True, ws=True), _fwd(128, 64, 4, 3, True, ws=True)]
     else:
-        out = [_fwd(128, 128, 8, 3, True), _fwd(128, 64, 8, 3, True), _fwd(128, 64, 8, 3, False)]
         ws = [_fwd(128, 128, 4, 2, True, ws=True), _fwd(128, 64, 4, 2, True, ws=True)]
     # Warp specialization (num_warps=4 becomes one producer + two consumer warp groups, 12 warps):
     # non-causal only, N a multiple of 128 (one unmasked loop; see attn_fwd_kernel).
-    if warp_specialize and not causal and (n is None or n % 128 == 0):
+    if warp_specialize and not causal and dtype != torch.float32 and (n is None or n % 128 == 0):
         out += ws
-    return out
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    unique = []
+    for c in out:
+        if c not in unique and forward_smem_bytes(c, head_dim, itemsize) <= smem_bytes:
+            unique.append(c)
+    return unique
 
 
 INTERPRETER_FWD = [_fwd(32, 16, 4, 1, False), _fwd(32, 32, 4, 1, True)]
@@ -318,24 +422,73 @@ def _bwd(bm1, bn1, w1, s1, bm2, bn2, w2, s2):
             "dq": {"BLOCK_M": bm2, "BLOCK_N": bn2, "num_warps": w2, "num_stages": s2}}
 
 
-def dkdv_candidates(head_dim: int) -> list[dict]:
-    if head_dim <= 64:
-        return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
-    return [{"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-            {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+def _part(bm, bn, warps, stages):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
 
 
-def dq_candidates(head_dim: int) -> list[dict]:
+def backward_smem_bytes(cfg: dict, head_dim: int, itemsize: int, part: str) -> int:
+    """Shared memory of a backward kernel: the tiles it keeps (K, V for dK/dV; Q, dO for dQ) and
+    the two tiles it streams per stage (Q, dO; or K, V)."""
+    kept, streamed = (cfg["BLOCK_N"], cfg["BLOCK_M"]) if part == "dkdv" else (cfg["BLOCK_M"], cfg["BLOCK_N"])
+    return 2 * (kept + cfg["num_stages"] * streamed) * head_dim * itemsize + 1024
+
+
+def backward_config(head_dim: int, causal: bool, n: int, batch_heads: int, sms: int = HOPPER_SMS,
+                    smem_bytes: int = HOPPER_SMEM_BYTES) -> dict:
+    """The backward's configs by rule ({"dkdv": ..., "dq": ...}), for 16-bit inputs.
+
+    dK/dV keeps a key tile and streams query tiles: 64 x 64 at 4 warps (five live tiles of scores,
+    probabilities and their gradients fit the registers at D = 128 only this small); at D <= 64
+    and long sequences (N >= 8192) 128 keys at 8 warps, which halves the Q and dO traffic.
+    dQ keeps 128 query rows at 8 warps and streams key tiles of 32 (D = 128: the register budget)
+    or 64 (D <= 64). Where that leaves fewer programs than SMs, 64-row tiles at 4 warps.
+    Stages: 3 at D <= 64, 2 at D = 128, fewer where shared memory is short."""
+    stages = 3 if head_dim <= 64 else 2
+    dkdv = _part(64, 128, 8, stages) if head_dim <= 64 and n >= 8192 else _part(64, 64, 4, stages)
+    if triton.cdiv(n, dkdv["BLOCK_N"]) * batch_heads < sms:
+        dkdv = _part(64, 64, 4, stages)
+    dq = _part(128, 32 if head_dim >= 128 else 64, 8, 3)
+    if triton.cdiv(n, 128) * batch_heads < sms:
+        dq = _part(64, 64, 4, stages)
+    out = {"dkdv": dkdv, "dq": dq}
+    for part, c in out.items():
+        while backward_smem_bytes(c, head_dim, 2, part) > smem_bytes and c["num_stages"] > 1:
+            c["num_stages"] -= 1
+    return out
+
+
+def atomic_config(head_dim: int, n: int, batch_heads: int, sms: int = HOPPER_SMS) -> dict:
+    """The dK/dV kernel's config when it also accumulates dQ by atomics (attention_backward's
+    {"atomic": ...}): 64 query rows so the dQ product is a wgmma too (32 rows fall back to
+    mma.sync); 8 warps at D = 128, where 4 spill; 128 keys at D <= 64 when the programs fill
+    the GPU, halving the atomic traffic per key."""
+    if head_dim > 64:
+        return _part(64, 64, 8, 2)
+    return _part(64, 128, 8, 3) if triton.cdiv(n, 128) * batch_heads >= sms else _part(64, 64, 4, 3)
+
+
+def atomic_candidates(head_dim: int) -> list[dict]:
+    """Atomic-dQ configs that compile for sm_90 without spills (compile_check.py)."""
     if head_dim <= 64:
-        return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}]
-    return [{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-            {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+        return [_part(64, 128, 8, 3), _part(64, 64, 4, 3), _part(32, 128, 4, 3)]
+    return [_part(64, 64, 8, 2), _part(32, 128, 8, 3)]
+
+
+def dkdv_candidates(head_dim: int, rule: dict | None = None) -> list[dict]:
+    """The rule's dK/dV config first (when given), then the ones the lab has seen win."""
+    if head_dim <= 64:
+        out = [_part(64, 128, 8, 3), _part(32, 128, 4, 3), _part(64, 64, 4, 3)]
+    else:
+        out = [_part(64, 128, 8, 2), _part(32, 128, 8, 3), _part(64, 64, 4, 2)]
+    return ([rule] if rule else []) + [c for c in out if c != rule]
+
+
+def dq_candidates(head_dim: int, rule: dict | None = None) -> list[dict]:
+    if head_dim <= 64:
+        out = [_part(128, 64, 8, 3), _part(128, 32, 4, 3), _part(64, 64, 4, 3)]
+    else:
+        out = [_part(128, 64, 8, 2), _part(128, 32, 8, 3), _part(64, 64, 4, 2)]
+    return ([rule] if rule else []) + [c for c in out if c != rule]
 
 
 def backward_candidates(dtype: torch.dtype, head_dim: int) -> list[dict]:
@@ -361,13 +514,25 @@ def _shape_check(*ts: torch.Tensor) -> tuple[int, int, int, int]:
     return q.shape
 
 
+def heads_per_group(n_bh: int, n: int, head_dim: int, itemsize: int, causal: bool, device) -> int:
+    """How many heads query_tile interleaves: causal, as many as keep their K and V (which every
+    program of a head streams) within half the L2 (at least 1, at most all); otherwise 1 (equal
+    tiles: head-major order is already balanced)."""
+    if not causal:
+        return 1
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 50 * 2**20
+    return max(1, min(n_bh, (l2 // 2) // (2 * n * head_dim * itemsize)))
+
+
 def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = None, config: dict | None = None,
-                      out: torch.Tensor | None = None):
-    """O and the row log2-sum-exp2 (for the backward). q, k, v: contiguous (B, H, N, D)."""
+                      out: torch.Tensor | None = None, group_heads: int | None = None):
+    """O and the row log2-sum-exp2 (for the backward). q, k, v: contiguous (B, H, N, D).
+    `group_heads` overrides heads_per_group() (tests force a ragged last group)."""
     require(q, k, v)
     B, H, N, D = _shape_check(q, k, v)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    cfg = config or (INTERPRETER_FWD[0] if interpreting() else forward_candidates(q.dtype, D, causal)[0])
+    cfg = config or (INTERPRETER_FWD[0] if interpreting() else
+                     forward_config(q.dtype, D, causal, N, B * H, **gpu_limits(q.device)))
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     if cfg["tma"]:
@@ -375,39 +540,53 @@ def attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = No
     even = N % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0
     if cfg["ws"] and (causal or not even):
         raise ValueError("warp-specialized configs run only non-causal attention with N a multiple of the blocks")
-    grid = (triton.cdiv(N, cfg["BLOCK_M"]), B * H)
-    attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale * LOG2E_VALUE, N, int(causal),
+    group = heads_per_group(B * H, N, D, q.element_size(), causal and not cfg["ws"], q.device) \
+        if group_heads is None else group_heads
+    grid = (triton.cdiv(N, cfg["BLOCK_M"]) * B * H,)
+    attn_fwd_kernel[grid](q, k, v, out, lse, sm_scale * LOG2E_VALUE, N, int(causal), B * H, group,
                           HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                           EVEN=even, USE_TMA=cfg["tma"], WARP_SPECIALIZE=cfg["ws"], **launch_options(cfg))
     return out, lse
 
 
 def attention_backward(q, k, v, o, lse, do, causal: bool = False, sm_scale: float | None = None,
-                       config: dict | None = None, grads=None, parts=("dkdv", "dq")):
-    """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time."""
+                       config: dict | None = None, grads=None, parts=("dkdv", "dq"), group_heads: int | None = None):
+    """dQ, dK, dV from the forward's O and LSE. `parts` lets the tuner run one kernel at a time.
+    A config {"atomic": {...}} runs the dK/dV kernel alone with dQ accumulated by atomics into an
+    fp32 buffer, then copied out (4 launches: delta, zeroing, the kernel, the copy)."""
     require(q, k, v, o, do)
     B, H, N, D = _shape_check(q, k, v, o, do)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    cfg = config or (INTERPRETER_BWD if interpreting() else
-                     {"dkdv": dkdv_candidates(D)[0], "dq": dq_candidates(D)[0]})
+    cfg = config or (INTERPRETER_BWD if interpreting() else backward_config(D, causal, N, B * H, **gpu_limits(q.device)))
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     delta = torch.empty_like(lse)
     pre_block = 64
     attn_bwd_preprocess[(triton.cdiv(N, pre_block), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=pre_block,
                                                              EVEN=N % pre_block == 0, num_warps=4)
     qk_scale = sm_scale * LOG2E_VALUE
+    group = heads_per_group(B * H, N, D, q.element_size(), causal, q.device) if group_heads is None else group_heads
+    if "atomic" in cfg:
+        c = cfg["atomic"]
+        assert c["BLOCK_N"] % c["BLOCK_M"] == 0
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        attn_bwd_dkdv_kernel[(triton.cdiv(N, c["BLOCK_N"]), B * H)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
+            DQ_ATOMIC=True, **launch_options(c))
+        dq.copy_(dq_acc)
+        return dq, dk, dv
     if "dkdv" in parts:
         c = cfg["dkdv"]
         assert c["BLOCK_N"] % c["BLOCK_M"] == 0
         attn_bwd_dkdv_kernel[(triton.cdiv(N, c["BLOCK_N"]), B * H)](
-            q, k, v, do, lse, delta, dk, dv, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+            q, k, v, do, lse, delta, dk, dv, dk, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
-            **launch_options(c))
+            DQ_ATOMIC=False, **launch_options(c))
     if "dq" in parts:
         c = cfg["dq"]
         assert c["BLOCK_M"] % c["BLOCK_N"] == 0
-        attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), HEAD_DIM=D,
+        attn_bwd_dq_kernel[(triton.cdiv(N, c["BLOCK_M"]) * B * H,)](
+            q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N, int(causal), B * H, group, HEAD_DIM=D,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], EVEN=N % c["BLOCK_N"] == 0 and N % c["BLOCK_M"] == 0,
             **launch_options(c))
     return dq, dk, dv
@@ -531,8 +710,25 @@ naive_bytes = counts.naive_bytes                  # what naive attention itself 
 
 
 # ------------------------------------------------------------------------------ the exercise
+def user_problems(params) -> list[dict]:
+    """A user's own shapes (`--param shapes=[[B,H,N,D],...]`), each for every dtype and causality."""
+    return [{"group": "user", "n": n, "batch": b, "heads": h, "head_dim": d, "dtype": dtype, "causal": causal}
+            for dtype in params["dtypes"] for b, h, n, d in params["shapes"] for causal in params["causal"]]
+
+
+def shape_rule(shape: list[int]) -> str | None:
+    """A user's (B, H, N, D): a head dim the kernels run, tensors that int64 offsets address."""
+    b, h, n, d = shape
+    if d not in EXERCISE_HEAD_DIMS:
+        return f"head dim D={d} is not one of {', '.join(map(str, EXERCISE_HEAD_DIMS))}"
+    return None
+
+
 def problems(params) -> list[dict]:
-    """The seed's fp32 case, then the main sweep at a fixed token count and model width."""
+    """The user's shapes when given (they replace everything else); else the seed's fp32 case,
+    then the main sweep at a fixed token count and model width."""
+    if params.get("shapes"):
+        return user_problems(params)
     out = [{"group": "seed", "n": n, "batch": params["seed_batch"], "heads": params["seed_heads"],
             "head_dim": params["seed_head_dim"], "dtype": "fp32", "causal": False} for n in params["seed_sizes"]]
     for dtype in params["dtypes"]:
@@ -639,7 +835,8 @@ def run(ctx, params):
 
         def triton_row():
             key = (d, causal, n)
-            cands = forward_candidates(t, d, causal, params["warp_specialize"], n)
+            cands = forward_candidates(t, d, causal, params["warp_specialize"], n, b * h, **gpu_limits(ctx.device))
+            rule = forward_config(t, d, causal, n, b * h, **gpu_limits(ctx.device))
             reuse = t == torch.float16 and key in _WINNERS and not interpreting()
             if interpreting():
                 cands = INTERPRETER_FWD
@@ -671,6 +868,10 @@ def run(ctx, params):
                         check=lambda: check_both(cfg), timing=timing, **cost("triton"))
             r["metrics"]["algorithm_bytes_formula"] = "4·B·H·N·D·bytes + 4·B·H·N (also writes the fp32 LSE for the backward)"
             r["metrics"]["config"] = label(cfg)
+            r["metrics"]["rule_config"] = label(rule)          # what attention_forward runs untuned
+            rule_ms = next((x["ms"] for x in trials if x["config"] == label(rule)), None)
+            if rule_ms:
+                r["metrics"]["rule_ms_in_tuning"] = rule_ms
             r["metrics"]["attn_matrix_bytes"] = b * h * n * n * t.itemsize     # what naive would write
             return r
 
@@ -717,7 +918,11 @@ EXERCISE = Exercise(
             "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
             # Off by default: with Triton 3.6 the warp-specialized configs failed their checks (out-of-bounds
             # writes at head dim 64, a wrong LSE at 128). Opt in with --param warp_specialize=true.
-            "warp_specialize": Bool(False)},
+            "warp_specialize": Bool(False),
+            # A user's own sizes: replaces the seed case and the sweep (dtypes and causal still apply),
+            # e.g. --param shapes=[[2,16,1537,128]] --param causal=true
+            "shapes": Int(None, min=1, many=True, length=4, also=(None,), rule=shape_rule,
+                          unit="B, H, N, D: your own shapes (replaces the seed case and the sweep)")},
     cpu_params={"seed_sizes": [256], "sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [False],
                 "tokens": 512, "model_dim": 128},
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],

@@ -8,7 +8,10 @@ owns a block of keys and loops over queries, and a dQ kernel that owns a block o
 over keys. Both recompute P from the forward's saved row statistics: no N x N matrix is written.
 FLOPs by the usual convention: five N² matmuls, 2.5x the forward's 4·B·H·N²·D (halved when causal).
 These kernels do seven (S and dP recomputed in both, which avoids atomic adds on dQ), so our TFLOP/s
-is comparable with published figures and understates the arithmetic done. Bytes: Q, K, V, O, dO
+is comparable with published figures and understates the arithmetic done. On a GPU the exercise
+also tunes FlashAttention-2's scheme (the dK/dV kernel adds each key block's dS K into an fp32
+dQ by relaxed atomics: five matmuls, four launches) and times whichever of the two is faster;
+`metrics.scheme` says which ran. Bytes: Q, K, V, O, dO
 and the forward's fp32 LSE read, dQ, dK, dV written, 8·B·H·N·D elements + 4·B·H·N bytes, the same
 for every variant. Launches: our backward is 3 kernels; SDPA's are counted from their sources
 (counts.py). The check compares dQ, dK and dV of the first and last head with float64 autograd on
@@ -19,6 +22,7 @@ import math
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
+from common.errors import LabError
 from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
@@ -72,6 +76,9 @@ VARIANTS = (*fa.SDPA_BACKENDS, "triton")
 
 
 def problems(params) -> list[dict]:
+    """The user's shapes when given, else the sweep at a fixed token count and model width."""
+    if params.get("shapes"):
+        return [{k: v for k, v in p.items() if k != "group"} for p in fa.user_problems(params)]
     return [{"n": n, "batch": max(1, params["tokens"] // n), "heads": max(1, params["model_dim"] // d),
              "head_dim": d, "dtype": dtype, "causal": causal}
             for dtype in params["dtypes"] for d in params["head_dims"] for causal in params["causal"]
@@ -149,7 +156,8 @@ def run(ctx, params):
             fwd_cfg = fa._WINNERS.get((d, causal, n)) if t == torch.bfloat16 else None   # tuned by 3.4 in this run
             o, lse = fa.attention_forward(q, k, v, causal, sm_scale, fwd_cfg or fa.fallback_forward_config(d))
             picked = {}
-            for part, cands in (("dkdv", fa.dkdv_candidates(d)), ("dq", fa.dq_candidates(d))):
+            rule = fa.backward_config(d, causal, n, b * h, **fa.gpu_limits(ctx.device))
+            for part, cands in (("dkdv", fa.dkdv_candidates(d, rule["dkdv"])), ("dq", fa.dq_candidates(d, rule["dq"]))):
                 cands = [fa.INTERPRETER_BWD[part]] if interpreting() else cands
                 which = ("dk", "dv") if part == "dkdv" else ("dq",)
 
@@ -166,13 +174,39 @@ def run(ctx, params):
                         q, ref, heads, precision, which))
                 tuning[f"{part} {p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
             cfg = {"dkdv": picked["dkdv"], "dq": picked["dq"]}
+            scheme = "two kernels: dK/dV over queries, dQ over keys (7 matmuls)"
+            if not interpreting():                    # FlashAttention-2's atomic dQ (5 matmuls): the faster one runs
+                try:
+                    atomic, trials = tune(
+                        ctx, ("attn_bwd", "atomic", p["dtype"], b, h, n, d, causal, ctx.device.type),
+                        [{"atomic": c} for c in fa.atomic_candidates(d)],
+                        launch=lambda c: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c),
+                        check=lambda c: check_grads(
+                            lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c,
+                                                                     grads=(dq, dk, dv)), q, ref, heads, precision))
+                    tuning[f"atomic {p['dtype']} d={d} causal={causal} n={n}"] = tuning_summary(trials)
+                except LabError as exc:               # no atomic config ran correctly: the two kernels it is
+                    tuning[f"atomic {p['dtype']} d={d} causal={causal} n={n}"] = str(exc)[:400]
+                    atomic = None
+
+                def whole_ms(c):
+                    return ctx.time(lambda: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, c),
+                                    warmup_ms=5.0, target_ms=25.0, min_samples=5, max_samples=50).median_ms
+                if atomic is not None and whole_ms(atomic) < whole_ms(cfg):
+                    cfg, scheme = atomic, "one kernel: dK/dV over queries, dQ added by fp32 atomics (5 matmuls)"
+            costs = cost("triton")
+            if "atomic" in cfg:                       # delta, zeroing the fp32 dQ, the kernel, its copy out
+                costs["launches"] = 4
             r = measure(ctx, "triton", p,
                         fn=lambda: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg),
                         check=lambda: check_grads(
                             lambda dq, dk, dv: fa.attention_backward(q, k, v, o, lse, do, causal, sm_scale, cfg,
                                                                      grads=(dq, dk, dv)),
-                            q, ref, heads, precision), timing=timing, **cost("triton"))
-            r["metrics"]["config"] = f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}"
+                            q, ref, heads, precision), timing=timing, **costs)
+            r["metrics"]["config"] = (f"atomic: {label(cfg['atomic'])}" if "atomic" in cfg else
+                                      f"dkdv: {label(cfg['dkdv'])}; dq: {label(cfg['dq'])}")
+            r["metrics"]["scheme"] = scheme
+            r["metrics"]["rule_config"] = f"dkdv: {label(rule['dkdv'])}; dq: {label(rule['dq'])}"   # untuned
             return r
 
         for variant in fa.SDPA_BACKENDS:
@@ -199,7 +233,10 @@ EXERCISE = Exercise(
             "head_dims": Int([128, 64], choices=fa.EXERCISE_HEAD_DIMS, many=True, unit="head dim D"),
             "causal": Bool([False, True], many=True),
             "tokens": Int(16384, min=1, unit="tokens per problem (B = tokens // N, at least 1)"),
-            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)")},
+            "model_dim": Int(2048, min=1, unit="H x D (H = model_dim // D, at least 1)"),
+            # A user's own sizes: replaces the sweep (dtypes and causal still apply)
+            "shapes": Int(None, min=1, many=True, length=4, also=(None,), rule=fa.shape_rule,
+                          unit="B, H, N, D: your own shapes (replaces the sweep)")},
     cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},

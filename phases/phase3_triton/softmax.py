@@ -9,12 +9,14 @@ moves just that. Unfused (the same five operations) is five kernels, 5 reads and
 plus the row vectors, about 4x the problem's bytes: its own traffic is the row's `algorithm_bytes`,
 and its 5 launches are counted. At ~0.6 FLOP/byte both are memory-bound, so the roofline predicts
 fused = a copy's speed and unfused ~4x slower. (Counts: counts.py.)
-Three kernels cover every row length (the tuner times them all and keeps the fastest correct one):
+Three kernels cover every row length; `plan()` picks one by a rule of the width and the GPU (what
+`softmax(x)` runs), and the exercise's tuner times it beside the other candidates:
 * `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
   second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
-* `softmax_split_kernel`: SPLIT resident programs share a row, each holding its chunk in registers,
-  exchanging (max, sum) through memory one row ahead, so HBM sees exactly one read and one write.
+* `softmax_split_kernel`: the multi-program row path: ceil(cols / CHUNK) resident programs share a
+  row, each holding its chunk in registers, exchanging (max, sum) through memory one row ahead,
+  so HBM sees exactly one read and one write at any width (plan() uses it past 32,768 columns).
 """
 import torch
 
@@ -137,7 +139,8 @@ def _load_part(x_ptr, row, stride_x, cols, mask, zero, n_rows):
 
 @triton.jit
 def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
-                         n_groups, SPLIT: tl.constexpr, CHUNK: tl.constexpr, MAX_SPINS: tl.constexpr):
+                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr):
     """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
     group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
     once and written once. Persistent: group g takes rows g, g + n_groups, ...
@@ -158,12 +161,17 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
     part could overwrite row i's words while a slow one, having just published row i+1, is still
     waiting to read them.) The wrapper
     launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
-    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging)."""
+    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging).
+
+    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
+    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
+    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
     pid = tl.program_id(0)
     group, part = pid // SPLIT, pid % SPLIT
     cols = part * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
-    parts = tl.arange(0, SPLIT)
+    parts = tl.arange(0, PARTS)
+    real = parts < SPLIT
     slots = slots_ptr + group * (4 * SPLIT)
     stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
     zero = tl.zeros([CHUNK], tl.int32)
@@ -177,13 +185,13 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
         _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
         slot = slots + (it % 4) * SPLIT
         tag = it % 7 + 1
-        words = tl.load(slot + parts, volatile=True)          # volatile: from L2, past the incoherent L1
+        words = tl.load(slot + parts, mask=real, other=0, volatile=True)   # volatile: from L2, past the incoherent L1
         spins = 0
-        while (tl.min(((words & 7) == tag).to(tl.int32), axis=0) == 0) & (spins < MAX_SPINS):
-            words = tl.load(slot + parts, volatile=True)
+        while (tl.min((((words & 7) == tag) | (parts >= SPLIT)).to(tl.int32), axis=0) == 0) & (spins < MAX_SPINS):
+            words = tl.load(slot + parts, mask=real, other=0, volatile=True)
             spins += 1
-        ms = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-        ss = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        ms = tl.where(real, (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), -3.0e38)
+        ss = tl.where(real, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(ms, axis=0)
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
         y = tl.math.exp2(x - row_max) * inv
@@ -207,20 +215,67 @@ def _split_slots(device, n_groups: int, split: int) -> torch.Tensor:
     return slots
 
 
-# ------------------------------------------------------------------------------ configs and wrapper
-def candidates(n_cols: int) -> list[dict]:
-    """Configs worth timing at this row length (the tuner keeps the fastest correct one)."""
+# ------------------------------------------------------------------------------ the rule, configs and wrapper
+VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight each, no spills
+ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
+REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
+SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
+SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
+
+
+def plan(n_rows: int, n_cols: int, sms: int) -> dict:
+    """The config `softmax()` runs when given none: a rule of the width and the GPU's SM count.
+
+    * Rows up to REGISTER_ROW_MAX (padded to a power of two) are held whole in one program's
+      registers, several short rows per program so each holds >= ROW_TILE_MIN elements, at
+      VALUES_PER_THREAD per thread (the longest rows 32 per thread at the 32-warp limit).
+    * Longer rows, or rows too few to give every SM one (n_rows < SMs, n_cols >= 2 chunks), are
+      split across programs: ceil(n_cols / CHUNK) parts, each holding CHUNK columns, exchanging
+      their (max, sum) (softmax_split_kernel): still one HBM read and one write per element.
+      Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
+      takes the one that leaves the fewest lanes idle: padding past the row's end (an odd width's
+      last part) and program slots no whole group fills. Ties go to 4096, the size measured best.
+    * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
+      two-pass online kernel."""
     block = next_pow2(n_cols)
-    out = []
+    few_rows = n_rows < sms and n_cols >= 2 * SPLIT_CHUNK_MIN
+    if block <= REGISTER_ROW_MAX and not few_rows:
+        tile = max(block, ROW_TILE_MIN)
+        warps = max(4, min(32, tile // (32 * VALUES_PER_THREAD)))
+        return {"kind": "rows", "ROWS": tile // block, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
+    best, best_use = None, 0.0
+    for chunk in (4096, 2048, 8192):                  # the order breaks ties
+        per_sm = SPLIT_WARPS_PER_SM * 32 * VALUES_PER_THREAD // chunk
+        split, slots = -(-n_cols // chunk), sms * per_sm
+        if split > slots:
+            continue
+        busy = min(n_rows, slots // split) * split / slots
+        use = n_cols / (split * chunk) * busy
+        if use > best_use * 1.01:
+            best, best_use = split_config(n_cols, chunk, per_sm), use
+    if best is not None:
+        return best
+    return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
+
+
+def split_config(n_cols: int, chunk: int, programs_per_sm: int) -> dict:
+    """ceil(n_cols / chunk) parts of `chunk` columns, VALUES_PER_THREAD per thread."""
+    return {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": programs_per_sm,
+            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1}
+
+
+def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -> list[dict]:
+    """Configs worth timing at this row length, the rule's pick first (when the rows and the SM
+    count are given); the tuner keeps the fastest correct one, and the record says which won."""
+    block = next_pow2(n_cols)
+    out = [plan(n_rows, n_cols, sms)] if n_rows is not None and sms is not None else []
     if block <= 32768:                             # whole rows in registers
         tiles = {max(block, 4096), max(block, 8192)} | ({16384} if block <= 1024 else set())
         for tile in sorted(tiles):
             rows = tile // block
             for per_thread in (8, 16, 32):         # fp32 elements each thread holds
                 warps = max(4, min(32, tile // (32 * per_thread)))
-                cfg = {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1}
-                if cfg not in out:
-                    out.append(cfg)
+                out.append({"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1})
     if block <= 1024:                              # small programs, 8 values per thread (CUDA's warp kernels' shape)
         for tile in (512, 1024, 2048):
             if tile >= block:
@@ -237,33 +292,37 @@ def candidates(n_cols: int) -> list[dict]:
                             "hints": True, "num_warps": chunk // 512, "num_stages": 2})
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
-    if n_cols >= 32768:                            # cooperative: SPLIT programs per row, one HBM read
-        # (SPLIT, warps, programs per SM): three chunks per thread in registers (written, published,
-        # loading); all the programs must fit on the GPU at once, which the wrapper checks.
-        for split, warps, per_sm in ((16, 4, 3), (16, 8, 2), (32, 4, 4), (32, 4, 5), (8, 16, 1)):
-            chunk = next_pow2(-(-n_cols // split))
-            if chunk <= 16384:
-                out.append({"kind": "split", "SPLIT": split, "CHUNK": chunk, "programs_per_sm": per_sm,
-                            "num_warps": warps, "num_stages": 1})
-    return out
+    if n_cols >= 8192:                             # cooperative: ceil(cols / CHUNK) programs per row, one HBM read
+        # (CHUNK, programs per SM): 16 values per thread, three chunks per thread in registers
+        # (written, published, loading); all the programs must fit on the GPU at once, which the
+        # wrapper checks.
+        for chunk, per_sm in ((2048, 4), (4096, 2), (4096, 3), (8192, 1), (8192, 2)):
+            if -(-n_cols // chunk) <= 512:
+                out.append(split_config(n_cols, chunk, per_sm))
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
 
 
 def interpreter_configs(n_cols: int) -> list[dict]:
-    # The split kernel only with SPLIT=1 here: the interpreter runs programs one after another, so
-    # parts of a row could never wait for each other (on the GPU they run at the same time).
+    """One config per kernel, small enough for the CPU interpreter; the split kernel with at least
+    two parts whenever the row has two chunks of 16 (see softmax() for how it runs here)."""
+    chunk = max(16, next_pow2(-(-n_cols // 3)))
     return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
             {"kind": "rows", "ROWS": 2, "BLOCK_N": next_pow2(n_cols), "num_warps": 4, "programs_per_sm": 1, "STAGES": 2},
             {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
-            {"kind": "split", "SPLIT": 1, "CHUNK": next_pow2(n_cols), "programs_per_sm": 1, "num_warps": 4}]
+            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4}]
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """Row-wise softmax of a 2-D tensor whose rows are contiguous."""
+    """Row-wise softmax of a 2-D tensor whose rows are contiguous; `config` None: plan()'s rule."""
     require(x)
     assert x.ndim == 2 and x.stride(1) == 1
     out = torch.empty_like(x) if out is None else out
     n_rows, n_cols = x.shape
-    cfg = config or candidates(n_cols)[0]
+    cfg = config or plan(n_rows, n_cols, sm_count(x.device))
     if cfg["kind"] == "rows":
         tiles = triton.cdiv(n_rows, cfg["ROWS"])
         programs = min(tiles, sm_count(x.device) * cfg["programs_per_sm"]) if "programs_per_sm" in cfg else tiles
@@ -271,19 +330,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
                                     ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1),
                                     **launch_options(cfg))
     elif cfg["kind"] == "split":
-        split = cfg["SPLIT"]
-        if cfg["CHUNK"] * split < n_cols:
-            raise ValueError(f"split config covers {cfg['CHUNK'] * split} columns, rows have {n_cols}")
-        consts = dict(SPLIT=split, CHUNK=cfg["CHUNK"], MAX_SPINS=1 if interpreting() else 1 << 16, **launch_options(cfg))
-        # Never more programs than fit on the GPU at once: the parts of a group wait for each other.
-        per_sm = cfg["programs_per_sm"]
-        n_groups = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split))
-        args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
-        resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
-                                            args, consts)
-        if resident is not None and resident < per_sm:
-            raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
-        softmax_split_kernel[(n_groups * split,)](*args, **consts)
+        split_softmax(x, out, cfg, adapt=config is None)
     else:
         programs = min(n_rows, sm_count(x.device) * cfg["programs_per_sm"])
         keep, stream = ("evict_last", "evict_first") if cfg["hints"] else ("", "")
@@ -291,6 +338,45 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
                                            CHUNK=cfg["CHUNK"], EVEN=n_cols % cfg["CHUNK"] == 0,
                                            KEEP=keep, STREAM=stream, **launch_options(cfg))
     return out
+
+
+def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None,
+                  adapt: bool = False) -> None:
+    """The multi-program row path. On a GPU: one launch of n_groups x SPLIT programs, never more
+    than fit at once (the parts of a group wait for each other).
+
+    Triton's CPU interpreter runs programs one after another, so within one launch a part can
+    never see the words of parts that run after it. There the kernel is launched twice over the
+    same (not re-zeroed) words, with at most 3 rows per group (4 slots, and a part's last
+    iteration publishes the row after its last into the fourth): the first launch leaves
+    every row's words in place, the second reads them and writes the right answer. Every index,
+    mask, tag and the combine of the GPU's code path are exercised; only the waiting is not.
+    `launches` overrides the count (a test shows one interpreted launch is rejected). With
+    `adapt` (the rule's own config), fewer programs per SM are launched where fewer fit, instead
+    of refusing; a config the tuner tries is refused, so the record shows what it asked for."""
+    n_rows, n_cols = x.shape
+    split, chunk = cfg["SPLIT"], cfg["CHUNK"]
+    if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
+        raise ValueError(f"{label(cfg)}: needs a power-of-two CHUNK and SPLIT = ceil({n_cols} / CHUNK)")
+    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
+                  **launch_options(cfg))
+    per_sm = cfg["programs_per_sm"]
+    if interpreting():
+        n_groups, launches = -(-n_rows // 3), launches or 2
+    else:
+        n_groups, launches = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split)), 1
+        if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
+            raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
+    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
+    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
+                                        args, consts)
+    if resident is not None and resident < per_sm:
+        if not adapt or resident * sm_count(x.device) < split:
+            raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
+        n_groups = max(1, min(n_rows, (sm_count(x.device) * resident) // split))
+        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:7], n_groups)
+    for _ in range(launches):
+        softmax_split_kernel[(n_groups * split,)](*args, **consts)
 
 
 # ------------------------------------------------------------------------------ reference and baselines
@@ -325,10 +411,19 @@ REFERENCE = "float64 torch.softmax of the same inputs"
 
 # ------------------------------------------------------------------------------ the exercise
 def shapes(params) -> list[tuple[int, int, str]]:
+    """(rows, columns, group): the user's own shapes when given (`--param shapes=[[rows,cols],...]`),
+    else the seed's case and the sweep of widths at a fixed element count."""
+    if params.get("shapes"):
+        return [(m, n, "user") for m, n in params["shapes"]]
     out = [(*params["seed_shape"], "seed")]
     for n in params["cols"]:
         out.append((max(1, params["total_elements"] // n), n, "sweep"))
     return out
+
+
+def _fits_int32(shape: list[int]) -> str | None:
+    """Row offsets are int64 but a row's columns are int32 inside the kernels."""
+    return f"{shape[1]} columns is 2^31 or more" if shape[1] >= 2**31 else None
 
 
 def work(params) -> list[Work]:
@@ -386,13 +481,18 @@ def run(ctx, params):
                 **cost("unfused"))))
 
         def triton_row():
-            cands = interpreter_configs(n) if interpreting() else candidates(n)
+            rule = plan(m, n, sm_count(ctx.device))
+            cands = interpreter_configs(n) if interpreting() else candidates(n, m, sm_count(ctx.device))
             cfg, trials = tune(ctx, ("softmax", m, n, ctx.device.type), cands, launch=lambda c: softmax(x, out, c),
                                check=lambda c: check(lambda: softmax(x, out, c))())
             tuning[f"{m}x{n}"] = tuning_summary(trials)
+            rule_ms = next((t["ms"] for t in trials if t["config"] == label(rule)), None)
             r = measure(ctx, "triton", size, fn=lambda: softmax(x, out, cfg), check=check(lambda: softmax(x, out, cfg)),
                         **cost("triton", cfg["kind"]))
             r["metrics"]["config"] = label(cfg)
+            r["metrics"]["rule_config"] = label(rule)          # what softmax(x) runs untuned (plan())
+            if rule_ms and r["status"] == "ok":
+                r["metrics"]["rule_ms_in_tuning"] = rule_ms
             r["metrics"]["kernel"] = {"rows": "softmax_kernel", "online": "softmax_online_kernel",
                                       "split": "softmax_split_kernel"}[cfg["kind"]]
             return r
@@ -425,7 +525,10 @@ EXERCISE = Exercise(
     params={"seed_shape": Int([1024, 2048], min=1, length=2, unit="rows, columns"),
             "cols": Int([32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], min=1, many=True,
                         unit="columns (row length)"),
-            "total_elements": Int(2**27, min=1, unit="fp32 elements per tensor (rows = this // cols)")},
+            "total_elements": Int(2**27, min=1, unit="fp32 elements per tensor (rows = this // cols)"),
+            # A user's own sizes: replaces the seed case and the sweep, e.g. --param shapes=[[1000,100000]]
+            "shapes": Int(None, min=1, many=True, length=2, also=(None,), rule=_fits_int32,
+                          unit="rows, columns: your own shapes (replaces the seed case and the sweep)")},
     cpu_params={"cols": [128, 4096], "total_elements": 2**20},
     quick_params={"seed_shape": [64, 2048], "cols": [1537], "total_elements": 2**14},
     variants=("copy", "torch", "unfused", "triton"), footprint_bytes=footprint_bytes, work=work)
