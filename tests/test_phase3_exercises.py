@@ -23,7 +23,8 @@ from common.records import SCHEMA_VERSION, problems
 from common.registry import all_exercises
 from common.spec import Plot
 from common.timing import summarize
-from phases.phase3_triton import _support, analysis, counts
+from common import triton_shim as _support
+from phases.phase3_triton import analysis, counts
 from phases.phase3_triton import flash_attention as fa
 from phases.phase3_triton import matmul as mm
 from phases.phase3_triton import softmax as sm
@@ -62,7 +63,7 @@ def test_lab_run_3_on_a_cpu_skips_each_exercise_with_one_line(lab, tmp_path):
 
 def test_phase3_imports_and_lists_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"
-            "import torch\nfrom common.registry import select\nfrom phases.phase3_triton import _support\n"
+            "import torch\nfrom common.registry import select\nfrom common import triton_shim as _support\n"
             "from phases.phase3_triton import vector_add as va\n"
             "assert len(select(['3'])) == 5 and not _support.HAVE_TRITON\n"
             "try:\n    va.add(torch.ones(4), torch.ones(4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"

@@ -27,7 +27,7 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
 from . import counts
-from ._support import (
+from common.triton_shim import (
     LOG2E_VALUE,
     attempt,
     compare_to_library,

@@ -25,7 +25,7 @@ from common.standalone import run_alone
 
 from . import counts
 from . import flash_attention as fa
-from ._support import (
+from common.triton_shim import (
     attempt,
     compare_to_library,
     interpreting,

@@ -22,7 +22,7 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
 from . import counts
-from ._support import (
+from common.triton_shim import (
     attempt,
     compare_to_library,
     ensure_allocator,

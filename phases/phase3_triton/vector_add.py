@@ -28,7 +28,7 @@ from common.params import Int
 from common.standalone import run_alone
 
 from . import analysis, counts
-from ._support import (
+from common.triton_shim import (
     attempt,
     compare_to_library,
     interpreting,

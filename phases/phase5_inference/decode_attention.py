@@ -34,7 +34,7 @@ from common.checks import CHECK_CHUNK, TORCH_DTYPES
 from common.exercise import Exercise, Needs, Result, Work, against_baseline, measure, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from phases.phase3_triton._support import attempt, interpreting, label, skipped
+from common.triton_shim import attempt, interpreting, label, skipped
 
 from .engine import decode_attention as attn
 from .engine.shapes import SHAPES, named

@@ -34,7 +34,7 @@ from common.checks import CHECK_CHUNK
 from common.exercise import Exercise, Needs, Result, Work, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from phases.phase3_triton._support import attempt, skipped
+from common.triton_shim import attempt, skipped
 
 from . import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives

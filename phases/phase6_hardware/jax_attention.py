@@ -80,7 +80,7 @@ def sdpa_backend(variant: str):
 
 def sdpa_row(ctx, variant, p, q, k, v, check):
     from phases.phase3_triton.flash_attention import sdpa
-    from phases.phase3_triton._support import skipped
+    from common.triton_shim import skipped
 
     def call():
         return sdpa(q, k, v, False)
@@ -96,7 +96,7 @@ def sdpa_row(ctx, variant, p, q, k, v, check):
 
 def triton_row(ctx, p, q, k, v, check):
     from phases.phase3_triton import flash_attention as fa
-    from phases.phase3_triton._support import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, attempt, interpreting, label, skipped, tune
     if not HAVE_TRITON:
         return skipped("triton", p, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -120,7 +120,7 @@ def triton_row(ctx, p, q, k, v, check):
 # ------------------------------------------------------------------------------ JAX's rows
 def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
     """Compile (a refusal is a skipped row), read the HLO, check, time (an error there: a failed row)."""
-    from phases.phase3_triton._support import attempt, skipped
+    from common.triton_shim import attempt, skipped
     try:
         compiled, text, temp = hlo.compiled(fn, *args)
         wall_timing.jax_wait(compiled(*args))           # a runtime refusal surfaces here, not mid-timing
@@ -143,7 +143,7 @@ def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
 
 
 def jax_rows(ctx, p, q, k, v, ref, heads) -> list[dict]:
-    from phases.phase3_triton._support import skipped
+    from common.triton_shim import skipped
     wanted = [v_ for v_ in ("jax_jit_math", *JAX_IMPLEMENTATIONS) if ctx.wants(v_)]
     if not wanted:
         return []

@@ -18,7 +18,7 @@ from common.exercise import Exercise, Needs, Result, Work, measure, reference_ch
 from common.params import Choice, Int
 from common.standalone import run_alone
 
-from phases.phase3_triton._support import attempt
+from common.triton_shim import attempt
 
 from . import hlo, jax_backend
 from .side_by_side import add_wall, compare as compare_rows, jax_row, scrubbed
@@ -47,7 +47,7 @@ def torch_row(ctx, a, b, c, ref, size, dtype):
 
 def triton_row(ctx, a, b, c, ref, size, dtype):
     from phases.phase3_triton import matmul as p3
-    from phases.phase3_triton._support import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, attempt, interpreting, label, skipped, tune
     if not HAVE_TRITON:
         return skipped("triton", size, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -65,7 +65,7 @@ def triton_row(ctx, a, b, c, ref, size, dtype):
 
 
 def jax_rows(ctx, a, b, ref, size, dtype) -> dict:
-    from phases.phase3_triton._support import skipped
+    from common.triton_shim import skipped
     try:
         dev = jax_backend.device()
     except Skip as exc:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import LabError
-from phases.phase3_triton._support import interpreting
+from common.triton_shim import interpreting
 
 from .kv_cache import BlockPool, activation_reserve_bytes, kv_block_bytes
 from .model import QuantizationConfig
@@ -165,7 +165,7 @@ def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | 
 def backend_unavailable(config: EngineConfig, device: torch.device) -> str | None:
     """Why the decode attention backend cannot run on this device (Triton needs a GPU, or the
     interpreter), or None: said at startup, not by the first request."""
-    from phases.phase3_triton._support import HAVE_TRITON
+    from common.triton_shim import HAVE_TRITON
     if config.attention_backend == "triton" and (not HAVE_TRITON or (device.type != "cuda" and not interpreting())):
         return ("attention_backend 'triton' runs a Triton kernel: it needs a CUDA GPU with triton installed "
                 "(or TRITON_INTERPRET=1); on a CPU use reference or auto")

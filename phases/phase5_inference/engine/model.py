@@ -100,7 +100,7 @@ class QuantizationConfig:
     def wrap(self, weight, dtype: torch.dtype, device: torch.device):
         """A checkpoint's own Int4Weight as a QuantizedLinear on `path`, refused here (one line) if
         the path cannot take it on this device, not at the first request."""
-        from phases.phase3_triton._support import interpreting
+        from common.triton_shim import interpreting
 
         from .quant_gemm import kernel_group_size
         from .quantize import QuantizedLinear, library_unavailable

@@ -33,7 +33,7 @@ bf16 tl.dot is wrong), as do fp32 activations on a GPU (ieee, not tf32).
 import torch
 
 from common.errors import LabError
-from phases.phase3_triton._support import interpreting, require, tl, triton
+from common.triton_shim import interpreting, require, tl, triton
 
 from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
 
