@@ -36,7 +36,7 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 from common.triton_shim import attempt, skipped
 
-from . import quant_analysis as qa
+from .predictions import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives
 from .engine import int4_mma, quant_gemm, quantize
 from .engine.shapes import SHAPES, named

@@ -24,7 +24,7 @@ from common.timing import summarize
 
 from . import groq_client
 from .architectures import roofs
-from phases.phase5_inference.client import summarize as phase5_summary
+from phases.phase5_inference.benchmark.client import summarize as phase5_summary
 from phases.phase5_inference.engine.shapes import SHAPES
 
 VARIANT = "groq_sdk"

@@ -21,7 +21,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from common.paths import scrub_paths
-from phases.phase5_inference.client import RequestResult
+from phases.phase5_inference.benchmark.client import RequestResult
 
 GROQ_URL = "https://api.groq.com"
 API_TIMES = ("queue_time", "prompt_time", "completion_time")

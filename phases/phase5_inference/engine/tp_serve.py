@@ -3,7 +3,7 @@
 `lab serve` itself starts torchrun (N processes, NCCL on GPUs, gloo with --device cpu) running the
 server module again; inside it each rank joins the process group, takes its GPU (LOCAL_RANK) and
 builds its shard of the engine. Rank 0 serves HTTP through a DrivenEngine, which sends each step's
-adds and aborts to the other ranks; they run `follow()` (tensor_parallel.py) until rank 0 stops.
+adds and aborts to the other ranks; they run `follow()` (tp_ranks.py) until rank 0 stops.
 Ctrl-C or SIGTERM to `lab serve` reaches rank 0 as SIGINT (its graceful stop: it writes its pid
 where `lab serve` finds it), which tells the others to leave; torchrun stops them all if any rank
 fails.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common.errors import LabError
 
-from .tensor_parallel import NO_MULTICAST_ENV
+from .tp_ranks import NO_MULTICAST_ENV
 
 STOP_GRACE_S = 60.0
 PID_FILE_ENV = "LAB_TP_SERVE_RANK0_PID"
@@ -76,7 +76,7 @@ def rank_main(config, serve_kwargs: dict) -> int:
 
     from .llm import LLMEngine, pick_device
     from .server import serve
-    from .tensor_parallel import Channel, DrivenEngine, follow
+    from .tp_ranks import Channel, DrivenEngine, follow
 
     world = int(os.environ["WORLD_SIZE"])
     if world != config.tensor_parallel:
