@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from common.errors import LabError
 
-from .quantize import INT4_MAX, Int4Weight, unpack_int4
+from .weight_formats import INT4_MAX, Int4Weight, unpack_int4
 
 SOURCE = Path(__file__).resolve().parent / "int4_mma.cu"
 TILE_N = 16                       # weight rows per mma tile

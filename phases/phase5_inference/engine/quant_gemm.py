@@ -35,7 +35,7 @@ import torch
 from common.errors import LabError
 from common.triton_shim import interpreting, require, tl, triton
 
-from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
+from .weight_formats import GROUP_SIZES, NIBBLES_PER_WORD
 
 GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
