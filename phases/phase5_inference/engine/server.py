@@ -551,7 +551,7 @@ def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> 
         from . import tp_serve
         from .llm import pick_device
         if tp_serve.inside_torchrun():
-            return tp_serve.rank_main(config, kwargs)
+            return tp_serve.rank_main(config, serve, kwargs)
         return tp_serve.relaunch(list(sys.argv[1:] if argv is None else argv), config.tensor_parallel,
                                  pick_device(config.device).type)
     return serve(config, **kwargs)

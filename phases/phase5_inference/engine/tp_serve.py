@@ -68,14 +68,14 @@ def relaunch(argv: list[str], n: int, device_type: str) -> int:
         folder.cleanup()
 
 
-def rank_main(config, serve_kwargs: dict) -> int:
-    """One rank inside torchrun: join the group, build this rank's engine; rank 0 serves, the
+def rank_main(config, serve, serve_kwargs: dict) -> int:
+    """One rank inside torchrun: join the group, build this rank's engine; rank 0 serves it with
+    `serve` (server.py's, passed in: the server imports this module, not the other way), the
     others follow it."""
     import torch
     import torch.distributed as dist
 
     from .llm import LLMEngine, pick_device
-    from .server import serve
     from .tp_ranks import Channel, DrivenEngine, follow
 
     world = int(os.environ["WORLD_SIZE"])
