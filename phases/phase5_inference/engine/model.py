@@ -31,7 +31,7 @@ from .fused_ops import (add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, 
                         silu_and_mul_linear)
 from .rope import inverse_frequencies
 from .shapes import LlamaShape
-from .weights import tensor_shapes
+from .checkpoint_files import tensor_shapes
 
 
 @dataclass

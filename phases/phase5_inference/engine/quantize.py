@@ -21,17 +21,13 @@ clamped by more than rounding.
                _for_cpu twins), in their own packed formats converted once and cached
     "cuda"     int4 only: int4_mma's CUDA kernel (tensor cores, weights re-laid once and cached)
 """
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common.errors import LabError
 
-# The layouts live in weight_formats.py (the kernels import them there); quantize's importers find them here too.
-from .weight_formats import (GROUP_SIZES, INT4_MAX, INT8_MAX, NIBBLES_PER_WORD, Int4Weight, Int8Weight,  # noqa: F401
-                             pack_int4, unpack_int4, unpack_int4_words)
+from .weight_formats import GROUP_SIZES, INT4_MAX, INT8_MAX, Int4Weight, Int8Weight, pack_int4, unpack_int4
 
 LIBRARY_INT4_GROUP_SIZES = (32, 64, 128, 256)        # what tinygemm accepts
 LIBRARY_INNER_K_TILES = 8                            # tinygemm's K tiling (2, 4 or 8); K % (16·8) == 0
