@@ -33,7 +33,7 @@ from common.exercise import (
 from common.params import Choice, Int
 from common.standalone import run_alone
 
-from . import build
+from common import cuda_build as build
 from ._args import INT32_MAX, need_contiguous
 
 SOURCE = "softmax.cu"
