@@ -150,6 +150,21 @@ def test_common_never_imports_a_phase():
     assert not upward, "common/ imports phases/: " + ", ".join(f"{m} -> {t}" for m, t in upward)
 
 
+def test_a_module_importing_another_phase_says_which_lesson_it_builds_on():
+    """Phases import each other only where an exercise is built on another phase's lesson, and the
+    importing module's docstring says so in a line "Built on phase N: ..."."""
+    files = module_files(REPO)
+    silent = []
+    for module, targets in import_graph(REPO).items():
+        if not module.startswith("phases.phase"):
+            continue
+        doc = ast.get_docstring(ast.parse(files[module].read_text())) or ""
+        for phase in sorted({t.split(".")[1] for t in targets if t.startswith("phases.phase")} - {module.split(".")[1]}):
+            if f"Built on phase {phase[5]}:" not in doc:
+                silent.append(f"{module} -> {phase}")
+    assert not silent, "cross-phase imports without a 'Built on phase N:' line: " + ", ".join(silent)
+
+
 def test_no_two_phase5_modules_share_a_name():
     names = [p.stem for p in (REPO / "phases" / "phase5_inference").rglob("*.py") if p.stem != "__init__"]
     assert sorted({n for n in names if names.count(n) > 1}) == []

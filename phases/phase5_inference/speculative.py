@@ -33,6 +33,8 @@ Correctness gates timing: at temperature 0 every speculative output must equal t
 output for the same prompts, token for token; where it differs, the target's top two logits at the
 first difference must be within NEAR_TIE_ULPS bf16 steps (the verify pass multiplies k + 1 rows
 where the target alone multiplies one, and a tie may round either way), else the row fails.
+
+Built on phase 7: its corpus and batches (data.py, train.py) train and check the drafts.
 """
 import math
 import statistics

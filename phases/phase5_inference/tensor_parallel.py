@@ -34,6 +34,8 @@ compared with the reference's: each reference token must score within a toleranc
 (3x what the reference itself strays between its prefill and its decode, at least 10% of the logits'
 spread), and the logits of 128 fixed vocabulary ids must agree within 25% (relative L2; a wrong
 split is off by ~140%). On CPU processes (fp32) the tests ask for identical greedy tokens instead.
+
+Built on phase 4: its launcher (launch.py) and all-reduce calibration (calibration.py).
 """
 import math
 import statistics

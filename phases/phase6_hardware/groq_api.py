@@ -11,6 +11,8 @@ Groq: a batch-1 token reads every weight at one chip's SRAM bandwidth, as in a p
 fewest chips that hold them); Groq does not publish its deployment, so the row is kept out of the
 lab's prediction-accuracy figures. Without GROQ_API_KEY, or without a route to the API's host, the
 exercise is skipped with the reason. The key never reaches a record.
+
+Built on phase 5: its benchmark client and Llama shapes measure Groq as they measure the lab's server.
 """
 import statistics
 

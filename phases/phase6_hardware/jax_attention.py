@@ -15,6 +15,8 @@ JAX row keeps what its compiled HLO holds (hlo.py): fusions, custom calls, kerne
 S x S score buffer is ever in device memory, with the compiler's temp bytes beside the size of a
 bf16 score matrix. Every output is checked against float64 attention (first and last head) before
 it is timed; ratios compare wall-clock times taken the same way for every row (wall_timing.py).
+
+Built on phase 3: its flash-attention kernel, checks and FLOP count.
 """
 import math
 import warnings

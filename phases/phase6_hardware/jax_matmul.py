@@ -9,6 +9,8 @@ which, and the record keeps its custom-call targets) gets within a few percent o
 directly. The same inputs go to all three; each output is checked against a float64 matmul before
 any timing. JAX is timed by host wall clock around back-to-back calls (wall_timing.py); torch and
 Triton by the lab's harness and also by that same wall clock, and the ratios use the latter.
+
+Built on phase 3: its Triton matmul and FLOP count.
 """
 import torch
 

@@ -14,6 +14,8 @@ writes the result. Tasks:
   allreduce every all-reduce the engine can use, against exact sums at irregular sizes
 A rank's life (markers pid, stage, error; the process group; the result file; the test hook
 LAB_PHASE4_FAULT, crash:R or hang:R) is phase 4's worker.main with these tasks.
+
+Built on phase 4: its launcher and worker (launch.py, worker.py) run the ranks.
 """
 import gc
 import sys

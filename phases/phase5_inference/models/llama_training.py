@@ -22,6 +22,8 @@ over the same windows, the teacher's distribution from its forward pass without 
 speculative draft is accepted when it predicts what the target would, so a draft taught the
 target's distribution (DistillSpec, Zhou et al. 2023; Llama 3.2 1B learnt from 8B and 70B
 logits) is accepted more often than one taught the text alone.
+
+Built on phase 7: its training loop (train.py) trains the lab's Llamas.
 """
 import json
 import math

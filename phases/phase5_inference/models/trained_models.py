@@ -26,6 +26,8 @@ Checkpoints live in <repo>/.lab_cache/speculative/<name>-<key>/ (git-ignored), a
 (config.json, model.safetensors) plus train.json (what the run measured). The key is a hash of the
 shape, the training settings, the corpus's sha256 and the device type (bf16 on CUDA and fp32 on a
 CPU train different weights), so a changed setting trains a new model instead of reusing an old one.
+
+Built on phase 7: its TinyShakespeare corpus and splits (data.py).
 """
 import functools
 import hashlib
