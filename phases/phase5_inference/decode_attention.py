@@ -34,7 +34,9 @@ from common.checks import CHECK_CHUNK, TORCH_DTYPES
 from common.exercise import Exercise, Needs, Result, Work, against_baseline, measure, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from common.triton_shim import attempt, interpreting, label, skipped
+from common.triton_shim import interpreting
+from common.triton_tuner import label
+from common.variant_rows import attempt, skipped
 
 from .engine import paged_attention as attn
 from .engine.shapes import SHAPES, named

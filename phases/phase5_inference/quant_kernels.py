@@ -34,7 +34,7 @@ from common.checks import CHECK_CHUNK
 from common.exercise import Exercise, Needs, Result, Work, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from common.triton_shim import attempt, skipped
+from common.variant_rows import attempt, skipped
 
 from .predictions import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives

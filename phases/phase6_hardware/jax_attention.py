@@ -82,7 +82,7 @@ def sdpa_backend(variant: str):
 
 def sdpa_row(ctx, variant, p, q, k, v, check):
     from phases.phase3_triton.flash_attention import sdpa
-    from common.triton_shim import skipped
+    from common.variant_rows import skipped
 
     def call():
         return sdpa(q, k, v, False)
@@ -98,7 +98,9 @@ def sdpa_row(ctx, variant, p, q, k, v, check):
 
 def triton_row(ctx, p, q, k, v, check):
     from phases.phase3_triton import flash_attention as fa
-    from common.triton_shim import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, interpreting
+    from common.triton_tuner import label, tune
+    from common.variant_rows import attempt, skipped
     if not HAVE_TRITON:
         return skipped("triton", p, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -122,7 +124,7 @@ def triton_row(ctx, p, q, k, v, check):
 # ------------------------------------------------------------------------------ JAX's rows
 def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
     """Compile (a refusal is a skipped row), read the HLO, check, time (an error there: a failed row)."""
-    from common.triton_shim import attempt, skipped
+    from common.variant_rows import attempt, skipped
     try:
         compiled, text, temp = hlo.compiled(fn, *args)
         wall_timing.jax_wait(compiled(*args))           # a runtime refusal surfaces here, not mid-timing
@@ -145,7 +147,7 @@ def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
 
 
 def jax_rows(ctx, p, q, k, v, ref, heads) -> list[dict]:
-    from common.triton_shim import skipped
+    from common.variant_rows import skipped
     wanted = [v_ for v_ in ("jax_jit_math", *JAX_IMPLEMENTATIONS) if ctx.wants(v_)]
     if not wanted:
         return []

@@ -19,8 +19,7 @@ from common.errors import Skip
 from common.exercise import Exercise, Needs, Result, Work, measure, reference_check
 from common.params import Choice, Int
 from common.standalone import run_alone
-
-from common.triton_shim import attempt
+from common.variant_rows import attempt
 
 from . import hlo, jax_backend
 from .side_by_side import add_wall, compare as compare_rows, jax_row, scrubbed
@@ -49,7 +48,9 @@ def torch_row(ctx, a, b, c, ref, size, dtype):
 
 def triton_row(ctx, a, b, c, ref, size, dtype):
     from phases.phase3_triton import matmul as p3
-    from common.triton_shim import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, interpreting
+    from common.triton_tuner import label, tune
+    from common.variant_rows import attempt, skipped
     if not HAVE_TRITON:
         return skipped("triton", size, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -67,7 +68,7 @@ def triton_row(ctx, a, b, c, ref, size, dtype):
 
 
 def jax_rows(ctx, a, b, ref, size, dtype) -> dict:
-    from common.triton_shim import skipped
+    from common.variant_rows import skipped
     try:
         dev = jax_backend.device()
     except Skip as exc:
