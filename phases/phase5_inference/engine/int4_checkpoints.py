@@ -1,5 +1,5 @@
 """int4 checkpoints quantized elsewhere, converted at load into the engine's own layout
-(quantize.Int4Weight: int32 [N, K/8] packed along K in plain nibble order, scales and uint8 zero
+(weight_formats.Int4Weight: int32 [N, K/8] packed along K in plain nibble order, scales and uint8 zero
 points [G, N]), so `lab serve --model DIR` serves an AutoAWQ or GPTQ folder.
 
 The two layouts found on the Hugging Face Hub (for a linear layer y = x W^T, K inputs, N outputs,

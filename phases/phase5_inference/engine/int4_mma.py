@@ -1,7 +1,7 @@
 """The CUDA W4A16 kernel (int4_mma.cu): int4 weights multiplied on the tensor cores, re-laid once at
 load so that each lane fetches its mma fragments with one 16-byte load per 64 inputs.
 
-    mw = relayout(int4_weight)          # quantize.Int4Weight -> MmaInt4Weight (any device; once)
+    mw = relayout(int4_weight)          # weight_formats.Int4Weight -> MmaInt4Weight (any device; once)
     y = matmul(x, mw)                   # x [M, K] bf16 on a CUDA GPU -> y [M, N] bf16
 
 What decides its speed, and why it is laid out so (the .cu file's header has the details):
@@ -148,7 +148,7 @@ def fragment_map() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def relayout(qw: Int4Weight) -> MmaInt4Weight:
-    """Int4Weight (quantize.py's layout) -> the kernel's: lane words and per-tile scales; on qw's
+    """Int4Weight (weight_formats.py's layout) -> the kernel's: lane words and per-tile scales; on qw's
     device. Rows past N and inputs past K are zero nibbles (their activations are zero)."""
     why = format_unsupported(qw)
     if why:

@@ -43,7 +43,7 @@ def load_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16,
                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """A Hugging Face Llama checkpoint's tensors, checked against its config's names and shapes.
     An int4 checkpoint (config.json's quantization_config) comes back with each projection's
-    weight as a quantize.Int4Weight (int4_checkpoints.py). With tied embeddings a saved
+    weight as a weight_formats.Int4Weight (int4_checkpoints.py). With tied embeddings a saved
     lm_head.weight equal to the embedding is dropped (drop_tied_head)."""
     from .shapes import read_config
 
