@@ -10,7 +10,7 @@ from conftest import cpu_only
 
 from common.errors import LabError
 from common.registry import select
-from common import cuda_build as build
+from phases.phase2_cuda import build
 from phases.phase2_cuda import matmul as mm
 from phases.phase2_cuda import vector_add as va
 

@@ -13,7 +13,7 @@ import torch
 from conftest import cpu_only
 
 from common.errors import LabError
-from common import cuda_build as build
+from phases.phase2_cuda import build
 from phases.phase2_cuda import softmax as sm
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH")

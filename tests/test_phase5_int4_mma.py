@@ -154,7 +154,7 @@ def test_engine_picks_its_int4_path_by_what_runs_here():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_kernel_builds_for_hopper_without_spills(tmp_path):
-    from common import cuda_build as build
+    from phases.phase2_cuda import build
     b = build.build(im.SOURCE, "sm_90", cache_dir=tmp_path)
     kernels = {name: res for name, res in b.resources.items() if "w4a16_mma" in name or "dequantize" in name}
     assert len(kernels) == 17, sorted(kernels)          # 4 batch widths x 2 group kinds x 2 streams + dequantize

@@ -33,8 +33,8 @@ from common.exercise import (
 )
 from common.params import Int
 from common.standalone import run_alone
-from common import cuda_build as build
 
+from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
 from .analysis import ladder_steps
 from .rungs import BASELINES, RUNGS, VARIANTS

@@ -32,8 +32,8 @@ from common.exercise import (
 )
 from common.params import Choice, Int
 from common.standalone import run_alone
-from common import cuda_build as build
 
+from . import build
 from ._args import INT32_MAX, need_contiguous
 
 SOURCE = "softmax.cu"

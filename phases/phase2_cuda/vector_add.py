@@ -28,8 +28,8 @@ from common.exercise import (
 )
 from common.params import Int
 from common.standalone import run_alone
-from common import cuda_build as build
 
+from . import build
 from ._args import need_contiguous, need_dtype
 
 SOURCE = "vector_add.cu"

@@ -24,6 +24,8 @@ Formats taken: group sizes that are powers of two >= 32, or one group per row (p
 size = K); zero points 0..15 (symmetric GPTQ-style weights have zero 8); scales bf16 or fp16 kept
 exactly (fp32 scales are rounded to bf16: the kernel reads 16-bit scales). K must be a multiple of 8
 (16-byte activation loads). `unavailable` says why a weight or an input cannot run here.
+
+Built on phase 2: its nvcc build-and-load helper (build.py) compiles the kernel and calls it by ctypes.
 """
 import ctypes
 from dataclasses import dataclass
@@ -109,7 +111,7 @@ def device_unavailable(device: torch.device) -> str | None:
     major, _ = torch.cuda.get_device_capability(device)
     if major < 8:
         return "the CUDA int4 kernel needs bf16 mma (compute capability 8.0 or newer)"
-    from common.cuda_build import nvcc
+    from phases.phase2_cuda.build import nvcc
     try:
         nvcc()
     except LabError as e:
@@ -238,7 +240,7 @@ _COUNTERS: dict = {}
 
 
 def library():
-    from common import cuda_build as build
+    from phases.phase2_cuda import build
     return build.load(SOURCE, SIGNATURES)
 
 
@@ -274,7 +276,7 @@ def multiply(x: torch.Tensor, mw: MmaInt4Weight) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> torch.Tensor:
     """y = x @ W^T, x [M, K] bf16 on the GPU (contiguous rows), y [M, N] bf16."""
-    from common import cuda_build as build
+    from phases.phase2_cuda import build
     if x.dim() != 2 or x.shape[1] != mw.in_features:
         raise LabError(f"int4 matmul: x must be [M, {mw.in_features}], got {tuple(x.shape)}")
     if x.dtype != torch.bfloat16 or x.device.type != "cuda":
@@ -308,7 +310,7 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
 
 def dequantize(mw: MmaInt4Weight) -> torch.Tensor:
     """bf16 [N, K] on the GPU from the re-laid weight (one kernel)."""
-    from common import cuda_build as build
+    from phases.phase2_cuda import build
     w = torch.empty(mw.out_features, mw.in_features, dtype=torch.bfloat16, device=mw.wq.device)
     lib, _ = library()
     code = lib.lab_int4_dequantize(build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(w), mw.out_features,
