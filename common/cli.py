@@ -1,4 +1,4 @@
-"""The `lab` command: list, run, report, env, predict, serve.
+"""The `lab` command: list, run, report, env, predict, and the commands phases add (serve).
 
 User mistakes end in one line on stderr (`lab: ...`) and a non-zero exit, never a traceback.
 Exit codes: 0 ok; 1 an exercise failed its check or crashed; 2 bad input; 3 nothing ran (all skipped).
@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import LabError, Terminated
+from .phase_discovery import lab_commands, run_command
 
 # Without a terminal (a pipe, a CI log) rich would squeeze tables to 80 columns and wrap them a
 # word per line; there the width is unbounded and each row stays on one line.
@@ -63,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="show the environment a record would capture")
     e.add_argument("--json", action="store_true")
 
-    sub.add_parser("serve", add_help=False,
-                   help="the phase 5 engine behind an OpenAI-compatible HTTP server (`lab serve --help`)")
+    for command in lab_commands().values():      # a phase's own command parses its own flags
+        sub.add_parser(command.name, add_help=False, help=command.help)
 
     pr = sub.add_parser("predict", help="both predictions (spec sheet, and calibrated from this GPU's ceilings "
                                          "record) for an exercise at any size, or for one op, before running")
@@ -98,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str], debug: bool) -> int:
     try:
         rest = [a for a in argv if a != "--debug"]
-        if rest[:1] == ["serve"]:                 # its own flags, parsed by the server itself
-            return cmd_serve(rest[1:])
+        if rest[:1] and rest[0] in lab_commands():      # a phase's command: its own flags, parsed by it
+            return run_command(lab_commands()[rest[0]], rest[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help()
@@ -123,17 +124,6 @@ def _main(argv: list[str], debug: bool) -> int:
         err_console.print(f"lab: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
                           markup=False, highlight=False, soft_wrap=True)
         return 1
-
-
-# ------------------------------------------------------------------------------------ serve
-def cmd_serve(argv: list[str]) -> int:
-    """`lab serve [flags]`: load a model into the phase 5 engine and serve it until Ctrl-C."""
-    import importlib.util
-    missing = [m for m in ("aiohttp", "safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise LabError(f"lab serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
-    from phases.phase5_inference.engine import server
-    return server.main(argv)
 
 
 # ------------------------------------------------------------------------------------ list

@@ -1,23 +1,20 @@
 """Finds every exercise: each phases/phaseN_*/__init__.py names its exercise modules in
 EXERCISE_MODULES, and each such module defines one `EXERCISE`."""
 import importlib
-import pkgutil
 import re
 from functools import lru_cache
 
 from .errors import LabError
 from .exercise import Exercise
+from .phase_discovery import phase_packages
 
 
 @lru_cache(maxsize=1)
 def all_exercises() -> tuple[Exercise, ...]:
-    import phases
     found = []
-    for info in sorted(pkgutil.iter_modules(phases.__path__), key=lambda m: m.name):
-        if re.fullmatch(r"phase\d_\w+", info.name):
-            package = importlib.import_module(f"phases.{info.name}")
-            for name in getattr(package, "EXERCISE_MODULES", ()):
-                found.append(importlib.import_module(f"phases.{info.name}.{name}").EXERCISE)
+    for package in phase_packages():
+        for name in getattr(package, "EXERCISE_MODULES", ()):
+            found.append(importlib.import_module(f"{package.__name__}.{name}").EXERCISE)
     return tuple(found)
 
 

@@ -24,7 +24,8 @@ from common.records import SCHEMA_VERSION, problems
 from common.registry import all_exercises
 from common.spec import Plot
 from common.timing import summarize
-from phases.phase3_triton import _support, analysis, counts
+from common import triton_tuner, variant_rows
+from phases.phase3_triton import analysis, counts
 from phases.phase3_triton import flash_attention as fa
 from phases.phase3_triton import matmul as mm
 from phases.phase3_triton import softmax as sm
@@ -63,9 +64,9 @@ def test_lab_run_3_on_a_cpu_skips_each_exercise_with_one_line(lab, tmp_path):
 
 def test_phase3_imports_and_lists_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"
-            "import torch\nfrom common.registry import select\nfrom phases.phase3_triton import _support\n"
+            "import torch\nfrom common.registry import select\nfrom common import triton_shim\n"
             "from phases.phase3_triton import vector_add as va\n"
-            "assert len(select(['3'])) == 5 and not _support.HAVE_TRITON\n"
+            "assert len(select(['3'])) == 5 and not triton_shim.HAVE_TRITON\n"
             "try:\n    va.add(torch.ones(4), torch.ones(4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
             "from common.cli import main\nsys.exit(main(['list']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
@@ -139,7 +140,7 @@ class _FakeCtx:
 
 
 def test_tuner_drops_configs_that_fail_to_compile_or_check_and_keeps_the_fastest(monkeypatch):
-    monkeypatch.setattr(_support, "interpreting", lambda: False)
+    monkeypatch.setattr(triton_tuner, "interpreting", lambda: False)
     launched = []
 
     def check(cfg):
@@ -148,32 +149,32 @@ def test_tuner_drops_configs_that_fail_to_compile_or_check_and_keeps_the_fastest
         return {"passed": cfg["k"] != "wrong", "reason": None if cfg["k"] != "wrong" else "relative error 1e+00 > 2e-02"}
 
     cands = [{"k": "crash"}, {"k": "wrong"}, {"k": "slow"}, {"k": "fast"}]
-    best, trials = _support.tune(_FakeCtx([2.0, 1.0]), ("test-key", id(cands)), cands,
+    best, trials = triton_tuner.tune(_FakeCtx([2.0, 1.0]), ("test-key", id(cands)), cands,
                                  launch=lambda c: launched.append(c["k"]), check=check)
     assert best == {"k": "fast"}
     assert [t["ms"] for t in trials] == [None, None, 2.0, 1.0]
     assert trials[0]["error"].startswith("RuntimeError") and trials[1]["error"].startswith("check:")
-    summary = _support.tuning_summary(trials)
+    summary = triton_tuner.tuning_summary(trials)
     assert summary["k=fast"] == 1.0 and "RuntimeError" in summary["k=crash"]
 
 
 def test_tuner_raises_a_lab_error_when_nothing_runs(monkeypatch):
     from common.errors import LabError
-    monkeypatch.setattr(_support, "interpreting", lambda: False)
+    monkeypatch.setattr(triton_tuner, "interpreting", lambda: False)
     with pytest.raises(LabError, match="no candidate config ran correctly"):
-        _support.tune(_FakeCtx([]), ("nothing", 1), [{"k": 1}], launch=lambda c: None,
+        triton_tuner.tune(_FakeCtx([]), ("nothing", 1), [{"k": 1}], launch=lambda c: None,
                       check=lambda c: {"passed": False, "reason": "NaN"})
 
 
 def test_attempt_turns_an_exception_into_a_failed_row():
-    r = _support.attempt("triton", {"n": 1}, lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory\nmore")))
+    r = variant_rows.attempt("triton", {"n": 1}, lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory\nmore")))
     assert r["status"] == "failed" and r["reason"] == "RuntimeError: CUDA out of memory" and r["timing"] is None
 
 
 def test_library_ratio_is_against_the_fastest_library_row_of_the_same_params():
     rows = [{"variant": v, "status": "ok", "params": {"n": n}, "metrics": {"ms": ms, "gbps": 12 / ms}}
             for v, n, ms in (("triton", 1, 2.0), ("sdpa_flash", 1, 3.0), ("sdpa_cudnn", 1, 1.0), ("sdpa_cudnn", 2, 0.1))]
-    _support.compare_to_library(rows, "triton", ("sdpa_flash", "sdpa_cudnn"), "gbps")
+    variant_rows.compare_to_library(rows, "triton", ("sdpa_flash", "sdpa_cudnn"), "gbps")
     m = rows[0]["metrics"]
     assert (m["library"], m["library_ms"]) == ("sdpa_cudnn", 1.0) and m["pct_of_library"] == pytest.approx(50.0)
     assert "pct_of_library" not in rows[1]["metrics"]
@@ -229,7 +230,7 @@ def synthetic_records() -> list[dict]:
                 _row("torch", size, 12 * n / torch_gbps / 1e6, n, 12 * n, "fp32"),
                 _row("triton", size, 12 * n / triton_gbps / 1e6, n, 12 * n, "fp32", config="BLOCK=4096 num_warps=8")]
         against_baseline(here, here[0], "gbps", "pct_of_copy_bandwidth")
-        _support.compare_to_library(here, "triton", ("torch",), "gbps")
+        variant_rows.compare_to_library(here, "triton", ("torch",), "gbps")
         add += here
     soft = []
     for m, n, grp, gb in ((1024, 2048, "seed", 2500), (2**27 // 65536, 65536, "sweep", 3900), (2**22, 32, "sweep", 4000)):
@@ -248,7 +249,7 @@ def synthetic_records() -> list[dict]:
             r["metrics"]["effective_gbps"] = fused / (r["metrics"]["ms"] * 1e6)
         against_baseline(here, here[0], "gbps", "pct_of_copy_bandwidth")
         against_baseline(here, here[0], "effective_gbps", "pct_of_copy_effective")
-        _support.compare_to_library(here, "triton", ("torch",), "gbps")
+        variant_rows.compare_to_library(here, "triton", ("torch",), "gbps")
         soft += here
     mat = []
     for n, dtype, cb, tr, tm in ((8192, "bf16", 770, 640, 700), (4096, "fp16", 700, 620, 660)):
@@ -257,8 +258,8 @@ def synthetic_records() -> list[dict]:
         f, nb = c.flops, c.bytes
         here = [_row("cublas", size, f / cb / 1e9, f, nb, dtype), _row("triton", size, f / tr / 1e9, f, nb, dtype, config="BLOCK_M=128"),
                 _row("triton_tma", size, f / tm / 1e9, f, nb, dtype, config="BLOCK_M=128 ws=True")]
-        _support.compare_to_library(here, "triton", ("cublas",), "tflops")
-        _support.compare_to_library(here, "triton_tma", ("cublas",), "tflops")
+        variant_rows.compare_to_library(here, "triton", ("cublas",), "tflops")
+        variant_rows.compare_to_library(here, "triton_tma", ("cublas",), "tflops")
         mat += here
     fwd = []
     for p, speeds in (({"group": "seed", "n": 4096, "batch": 2, "heads": 4, "head_dim": 64, "dtype": "fp32", "causal": False},
@@ -273,7 +274,7 @@ def synthetic_records() -> list[dict]:
             here.append(r)
         if p["group"] == "main":
             here.append(row("sdpa_efficient_fp8", p, "skipped", "not available"))
-        _support.compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
+        variant_rows.compare_to_library(here, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
         tr = next(r for r in here if r["variant"] == "triton")
         nv = next((r for r in here if r["variant"] == "naive"), None)
         if nv:
@@ -285,7 +286,7 @@ def synthetic_records() -> list[dict]:
     bwd = [_row(v, p, c.flops / tf / 1e9, c.flops, c.bytes, c.dtype, config="dkdv: x; dq: y")
            for v, tf in (("sdpa_flash", 300), ("sdpa_cudnn", 450), ("triton", 330))]
     bwd.append(row("sdpa_efficient", p, "failed", "relative error 1e+00 > 2e-02", check={"passed": False}))
-    _support.compare_to_library(bwd, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
+    variant_rows.compare_to_library(bwd, "triton", tuple(fa.SDPA_BACKENDS), "tflops")
     records = [_record(ex, rows) for ex, rows in zip(IDS, (add, soft, mat, fwd, bwd))]
     records[0]["summary"]["l2_bytes"] = 60 * 2**20
     return records

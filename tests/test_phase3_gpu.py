@@ -21,7 +21,7 @@ if torch.cuda.is_available():
     from phases.phase3_triton import matmul as mm
     from phases.phase3_triton import softmax as sm
     from phases.phase3_triton import vector_add as va
-    from phases.phase3_triton._support import label
+    from common.triton_tuner import label
 
 DEV = "cuda"
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import passes_under_the_interpreter
 
-from phases.phase5_inference.engine import decode_attention as attn
+from phases.phase5_inference.engine import paged_attention as attn
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None

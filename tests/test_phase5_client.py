@@ -12,7 +12,7 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("tokenizers")
 
 from common.errors import LabError  # noqa: E402
-from phases.phase5_inference.client import (  # noqa: E402
+from phases.phase5_inference.benchmark.client import (  # noqa: E402
     RequestResult, RequestSpec, arrival_offsets_s, benchmark, launch_server, summarize, wait_until_ready)
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common.paths import REPO_ROOT
-from phases.phase5_inference import analysis, serving
+from phases.phase5_inference.predictions import analysis
+from phases.phase5_inference.benchmark import serving
 from phases.phase5_inference.engine.shapes import named
 
 LAB = [sys.executable, "-m", "common.cli"]
@@ -73,7 +74,7 @@ def test_ttft_decode_checks_the_engine_against_the_plain_model(cpu_run):
 
 
 def test_teacher_forced_check_fails_on_tokens_the_model_would_not_choose():
-    from phases.phase5_inference.baseline import PlainLlama
+    from phases.phase5_inference.benchmark.baseline import PlainLlama
     from phases.phase5_inference.engine.weights import random_weights
     from phases.phase5_inference.ttft_decode import engine_check, teacher_forced_check, teacher_forced_logits
 
@@ -94,7 +95,7 @@ def test_teacher_forced_check_fails_on_tokens_the_model_would_not_choose():
 def test_the_tolerance_is_what_the_plain_model_strays_in_bf16():
     """In bf16 the plain model's own greedy choices fall below the fp32 model's best by some margin
     (its rounding noise); the engine is allowed twice that, and a wrong token still fails."""
-    from phases.phase5_inference.baseline import PlainLlama
+    from phases.phase5_inference.benchmark.baseline import PlainLlama
     from phases.phase5_inference.engine.weights import random_weights
     from phases.phase5_inference.ttft_decode import NOISE_MARGIN, engine_check
 
@@ -112,7 +113,7 @@ def test_the_tolerance_is_what_the_plain_model_strays_in_bf16():
 
 
 def test_serving_check_rejects_failed_and_short_requests():
-    from phases.phase5_inference.client import RequestResult, summarize
+    from phases.phase5_inference.benchmark.client import RequestResult, summarize
 
     good = [RequestResult(success=True, ttft_s=0.01, e2el_s=0.1, itl_s=[0.01] * 7, prompt_tokens=4, completion_tokens=8)
             for _ in range(3)]

@@ -9,7 +9,8 @@ from common import runner
 from common.errors import LabError
 from common.exercise import Context
 from conftest import assert_one_line_error
-from phases.phase5_inference import batching, model_choice, offline, startup, tensor_parallel, ttft_decode
+from phases.phase5_inference import batching, offline, startup, tensor_parallel, ttft_decode
+from phases.phase5_inference.models import model_choice
 from phases.phase5_inference.engine import server
 from phases.phase5_inference.engine.shapes import named
 

@@ -16,7 +16,7 @@ import torch
 from conftest import passes_under_the_interpreter
 
 from common.errors import LabError
-from phases.phase5_inference import quant_analysis as qa
+from phases.phase5_inference.predictions import quant_analysis as qa
 from phases.phase5_inference.engine import quantize as qz
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

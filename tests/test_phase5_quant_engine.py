@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.errors import LabError
-from phases.phase5_inference import quant_analysis as qa
+from phases.phase5_inference.predictions import quant_analysis as qa
 from phases.phase5_inference.engine import quantize as qz
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.sequence import SamplingParams

@@ -13,7 +13,7 @@ from common.errors import LabError
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.rejection import greedy_accept, rejection_sample
 from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.speculative import NgramProposer, ngram_proposal
+from phases.phase5_inference.engine.speculator import NgramProposer, ngram_proposal
 
 TARGET = "tiny"
 
@@ -251,7 +251,7 @@ def test_exercise_runs_end_to_end_on_a_cpu(spec_ctx, monkeypatch, tmp_path):
     rows pass their gate, every row carries its predicted speedup, the summary each draft's
     agreement with the target."""
     from phases.phase5_inference import speculative as ex
-    from phases.phase5_inference import trained_models as tm
+    from phases.phase5_inference.models import trained_models as tm
     monkeypatch.setattr(tm, "CACHE_DIR", tmp_path / "cache")
     for name in ("tiny-target", "tiny-draft", "tiny-distilled", "tiny-python-draft"):    # seconds, not a minute
         monkeypatch.setitem(tm.MODELS, name, replace(tm.MODELS[name], settings=replace(tm.MODELS[name].settings, steps=4)))

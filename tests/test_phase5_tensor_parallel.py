@@ -18,14 +18,14 @@ from common.errors import LabError
 from common.records import load_records
 from phases.phase4_distributed.launch import launch
 from phases.phase5_inference import tensor_parallel as ex
-from phases.phase5_inference.engine import tensor_parallel as tpm
+from phases.phase5_inference.engine import tp_ranks as tpm
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.sequence import SamplingParams
 from phases.phase5_inference.engine.shapes import named
 from phases.phase5_inference.engine.weights import random_weights
-from phases.phase5_inference.workload import random_prompts
+from phases.phase5_inference.benchmark.workload import random_prompts
 
-WORKER = "phases.phase5_inference.tp_worker"
+WORKER = "phases.phase5_inference.benchmark.tp_worker"
 H200_BYTES = 150_117_539_840             # an H200's total_memory as torch reports it (139.8 GiB)
 PROMPTS = random_prompts(3, (5, 40), 50_000, 1)
 
@@ -261,7 +261,7 @@ def test_the_server_over_two_ranks_answers_as_one_process_does():
     import json
     import urllib.request
 
-    from phases.phase5_inference import client
+    from phases.phase5_inference.benchmark import client
     reference, _ = tp1_tokens([PROMPTS[0]], 9)
     with client.launch_server({"model": "tiny", "dtype": "float32", "device": "cpu", "tensor_parallel": 2},
                               ready_timeout_s=180) as server:

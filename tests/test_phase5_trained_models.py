@@ -11,8 +11,8 @@ import torch
 
 from common.errors import LabError
 from common.paths import absolute_paths
-from phases.phase5_inference import llama_training as lt
-from phases.phase5_inference import trained_models as tm
+from phases.phase5_inference.models import llama_training as lt
+from phases.phase5_inference.models import trained_models as tm
 from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.sequence import SamplingParams
 from phases.phase5_inference.engine.shapes import SHAPES, LlamaShape, hf_config

@@ -2,7 +2,7 @@
 
     python -m phases.phase3_triton.compile_check [--arch 90] [--only matmul]
 
-No GPU is needed: the wrappers are called with CPU tensors inside `_support.compile_only`, so each
+No GPU is needed: the wrappers are called with CPU tensors inside `common.triton_shim.compile_only`, so each
 launch compiles for sm_<arch> and returns. For every kernel it prints the shared memory the config
 asks for (Hopper allows 227 KiB per block), and ptxas's registers per thread and spill bytes: a
 spilling or over-budget config is one the autotuner will drop or that will run slowly, and it is
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=["vector_add", "softmax", "matmul", "flash_attention"])
     p.add_argument("--quick", action="store_true", help="one config per kernel (what CI compiles)")
     args = p.parse_args(argv)
-    from ._support import compile_only
+    from common.triton_shim import compile_only
     bad = 0
     for name, thunk in cases(args.only, args.quick):
         with compile_only(args.arch) as cc:

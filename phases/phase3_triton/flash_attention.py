@@ -28,23 +28,11 @@ from common.checks import CHECK_CHUNK, TORCH_DTYPES, compare
 from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
+from common.triton_shim import LOG2E_VALUE, ensure_allocator, interpreting, require, tl, triton
+from common.triton_tuner import label, launch_options, tune, tuning_summary
+from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
-from ._support import (
-    LOG2E_VALUE,
-    attempt,
-    compare_to_library,
-    ensure_allocator,
-    interpreting,
-    label,
-    launch_options,
-    require,
-    skipped,
-    tl,
-    triton,
-    tune,
-    tuning_summary,
-)
 
 
 # ------------------------------------------------------------------------------ forward kernel

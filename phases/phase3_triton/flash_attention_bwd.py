@@ -26,18 +26,12 @@ from common.errors import LabError
 from common.exercise import Exercise, Needs, Result, Work, measure
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
+from common.triton_shim import interpreting
+from common.triton_tuner import label, tune, tuning_summary
+from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
 from . import flash_attention as fa
-from ._support import (
-    attempt,
-    compare_to_library,
-    interpreting,
-    label,
-    skipped,
-    tune,
-    tuning_summary,
-)
 
 
 def reference_grads(q, k, v, do, causal, sm_scale, heads) -> dict:

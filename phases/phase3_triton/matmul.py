@@ -20,23 +20,11 @@ from common.checks import CHECK_CHUNK, TORCH_DTYPES
 from common.exercise import Exercise, Needs, Result, Work, measure, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
+from common.triton_shim import ensure_allocator, interpreting, require, sm_count, tl, triton
+from common.triton_tuner import label, launch_options, tune, tuning_summary
+from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
-from ._support import (
-    attempt,
-    compare_to_library,
-    ensure_allocator,
-    interpreting,
-    label,
-    launch_options,
-    require,
-    skipped,
-    sm_count,
-    tl,
-    triton,
-    tune,
-    tuning_summary,
-)
 
 
 # ------------------------------------------------------------------------------ kernels

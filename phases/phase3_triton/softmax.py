@@ -32,24 +32,20 @@ from common.exercise import (
 )
 from common.params import Int
 from common.standalone import run_alone
-
-from . import analysis, counts
-from ._support import (
+from common.triton_shim import (
     LOG2E,
-    attempt,
-    compare_to_library,
     interpreting,
-    label,
-    launch_options,
     next_pow2,
     require,
     resident_programs_per_sm,
     sm_count,
     tl,
     triton,
-    tune,
-    tuning_summary,
 )
+from common.triton_tuner import label, launch_options, tune, tuning_summary
+from common.variant_rows import attempt, compare_to_library
+
+from . import analysis, counts
 
 
 # ------------------------------------------------------------------------------ kernels

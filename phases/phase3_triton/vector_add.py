@@ -26,20 +26,11 @@ from common.exercise import (
 )
 from common.params import Int
 from common.standalone import run_alone
+from common.triton_shim import interpreting, require, tl, triton
+from common.triton_tuner import label, launch_options, tune, tuning_summary
+from common.variant_rows import attempt, compare_to_library
 
 from . import analysis, counts
-from ._support import (
-    attempt,
-    compare_to_library,
-    interpreting,
-    label,
-    launch_options,
-    require,
-    tl,
-    triton,
-    tune,
-    tuning_summary,
-)
 
 
 # ------------------------------------------------------------------------------ the kernel

@@ -18,10 +18,10 @@ from common.params import Int, Text
 from common.standalone import run_alone
 from common.timing import summarize
 
-from . import serving
-from .analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
-from .prediction import summed_prediction
-from .model_choice import (
+from .benchmark import serving
+from .predictions.analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
+from .predictions.prediction import summed_prediction
+from .models.model_choice import (
     COMMON,
     CPU_COMMON,
     cpu_weights_footprint_bytes,
@@ -29,7 +29,7 @@ from .model_choice import (
     shape_of,
     weights_footprint_bytes,
 )
-from .workload import random_prompts
+from .benchmark.workload import random_prompts
 
 MAX_BATCHED_TOKENS = 8192
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128, 256]

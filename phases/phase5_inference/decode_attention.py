@@ -4,7 +4,7 @@
 
 One decode step of one layer: every sequence's single new query token attends to its cached
 tokens, which sit in 16-token blocks scattered through the pool and are found through its block
-table (engine/decode_attention.py has the layout). Llama-3.1-8B's attention: 32 query heads
+table (engine/paged_attention.py has the layout). Llama-3.1-8B's attention: 32 query heads
 sharing 8 KV heads (GQA), head_dim 128, bf16. Each sequence's length is drawn around the nominal
 context (within an eighth of it), so every row has partial last blocks, and the blocks of the pool
 are shuffled, so no sequence is contiguous.
@@ -34,12 +34,14 @@ from common.checks import CHECK_CHUNK, TORCH_DTYPES
 from common.exercise import Exercise, Needs, Result, Work, against_baseline, measure, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from phases.phase3_triton._support import attempt, interpreting, label, skipped
+from common.triton_shim import interpreting
+from common.triton_tuner import label
+from common.variant_rows import attempt, skipped
 
-from .engine import decode_attention as attn
+from .engine import paged_attention as attn
 from .engine.shapes import SHAPES, named
 
-REFERENCE = "fp32 SDPA per sequence on its gathered blocks (engine.decode_attention reference)"
+REFERENCE = "fp32 SDPA per sequence on its gathered blocks (engine.paged_attention reference)"
 LENGTH_SPREAD = 8                  # each sequence's length is within context / LENGTH_SPREAD of the nominal
 SPARE_BLOCKS = 7                   # pool blocks no sequence owns (stale data a wrong index would read)
 

@@ -16,8 +16,8 @@ from common.params import Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from .analysis import offline_steps
-from .model_choice import (
+from .predictions.analysis import offline_steps
+from .models.model_choice import (
     COMMON,
     CPU_COMMON,
     cpu_weights_footprint_bytes,
@@ -26,8 +26,8 @@ from .model_choice import (
     shape_of,
     weights_footprint_bytes,
 )
-from .prediction import summed_prediction
-from .workload import random_lengths, random_prompts
+from .predictions.prediction import summed_prediction
+from .benchmark.workload import random_lengths, random_prompts
 
 MAX_BATCHED_TOKENS = 16384
 

@@ -38,12 +38,12 @@ from common.params import Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from . import quant_analysis as qa
-from .analysis import mean_decode_context
+from .predictions import quant_analysis as qa
+from .predictions.analysis import mean_decode_context
 from .engine.quantize import GROUP_SIZES
-from .model_choice import COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
-from .prediction import summed_prediction
-from .workload import random_prompts
+from .models.model_choice import COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
+from .predictions.prediction import summed_prediction
+from .benchmark.workload import random_prompts
 
 GIB = 2**30
 VARIANTS = ("bf16", "int8_fused", "int4_naive", "int4_fused", "int4_cuda", "int4_library")

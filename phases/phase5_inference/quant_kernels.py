@@ -34,9 +34,9 @@ from common.checks import CHECK_CHUNK
 from common.exercise import Exercise, Needs, Result, Work, reference_check
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
-from phases.phase3_triton._support import attempt, skipped
+from common.variant_rows import attempt, skipped
 
-from . import quant_analysis as qa
+from .predictions import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives
 from .engine import int4_mma, quant_gemm, quantize
 from .engine.shapes import SHAPES, named

@@ -33,6 +33,8 @@ first order and of either sign, is still noise, as on a CPU's barely trained mod
 quantized layers' bytes, bits per weight and relative weight error. The summary gives the training run (or the cache it came
 from), the unigram loss of the validation split (what a model without context scores), and the
 comparisons the exercise is about: int8 against int4, AWQ against RTN.
+
+Built on phase 7: its trained GPT and data give the perplexity with real weights.
 """
 import contextlib
 import hashlib

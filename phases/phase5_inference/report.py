@@ -9,7 +9,7 @@ from common.frame import by_hardware, find, value
 from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
-from . import findings, plots, seed, speculative_report, tp_report
+from .reporting import findings, plots, seed, speculative_report, tp_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"

@@ -16,7 +16,7 @@ Variants:
   matched     the Shakespeare draft proposes k tokens
   distilled   the Shakespeare draft taught the target's distribution proposes k tokens
   mismatched  the Python draft proposes k tokens
-  ngram       prompt lookup (engine/speculative.py): no draft model
+  ngram       prompt lookup (engine/speculator.py): no draft model
 One engine serves every row: the target with room for max(ks) proposals, its proposer switched
 between runs. Per (variant, k, temperature, concurrency): acceptance rate (kept / proposed), mean
 tokens per verify pass (kept + 1), decode tok/s and its ratio to the target alone in the same run.
@@ -33,6 +33,8 @@ Correctness gates timing: at temperature 0 every speculative output must equal t
 output for the same prompts, token for token; where it differs, the target's top two logits at the
 first difference must be within NEAR_TIE_ULPS bf16 steps (the verify pass multiplies k + 1 rows
 where the target alone multiplies one, and a tie may round either way), else the row fails.
+
+Built on phase 7: its corpus and batches (data.py, train.py) train and check the drafts.
 """
 import math
 import statistics
@@ -45,9 +47,9 @@ from common.params import Bool, Choice, Float, Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from .analysis import decode_parts, mean_decode_context
-from .model_choice import SEED, release_memory
-from .prediction import summed_prediction
+from .predictions.analysis import decode_parts, mean_decode_context
+from .models.model_choice import SEED, release_memory
+from .predictions.prediction import summed_prediction
 
 VARIANTS = ("target", "matched", "distilled", "mismatched", "ngram")
 DRAFTS = ("matched", "distilled", "mismatched", "ngram")
@@ -64,7 +66,7 @@ NOT_A_ROOFLINE_TEST = ("speedup formula: a speculative step chains k draft forwa
 # ------------------------------------------------------------------------------ the models and prompts
 def trained(ctx, params) -> tuple[dict, dict]:
     """({role: checkpoint folder}, {role: training info}), trained where the cache lacks them."""
-    from .trained_models import checkpoint
+    from .models.trained_models import checkpoint
     folders, infos = {}, {}
     for role, name in MODEL_SETS[params["models"]].items():
         folders[role], infos[role] = checkpoint(name, ctx.device, use_cache=params["use_cache"],
@@ -78,8 +80,8 @@ def agreement_with_target(folders: dict, models: str, device, tokens: int) -> di
     target's, the greedy acceptance rate at k = 1 before the engine measures it."""
     from phases.phase7_gpt.train import Batches
 
-    from .llama_training import compare_to_teacher
-    from .trained_models import MODELS, corpus_ids, load_trained
+    from .models.llama_training import compare_to_teacher
+    from .models.trained_models import MODELS, corpus_ids, load_trained
     names = MODEL_SETS[models]
     target = load_trained(folders["target"], MODELS[names["target"]].shape, device)
     settings = MODELS[names["matched"]].settings
@@ -234,7 +236,7 @@ def run(ctx, params):
     from .engine.llm import EngineConfig, LLMEngine
     from .engine.sequence import SamplingParams
     from .engine.shapes import from_checkpoint
-    from .engine.speculative import NgramProposer
+    from .engine.speculator import NgramProposer
 
     folders, infos = trained(ctx, params)
     agreement = agreement_with_target(folders, params["models"], ctx.device, params["agreement_tokens"])
@@ -368,7 +370,7 @@ def speculative_row(ctx, variant, identity, spec, base, engine, prompts, times, 
 
 
 def work(params) -> list[Work]:
-    from .trained_models import MODELS
+    from .models.trained_models import MODELS
     names = MODEL_SETS[params["models"]]
     target, draft = MODELS[names["target"]].shape, MODELS[names["matched"]].shape
     context = mean_decode_context(params["prompt_tokens"], params["output_tokens"])
@@ -385,7 +387,7 @@ def work(params) -> list[Work]:
 
 def footprint_bytes(params) -> float:
     """Training the target dominates: fp32 weights, gradients and AdamW's two moments."""
-    from .trained_models import MODELS
+    from .models.trained_models import MODELS
     return 16 * MODELS[MODEL_SETS[params["models"]]["target"]].shape.params()
 
 

@@ -18,7 +18,7 @@ from common.params import Choice, Float, Int
 from common.standalone import run_alone
 
 from .engine.shapes import SHAPES
-from .model_choice import (
+from .models.model_choice import (
     COMMON,
     cpu_weights_footprint_bytes,
     engine_settings,

@@ -34,6 +34,8 @@ compared with the reference's: each reference token must score within a toleranc
 (3x what the reference itself strays between its prefill and its decode, at least 10% of the logits'
 spread), and the logits of 128 fixed vocabulary ids must agree within 25% (relative L2; a wrong
 split is off by ~140%). On CPU processes (fp32) the tests ask for identical greedy tokens instead.
+
+Built on phase 4: its launcher (launch.py) and all-reduce calibration (calibration.py).
 """
 import math
 import statistics
@@ -47,17 +49,17 @@ from common.params import Bool, Choice, Float, Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from .analysis import decode_parts
+from .predictions.analysis import decode_parts
 from .engine.kv_cache import activation_reserve_bytes, kv_block_bytes, kv_pool_blocks
 from .engine.shapes import SHAPES, named
-from .engine.tensor_parallel import (ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV, local_shape,
+from .engine.tp_ranks import (ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV, local_shape,
                                      rank_decode_weight_bytes, rank_kv_bytes_per_token, rank_weight_bytes,
                                      unsplittable)
-from .model_choice import BLOCK_SIZE, CPU_BYTES_PER_PARAM, GPU_MEMORY_UTILIZATION, SEED, release_memory
-from .prediction import summed_prediction
+from .models.model_choice import BLOCK_SIZE, CPU_BYTES_PER_PARAM, GPU_MEMORY_UTILIZATION, SEED, release_memory
+from .predictions.prediction import summed_prediction
 
 GIB = 2**30
-WORKER = "phases.phase5_inference.tp_worker"
+WORKER = "phases.phase5_inference.benchmark.tp_worker"
 OTHER_BYTES = 1 << 30             # per GPU, besides weights, KV and activations: CUDA context, NCCL, graphs
 NOISE_MARGIN, SPREAD_FLOOR, REL_L2_TOLERANCE = 3.0, 0.10, 0.25
 EXCLUDED_ALLREDUCE = ("the all-reduce itself at decode sizes, NCCL beside the one-shot (phase 4's exercises test "

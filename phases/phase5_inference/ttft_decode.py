@@ -28,10 +28,10 @@ from common.params import Bool, Choice, Float, Int
 from common.standalone import run_alone
 from common.timing import summarize
 
-from . import serving
-from .analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
+from .benchmark import serving
+from .predictions.analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
 from .engine.shapes import SHAPES
-from .model_choice import (
+from .models.model_choice import (
     COMMON,
     CPU_COMMON,
     cpu_weights_footprint_bytes,
@@ -40,8 +40,8 @@ from .model_choice import (
     shape_of,
     weights_footprint_bytes,
 )
-from .prediction import summed_prediction
-from .workload import random_prompts
+from .predictions.prediction import summed_prediction
+from .benchmark.workload import random_prompts
 
 GIB = 2**30
 NOISE_MARGIN = 3.0             # the engine may stray from the fp32 model 3x as far as the plain bf16 model does
@@ -113,7 +113,7 @@ def engine_check(plain, weights: dict, shape, prompt: list[int], tokens: list[in
     """The engine's greedy tokens against the fp32 model, with the tolerance the plain model in the
     run's precision earns on the same positions: a correct bf16 implementation picks near-ties
     differently (random weights make many), a wrong one (RoPE, cache, masking) scores far below."""
-    from .baseline import PlainLlama
+    from .benchmark.baseline import PlainLlama
 
     same_precision = teacher_forced_logits(plain, prompt, tokens)
     if plain.dtype == torch.float32:
@@ -165,7 +165,7 @@ def engine_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype) -> tup
 
 
 def plain_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype, engine_tokens) -> tuple[list[dict], dict]:
-    from .baseline import PlainLlama
+    from .benchmark.baseline import PlainLlama
     from .engine.weights import weights_for
 
     identity = {"model": shape.name, "prompt_tokens": len(prompt), "output_tokens": params["output_tokens"],

@@ -11,6 +11,8 @@ the data does not fit, else memory bandwidth or compute by the side of the ridge
 The bf16 peak is used; where a vendor publishes none (Groq, Tenstorrent list fp16) the fp16 peak
 stands in and the line says so. An entry without either gets no compute roof. Nothing here is
 keyed to a particular chip: a hardware.yaml entry a user adds gets every column.
+
+Built on phase 5: its Llama shapes (engine/shapes.py) are the decode workload.
 """
 import math
 from dataclasses import dataclass

@@ -11,6 +11,8 @@ Groq: a batch-1 token reads every weight at one chip's SRAM bandwidth, as in a p
 fewest chips that hold them); Groq does not publish its deployment, so the row is kept out of the
 lab's prediction-accuracy figures. Without GROQ_API_KEY, or without a route to the API's host, the
 exercise is skipped with the reason. The key never reaches a record.
+
+Built on phase 5: its benchmark client and Llama shapes measure Groq as they measure the lab's server.
 """
 import statistics
 
@@ -24,7 +26,7 @@ from common.timing import summarize
 
 from . import groq_client
 from .architectures import roofs
-from phases.phase5_inference.client import summarize as phase5_summary
+from phases.phase5_inference.benchmark.client import summarize as phase5_summary
 from phases.phase5_inference.engine.shapes import SHAPES
 
 VARIANT = "groq_sdk"

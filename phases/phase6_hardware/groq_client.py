@@ -12,6 +12,8 @@ The base URL is Groq's (https://api.groq.com, or GROQ_BASE_URL) or any OpenAI-co
 given as its /v1 root (http://127.0.0.1:8000/v1): the SDK's /openai/v1/... paths are then mapped
 onto it, and usage is asked for with stream_options, as that API wants. The API key is read from
 GROQ_API_KEY by the SDK and is never copied into a result, a message or a log line.
+
+Built on phase 5: its benchmark client's RequestResult and summarize.
 """
 import os
 import socket
@@ -21,7 +23,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from common.paths import scrub_paths
-from phases.phase5_inference.client import RequestResult
+from phases.phase5_inference.benchmark.client import RequestResult
 
 GROQ_URL = "https://api.groq.com"
 API_TIMES = ("queue_time", "prompt_time", "completion_time")

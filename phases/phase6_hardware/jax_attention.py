@@ -15,6 +15,8 @@ JAX row keeps what its compiled HLO holds (hlo.py): fusions, custom calls, kerne
 S x S score buffer is ever in device memory, with the compiler's temp bytes beside the size of a
 bf16 score matrix. Every output is checked against float64 attention (first and last head) before
 it is timed; ratios compare wall-clock times taken the same way for every row (wall_timing.py).
+
+Built on phase 3: its flash-attention kernel, checks and FLOP count.
 """
 import math
 import warnings
@@ -80,7 +82,7 @@ def sdpa_backend(variant: str):
 
 def sdpa_row(ctx, variant, p, q, k, v, check):
     from phases.phase3_triton.flash_attention import sdpa
-    from phases.phase3_triton._support import skipped
+    from common.variant_rows import skipped
 
     def call():
         return sdpa(q, k, v, False)
@@ -96,7 +98,9 @@ def sdpa_row(ctx, variant, p, q, k, v, check):
 
 def triton_row(ctx, p, q, k, v, check):
     from phases.phase3_triton import flash_attention as fa
-    from phases.phase3_triton._support import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, interpreting
+    from common.triton_tuner import label, tune
+    from common.variant_rows import attempt, skipped
     if not HAVE_TRITON:
         return skipped("triton", p, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -120,7 +124,7 @@ def triton_row(ctx, p, q, k, v, check):
 # ------------------------------------------------------------------------------ JAX's rows
 def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
     """Compile (a refusal is a skipped row), read the HLO, check, time (an error there: a failed row)."""
-    from phases.phase3_triton._support import attempt, skipped
+    from common.variant_rows import attempt, skipped
     try:
         compiled, text, temp = hlo.compiled(fn, *args)
         wall_timing.jax_wait(compiled(*args))           # a runtime refusal surfaces here, not mid-timing
@@ -143,7 +147,7 @@ def jax_attention_row(ctx, dev, variant, p, fn, args, to_bhsd, ref, heads):
 
 
 def jax_rows(ctx, p, q, k, v, ref, heads) -> list[dict]:
-    from phases.phase3_triton._support import skipped
+    from common.variant_rows import skipped
     wanted = [v_ for v_ in ("jax_jit_math", *JAX_IMPLEMENTATIONS) if ctx.wants(v_)]
     if not wanted:
         return []

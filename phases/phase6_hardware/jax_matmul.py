@@ -9,6 +9,8 @@ which, and the record keeps its custom-call targets) gets within a few percent o
 directly. The same inputs go to all three; each output is checked against a float64 matmul before
 any timing. JAX is timed by host wall clock around back-to-back calls (wall_timing.py); torch and
 Triton by the lab's harness and also by that same wall clock, and the ratios use the latter.
+
+Built on phase 3: its Triton matmul and FLOP count.
 """
 import torch
 
@@ -17,8 +19,7 @@ from common.errors import Skip
 from common.exercise import Exercise, Needs, Result, Work, measure, reference_check
 from common.params import Choice, Int
 from common.standalone import run_alone
-
-from phases.phase3_triton._support import attempt
+from common.variant_rows import attempt
 
 from . import hlo, jax_backend
 from .side_by_side import add_wall, compare as compare_rows, jax_row, scrubbed
@@ -47,7 +48,9 @@ def torch_row(ctx, a, b, c, ref, size, dtype):
 
 def triton_row(ctx, a, b, c, ref, size, dtype):
     from phases.phase3_triton import matmul as p3
-    from phases.phase3_triton._support import HAVE_TRITON, attempt, interpreting, label, skipped, tune
+    from common.triton_shim import HAVE_TRITON, interpreting
+    from common.triton_tuner import label, tune
+    from common.variant_rows import attempt, skipped
     if not HAVE_TRITON:
         return skipped("triton", size, "needs the Python package `triton`; not installed")
     if not ctx.is_cuda and not interpreting():
@@ -65,7 +68,7 @@ def triton_row(ctx, a, b, c, ref, size, dtype):
 
 
 def jax_rows(ctx, a, b, ref, size, dtype) -> dict:
-    from phases.phase3_triton._support import skipped
+    from common.variant_rows import skipped
     try:
         dev = jax_backend.device()
     except Skip as exc:

@@ -1,6 +1,8 @@
 """Phase 6's plot: every accelerator's roofline on one log-log chart (bf16, or fp16 where no bf16
 peak is published), with what the lab measured (filled) and what others reported (hollow) placed
-at their arithmetic intensity. matplotlib is imported only when the plot is drawn."""
+at their arithmetic intensity. matplotlib is imported only when the plot is drawn.
+
+Built on phase 5: its Llama shapes (engine/shapes.py)."""
 from common.plotting import pyplot, save
 from phases.phase5_inference.engine.shapes import SHAPES
 

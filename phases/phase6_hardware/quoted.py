@@ -6,6 +6,8 @@ rows, labelled with where they come from (source.kind "quoted", source.citation)
 A quoted row has no timing (nothing was timed here), so it needs no prediction; its metrics hold
 the figure as quoted, and derived ones (percent of the spec sheet's peak, TFLOP/s from a time)
 computed from hardware.yaml and the quoted shape.
+
+Built on phase 3: its attention FLOP count (counts.py).
 """
 import datetime as dt
 import sys

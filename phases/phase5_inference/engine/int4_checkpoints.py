@@ -1,5 +1,5 @@
 """int4 checkpoints quantized elsewhere, converted at load into the engine's own layout
-(quantize.Int4Weight: int32 [N, K/8] packed along K in plain nibble order, scales and uint8 zero
+(weight_formats.Int4Weight: int32 [N, K/8] packed along K in plain nibble order, scales and uint8 zero
 points [G, N]), so `lab serve --model DIR` serves an AutoAWQ or GPTQ folder.
 
 The two layouts found on the Hugging Face Hub (for a linear layer y = x W^T, K inputs, N outputs,
@@ -35,7 +35,7 @@ import torch
 
 from common.errors import LabError
 
-from .quantize import INT4_MAX, NIBBLES_PER_WORD, Int4Weight, pack_int4, unpack_int4_words
+from .weight_formats import INT4_MAX, NIBBLES_PER_WORD, Int4Weight, pack_int4, unpack_int4_words
 from .shapes import LlamaShape
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)          # output 8c + AWQ_ORDER[i] sits in nibble i of word c
@@ -193,7 +193,7 @@ def checkpoint_quantization(config):
     refused with one line: the engine does not re-quantize quantized weights."""
     from .model import QuantizationConfig
     from .shapes import read_config
-    from .weights import resolve
+    from .checkpoint_files import resolve
 
     _, folder = resolve(config.model)
     if folder is None:
@@ -215,7 +215,7 @@ def load_int4_checkpoint(folder: Path, shape: LlamaShape, qc: dict, dtype: torch
                          device: str | torch.device = "cpu") -> dict:
     """An AWQ or GPTQ folder as the engine's weights dict: every projection's `<name>.weight` an
     Int4Weight (on `device`), every other tensor in `dtype`, all names and shapes checked."""
-    from .weights import check_tensor_names, drop_tied_head, read_safetensors, tensor_shapes
+    from .checkpoint_files import check_tensor_names, drop_tied_head, read_safetensors, tensor_shapes
 
     folder = Path(folder)
     fmt = parse_quantization_config(qc, folder.name)

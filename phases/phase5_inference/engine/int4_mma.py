@@ -1,7 +1,7 @@
 """The CUDA W4A16 kernel (int4_mma.cu): int4 weights multiplied on the tensor cores, re-laid once at
 load so that each lane fetches its mma fragments with one 16-byte load per 64 inputs.
 
-    mw = relayout(int4_weight)          # quantize.Int4Weight -> MmaInt4Weight (any device; once)
+    mw = relayout(int4_weight)          # weight_formats.Int4Weight -> MmaInt4Weight (any device; once)
     y = matmul(x, mw)                   # x [M, K] bf16 on a CUDA GPU -> y [M, N] bf16
 
 What decides its speed, and why it is laid out so (the .cu file's header has the details):
@@ -29,6 +29,8 @@ Formats taken: group sizes that are powers of two >= 32, or one group per row (p
 size = K); zero points 0..15 (symmetric GPTQ-style weights have zero 8); scales bf16 or fp16 kept
 exactly (fp32 scales are rounded to bf16: the kernel reads 16-bit scales). K must be a multiple of 8
 (16-byte activation loads). `unavailable` says why a weight or an input cannot run here.
+
+Built on phase 2: its nvcc build-and-load helper (build.py) compiles the kernel and calls it by ctypes.
 """
 import ctypes
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 
 from common.errors import LabError
 
-from .quantize import INT4_MAX, Int4Weight, unpack_int4
+from .weight_formats import INT4_MAX, Int4Weight, unpack_int4
 
 SOURCE = Path(__file__).resolve().parent / "int4_mma.cu"
 TILE_N = 16                       # weight rows per mma tile
@@ -154,7 +156,7 @@ def fragment_map() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def relayout(qw: Int4Weight) -> MmaInt4Weight:
-    """Int4Weight (quantize.py's layout) -> the kernel's: lane words and per-tile scales; on qw's
+    """Int4Weight (weight_formats.py's layout) -> the kernel's: lane words and per-tile scales; on qw's
     device. Rows past N and inputs past K are zero nibbles (their activations are zero)."""
     why = format_unsupported(qw)
     if why:

@@ -108,7 +108,7 @@ def kv_pool_blocks(total_bytes: int, gpu_memory_utilization: float, weights_byte
 def allocate_kv_cache(shape: LlamaShape, num_blocks: int, block_size: int, dtype, device):
     """One zeroed tensor [2, layers, num_blocks, block_size, kv_heads, head_dim] and its per-layer
     (k_cache, v_cache) views, each [num_blocks, block_size, kv_heads, head_dim] and contiguous
-    (decode_attention.py's layout). Zeroed so that a padded CUDA-graph row that reads a block
+    (paged_attention.py's layout). Zeroed so that a padded CUDA-graph row that reads a block
     nothing was written to still reads finite numbers."""
     import torch
 

@@ -10,7 +10,7 @@ with "stop" at an EOS token (unless ignore_eos) or one of its stop_token_ids, wi
 max_tokens or when its sequence fills max_model_len, with "abort" when aborted.
 Not thread-safe: call it from one thread.
 
-With tensor_parallel N > 1 the engine is one of N processes started by torchrun (tensor_parallel.py):
+With tensor_parallel N > 1 the engine is one of N processes started by torchrun (tp_ranks.py):
 each holds its shards and makes the same calls as the others (or follows rank 0's, behind the server).
 """
 import dataclasses
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import LabError
-from phases.phase3_triton._support import interpreting
+from common.triton_shim import interpreting
 
 from .kv_cache import BlockPool, activation_reserve_bytes, kv_block_bytes
 from .model import QuantizationConfig
@@ -32,7 +32,7 @@ from .quantize import PATHS as QUANT_PATHS
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
-from .speculative import MAX_SPECULATIVE_TOKENS, DraftProposer, NgramProposer, Speculator
+from .speculator import MAX_SPECULATIVE_TOKENS, DraftProposer, NgramProposer, Speculator
 from .shapes import LlamaShape
 from .weights import iter_weights_for, resolve, weights_for
 
@@ -73,10 +73,10 @@ class EngineConfig:
             raise LabError(f"quant_path {self.quant_path!r}: choose one of auto, {', '.join(QUANT_PATHS)}")
         if self.quantization == "int4" and self.quant_group_size not in GROUP_SIZES:
             raise LabError(f"quant_group_size must be one of {GROUP_SIZES}, got {self.quant_group_size!r}")
-        from .decode_attention import BACKENDS
+        from .paged_attention import BACKENDS
         if self.attention_backend not in BACKENDS:
             raise LabError(f"attention_backend {self.attention_backend!r}: choose one of {', '.join(BACKENDS)}")
-        from .tensor_parallel import ALLREDUCE_MODES
+        from .tp_ranks import ALLREDUCE_MODES
         if self.allreduce not in ALLREDUCE_MODES:
             raise LabError(f"allreduce {self.allreduce!r}: choose one of {', '.join(ALLREDUCE_MODES)}")
         tp = self.tensor_parallel
@@ -165,7 +165,7 @@ def fused_path_unavailable(config: EngineConfig, device: torch.device) -> str | 
 def backend_unavailable(config: EngineConfig, device: torch.device) -> str | None:
     """Why the decode attention backend cannot run on this device (Triton needs a GPU, or the
     interpreter), or None: said at startup, not by the first request."""
-    from phases.phase3_triton._support import HAVE_TRITON
+    from common.triton_shim import HAVE_TRITON
     if config.attention_backend == "triton" and (not HAVE_TRITON or (device.type != "cuda" and not interpreting())):
         return ("attention_backend 'triton' runs a Triton kernel: it needs a CUDA GPU with triton installed "
                 "(or TRITON_INTERPRET=1); on a CPU use reference or auto")
@@ -269,7 +269,7 @@ class LLMEngine:
         LOCAL_RANK was given (torch.cuda.set_device), or None."""
         if config.tensor_parallel == 1:
             return None
-        from .tensor_parallel import TensorParallel, unsplittable
+        from .tp_ranks import TensorParallel, unsplittable
         why = unsplittable(resolve(config.model)[0], config.tensor_parallel)
         if why:
             raise LabError(why)

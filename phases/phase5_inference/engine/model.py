@@ -7,13 +7,13 @@ one after another, and an AttentionMetadata saying how they split. A prefill run
 within each sequence (Flash varlen attention on a GPU, SDPA per sequence elsewhere) and writes every
 token's K and V into the cache through the slot mapping; a decode (one token per sequence) writes
 the new token's K and V the same way, then attends over the cache with
-`decode_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
+`paged_attention.paged_decode_attention`. Matmuls are F.linear in the model's dtype (a Triton
 GEMV for a single 16-bit row, with the RMSNorm before it done inside); with a QuantizationConfig the
 four projections of every layer are weight-only int8 or int4 (quantize.QuantizedLinear), the
 embedding and LM head staying 16-bit. Logits are computed only for the rows asked for (each
 sequence's last token), in fp32.
 
-With a TensorParallel (tensor_parallel.py) the model holds one rank's shards: its heads, its slice
+With a TensorParallel (tp_ranks.py) the model holds one rank's shards: its heads, its slice
 of the MLP and of the vocabulary; `shape` is then the rank's own (local_shape), o's and down's
 partial sums are all-reduced, and the logits all-gathered.
 """
@@ -26,12 +26,12 @@ import torch.nn.functional as F
 
 from common.errors import LabError
 
-from . import decode_attention
+from . import paged_attention
 from .fused_ops import (add_rms_norm, add_rms_norm_linear, add_rms_norm_logits, linear, rope_and_store,
                         silu_and_mul_linear)
 from .rope import inverse_frequencies
 from .shapes import LlamaShape
-from .weights import tensor_shapes
+from .checkpoint_files import tensor_shapes
 
 
 @dataclass
@@ -100,7 +100,7 @@ class QuantizationConfig:
     def wrap(self, weight, dtype: torch.dtype, device: torch.device):
         """A checkpoint's own Int4Weight as a QuantizedLinear on `path`, refused here (one line) if
         the path cannot take it on this device, not at the first request."""
-        from phases.phase3_triton._support import interpreting
+        from common.triton_shim import interpreting
 
         from .quant_gemm import kernel_group_size
         from .quantize import QuantizedLinear, library_unavailable
@@ -258,7 +258,7 @@ class LlamaModel:
             if meta.is_prefill:
                 attention = self._prefill_attention(q, qkv, meta)
             else:
-                attention = decode_attention.paged_decode_attention(
+                attention = paged_attention.paged_decode_attention(
                     q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
                     backend=self.decode_backend, num_splits=meta.num_splits)
             hidden = linear(attention.reshape(tokens, s.q_size), layer.o)

@@ -1,5 +1,5 @@
 """W4A16 and W8A16 matmuls that dequantize in registers: y [M, N] = x [M, K] @ W^T, with W held in
-quantize.py's layouts (int4: int32 [N, ceil(K/8)] packed along K, scales and zero points
+weight_formats.py's layouts (int4: int32 [N, ceil(K/8)] packed along K, scales and zero points
 [groups, N]; int8: int8 [N, K] and a scale per row). Decode reads every weight once per step, so a
 kernel that reads 0.5 or 1 byte per weight instead of 2 is up to 4x or 2x faster, provided the
 unpacking costs less time than the bytes it saved; the naive path (dequantize to bf16 in memory,
@@ -33,9 +33,9 @@ bf16 tl.dot is wrong), as do fp32 activations on a GPU (ieee, not tf32).
 import torch
 
 from common.errors import LabError
-from phases.phase3_triton._support import interpreting, require, tl, triton
+from common.triton_shim import interpreting, require, tl, triton
 
-from .quantize import GROUP_SIZES, NIBBLES_PER_WORD
+from .weight_formats import GROUP_SIZES, NIBBLES_PER_WORD
 
 GEMV_MAX_M = 16
 MAX_SPLIT_K = 16
@@ -471,7 +471,7 @@ def kernel_group_size(group_size: int, k: int) -> int:
 
 
 def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None = None):
-    """x [M, K] (bf16, fp16 or fp32) @ the int4 weight^T -> [M, N] in x's dtype (quantize.py's layout;
+    """x [M, K] (bf16, fp16 or fp32) @ the int4 weight^T -> [M, N] in x's dtype (weight_formats.py's layout;
     K = x.shape[1]). config: BLOCK_M/N/K, SPLIT_K, num_warps, num_stages; None: default_config."""
     k = x.shape[1]
     n = qweight.shape[0]

@@ -29,7 +29,7 @@ import torch
 
 from common.errors import LabError
 
-from . import decode_attention
+from . import paged_attention
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .model import AttentionMetadata, LlamaModel
 from .sampler import Sampler, categorical, token_logprobs
@@ -82,7 +82,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_context_tokens: int, sms: i
     compile). One split launches no combine kernel."""
     wanted = max(1, DECODE_PROGRAMS_PER_SM * sms // max(1, batch * num_kv_heads))
     by_length = max(1, max_context_tokens // DECODE_TOKENS_PER_SPLIT)
-    chosen = min(wanted, by_length, decode_attention.MAX_SPLITS)
+    chosen = min(wanted, by_length, paged_attention.MAX_SPLITS)
     return 1 << (chosen.bit_length() - 1)
 
 
@@ -354,7 +354,7 @@ class ModelRunner:
             splits = self._splits_of[padded][tier_of(max_context, len(self._context_tiers))]
             self._graphs[padded, splits].replay()
             return self._graph_logits[:n], self._graph_argmax[:n]
-        splits = decode_splits(n, self.shape.num_key_value_heads, max_context, decode_attention.sm_count(self.device))
+        splits = decode_splits(n, self.shape.num_key_value_heads, max_context, paged_attention.sm_count(self.device))
         return self._decode_forward(n, splits), None
 
     @torch.inference_mode()
@@ -418,7 +418,7 @@ class ModelRunner:
                 logits, argmax = self._graph_logits[:n], self._graph_argmax[:n]
             else:
                 splits = decode_splits(n, self.shape.num_key_value_heads, max_context,
-                                       decode_attention.sm_count(self.device))
+                                       paged_attention.sm_count(self.device))
                 logits, argmax = self._decode_forward(n, splits), None
             out[j, :n].copy_(self._chain_pick(logits, argmax, scale, probs_out, j, generator))
         if not self.is_cuda:                                   # on a CPU the inputs are the host buffer itself
@@ -557,7 +557,7 @@ class ModelRunner:
         """The bucket of every batch size, each bucket's split count per context tier, and the
         output buffers the graphs write."""
         self._bucket_of = [0] + [next(s for s in sizes if s >= n) for n in range(1, self.max_num_seqs + 1)]
-        sms = decode_attention.sm_count(self.device)
+        sms = paged_attention.sm_count(self.device)
         self._splits_of = {size: splits_by_tier(size, self.shape.num_key_value_heads, self._context_tiers, sms)
                            for size in sizes}
         self._graph_logits = torch.empty(self.max_num_seqs, self.shape.vocab_size, dtype=torch.float32,
@@ -607,7 +607,7 @@ class ModelRunner:
                         self._graph_step(bucket, splits)
                 return self._time(graph.replay, reps)
             splits = decode_splits(1, self.shape.num_key_value_heads, context_tokens,
-                                   decode_attention.sm_count(self.device))
+                                   paged_attention.sm_count(self.device))
             return self._time(lambda: self._decode_forward(1, splits), reps)
         finally:
             if skip:

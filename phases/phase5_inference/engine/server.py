@@ -44,7 +44,7 @@ from aiohttp import web
 from common.errors import LabError, Terminated
 
 from .async_engine import AsyncEngine
-from .decode_attention import BACKENDS as ATTENTION_BACKENDS
+from .paged_attention import BACKENDS as ATTENTION_BACKENDS
 from .metrics import ServerMetrics
 from .openai_choice import Choice, choice_body
 from .openai_request import ApiError, GenerationRequest, bad_request, parse_request
@@ -512,7 +512,7 @@ def config_from_args(args: argparse.Namespace):
         resolve(config.speculative_model)
     if config.tensor_parallel > 1:
         _check_tensor_parallel(config, shape, device)
-    from ..model_choice import refuse_unless_it_fits      # too large in the dtype it loads: refused now
+    from ..models.model_choice import refuse_unless_it_fits      # too large in the dtype it loads: refused now
     refuse_unless_it_fits(shape, DTYPES[config.dtype].itemsize, device, config.tensor_parallel)
     if not 0 <= args.port <= 65535:
         raise LabError(f"--port {args.port}: not a TCP port (0 picks a free one)")
@@ -534,7 +534,7 @@ def _check_tensor_parallel(config, shape, device) -> None:
 
     import torch
 
-    from .tensor_parallel import unsplittable
+    from .tp_ranks import unsplittable
     why = unsplittable(shape, config.tensor_parallel)
     if why:
         raise LabError(f"--tensor-parallel {config.tensor_parallel}: {why}")
@@ -551,7 +551,7 @@ def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> 
         from . import tp_serve
         from .llm import pick_device
         if tp_serve.inside_torchrun():
-            return tp_serve.rank_main(config, kwargs)
+            return tp_serve.rank_main(config, serve, kwargs)
         return tp_serve.relaunch(list(sys.argv[1:] if argv is None else argv), config.tensor_parallel,
                                  pick_device(config.device).type)
     return serve(config, **kwargs)

@@ -3,7 +3,7 @@
 `lab serve` itself starts torchrun (N processes, NCCL on GPUs, gloo with --device cpu) running the
 server module again; inside it each rank joins the process group, takes its GPU (LOCAL_RANK) and
 builds its shard of the engine. Rank 0 serves HTTP through a DrivenEngine, which sends each step's
-adds and aborts to the other ranks; they run `follow()` (tensor_parallel.py) until rank 0 stops.
+adds and aborts to the other ranks; they run `follow()` (tp_ranks.py) until rank 0 stops.
 Ctrl-C or SIGTERM to `lab serve` reaches rank 0 as SIGINT (its graceful stop: it writes its pid
 where `lab serve` finds it), which tells the others to leave; torchrun stops them all if any rank
 fails.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common.errors import LabError
 
-from .tensor_parallel import NO_MULTICAST_ENV
+from .tp_ranks import NO_MULTICAST_ENV
 
 STOP_GRACE_S = 60.0
 PID_FILE_ENV = "LAB_TP_SERVE_RANK0_PID"
@@ -68,15 +68,15 @@ def relaunch(argv: list[str], n: int, device_type: str) -> int:
         folder.cleanup()
 
 
-def rank_main(config, serve_kwargs: dict) -> int:
-    """One rank inside torchrun: join the group, build this rank's engine; rank 0 serves, the
+def rank_main(config, serve, serve_kwargs: dict) -> int:
+    """One rank inside torchrun: join the group, build this rank's engine; rank 0 serves it with
+    `serve` (server.py's, passed in: the server imports this module, not the other way), the
     others follow it."""
     import torch
     import torch.distributed as dist
 
     from .llm import LLMEngine, pick_device
-    from .server import serve
-    from .tensor_parallel import Channel, DrivenEngine, follow
+    from .tp_ranks import Channel, DrivenEngine, follow
 
     world = int(os.environ["WORLD_SIZE"])
     if world != config.tensor_parallel:

@@ -26,6 +26,8 @@ Checkpoints live in <repo>/.lab_cache/speculative/<name>-<key>/ (git-ignored), a
 (config.json, model.safetensors) plus train.json (what the run measured). The key is a hash of the
 shape, the training settings, the corpus's sha256 and the device type (bf16 on CUDA and fp32 on a
 CPU train different weights), so a changed setting trains a new model instead of reusing an old one.
+
+Built on phase 7: its TinyShakespeare corpus and splits (data.py).
 """
 import functools
 import hashlib
@@ -42,8 +44,8 @@ from common.errors import LabError
 from common.paths import REPO_ROOT, relative_to_repo
 from phases.phase7_gpt import data as D
 
-from .engine.shapes import LlamaShape
-from .engine.weights import tensor_shapes
+from ..engine.shapes import LlamaShape
+from ..engine.weights import tensor_shapes
 from .llama_training import CONFIG, TRAIN_INFO, WEIGHTS, LlamaForTraining, TrainSettings, save_checkpoint, train_llama
 
 VOCAB_SIZE = 50304                 # GPT-2's 50,257 ids padded to a multiple of 64

@@ -1,5 +1,5 @@
-"""What the phase-3 modules share: Triton (or a stand-in), where a kernel may run, the autotuner,
-and the bookkeeping that sets each Triton row beside the library row of the same size.
+"""Triton, or a stand-in where it is not installed, and where a kernel may run: shared by phase 3's
+kernels, phase 5's engine and phase 6's comparisons. The autotuner is triton_tuner.py.
 
 Triton is optional for the lab as a whole: `lab list` and the other phases must work without it.
 So the kernels are written against `triton` and `tl` imported from here; when Triton is missing
@@ -114,91 +114,8 @@ def ensure_allocator(device: torch.device) -> None:
     _allocator_device = device.type
 
 
-def launch_options(cfg: dict) -> dict:
-    """The launch-time options of a config (the rest are the kernel's constexpr arguments)."""
-    return {"num_warps": cfg.get("num_warps", 4), "num_stages": cfg.get("num_stages", 3)}
-
-
-def label(cfg: dict) -> str:
-    """'BLOCK_M=128 BLOCK_N=64 num_warps=8 num_stages=3 tma=True': one config, readable in a table."""
-    return " ".join(f"{k}={v}" for k, v in cfg.items())
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
-# ------------------------------------------------------------------------------ autotuning
-_TUNED: dict = {}
-
-
-def tune(ctx, key, candidates: list[dict], launch, check, first_good: bool = False) -> tuple[dict, list[dict]]:
-    """The fastest of `candidates` that compiles and passes `check(cfg)`, timed with the lab's own
-    harness (short runs, L2 flushed). Returns (config, trials); trials list every candidate with
-    its time or the reason it was dropped, so a record shows what the tuner saw.
-
-    A config that fails to compile (too much shared memory, an unsupported feature on this Triton)
-    or computes a wrong answer is dropped, not fatal: correctness gates tuning as it gates timing.
-    Under the interpreter, or with first_good (a config already chosen elsewhere, with fallbacks),
-    nothing is timed: the first candidate that passes is taken. A --quick run (a smoke test) tries
-    only the first two candidates.
-    """
-    if key in _TUNED:
-        return _TUNED[key]
-    if getattr(ctx, "quick", False):
-        candidates = candidates[:2]
-    trials, passed = [], []                          # passed: (ms or None, cfg)
-    for cfg in candidates:
-        try:
-            verdict = check(cfg)                     # compiles, runs on a poisoned output, compares
-            if not verdict["passed"]:
-                trials.append({"config": label(cfg), "ms": None, "error": f"check: {verdict['reason']}"})
-                continue
-            ms = None
-            if not interpreting() and not first_good and len(candidates) > 1:
-                ms = ctx.time(lambda: launch(cfg), warmup_ms=5.0, target_ms=25.0, min_samples=5,
-                              max_samples=50).median_ms
-            trials.append({"config": label(cfg), "ms": ms, "error": None})
-            passed.append((ms, cfg))
-            if interpreting() or first_good:
-                break
-        except Exception as exc:  # noqa: BLE001 - a config that cannot run is dropped, with why
-            msg = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            trials.append({"config": label(cfg), "ms": None,
-                           "error": f"{type(exc).__name__}: {msg[-1][:200] if msg else ''}".strip()})
-    if not passed:
-        raise LabError(f"no candidate config ran correctly for {key}: "
-                       + "; ".join(f"[{t['config']}] {t['error']}" for t in trials)[:800])
-    timed = [p for p in passed if p[0] is not None]
-    best = min(timed, key=lambda p: p[0])[1] if timed else passed[0][1]
-    _TUNED[key] = (best, trials)
-    return best, trials
-
-
-def tuning_summary(trials: list[dict]) -> dict:
-    """Compact form for a record's summary: config -> ms (or the error)."""
-    return {t["config"]: (round(t["ms"], 5) if t["ms"] is not None else t["error"]) for t in trials}
-
-
-# ------------------------------------------------------------------------------ rows side by side
-def skipped(variant: str, params: dict, reason: str) -> dict:
-    """A variant that cannot run here (a library backend that rejects these inputs)."""
-    from common.exercise import row
-    return row(variant, params, "skipped", reason)
-
-
-def compare_to_library(rows: list[dict], ours: str, libraries: tuple[str, ...], metric: str) -> None:
-    """For each of our rows, the fastest library row with the same params: its name and ms, and
-    our `metric` (a rate) as a percent of its rate (`pct_of_library`; above 100% we are faster)."""
-    from common.exercise import against_baseline
-    for r in rows:
-        if r["variant"] != ours or r["status"] != "ok":
-            continue
-        libs = [x for x in rows if x["variant"] in libraries and x["status"] == "ok" and x["params"] == r["params"]]
-        if libs:
-            best = min(libs, key=lambda x: x["metrics"]["ms"])
-            r["metrics"].update(library=best["variant"], library_ms=best["metrics"]["ms"])
-            against_baseline([r], best, metric, "pct_of_library")
 
 
 # ------------------------------------------------------------------------------ compile without a GPU
@@ -254,16 +171,3 @@ class compile_only:
         driver._active, JITFunction.__getitem__ = self._saved
         _COMPILE_ONLY = False
         return False
-
-
-def attempt(variant: str, params: dict, make_row) -> dict:
-    """`make_row()`, or a 'failed' row saying why it raised: one variant that cannot run (no config
-    compiled, a library error, out of memory) must not cost the record every other row."""
-    from common.exercise import row
-    try:
-        return make_row()
-    except LabError as exc:
-        return row(variant, params, "failed", str(exc))
-    except Exception as exc:  # noqa: BLE001 - recorded in the row, not raised
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        return row(variant, params, "failed", f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".strip())

@@ -1,6 +1,6 @@
 """What weight-only quantization should buy, before anything runs (no torch: the report and
 `lab predict` use it): the bytes a [N out, K in] weight occupies in each format, in the layouts of
-engine/quantize.py, and the batch below which a matmul over it stays memory-bound.
+engine/weight_formats.py, and the batch below which a matmul over it stays memory-bound.
 
 Decode reads every weight once per step, so at small batch a matmul's time is its bytes over the
 bandwidth: the speedup over bf16 is bf16's bytes over the format's. FLOPs are 2·M·N·K whatever the

@@ -30,7 +30,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from phases.phase3_triton._support import HAVE_TRITON, LOG2E_VALUE, interpreting, next_pow2, require, tl, triton
+from common.triton_shim import HAVE_TRITON, LOG2E_VALUE, interpreting, next_pow2, require, tl, triton
 
 BACKENDS = ("auto", "triton", "flex", "reference")
 MIN_TOKENS_PER_SPLIT = 256          # below this a split's fixed cost (partials, the combine) outweighs its gain

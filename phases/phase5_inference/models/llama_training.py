@@ -22,6 +22,8 @@ over the same windows, the teacher's distribution from its forward pass without 
 speculative draft is accepted when it predicts what the target would, so a draft taught the
 target's distribution (DistillSpec, Zhou et al. 2023; Llama 3.2 1B learnt from 8B and 70B
 logits) is accepted more often than one taught the text alone.
+
+Built on phase 7: its training loop (train.py) trains the lab's Llamas.
 """
 import json
 import math
@@ -38,8 +40,8 @@ import torch.nn.functional as F
 from common.errors import LabError
 from phases.phase7_gpt.train import Batches, TrainConfig, autocast, evaluate, lr_at, make_optimizer
 
-from .engine.rope import inverse_frequencies
-from .engine.shapes import LlamaShape, hf_config
+from ..engine.rope import inverse_frequencies
+from ..engine.shapes import LlamaShape, hf_config
 
 INIT_STD = 0.02              # Hugging Face's initializer_range for Llama, and GPT-2's
 CHECK_EVERY = 10             # steps between reads of the loss buffer (a host-device sync)

@@ -1,9 +1,9 @@
 """What every rank of a tensor-parallel job runs, started by phase 4's launcher (launch.py):
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
-        -m phases.phase5_inference.tp_worker <task> '<job json>' <result file>
+        -m phases.phase5_inference.benchmark.tp_worker <task> '<job json>' <result file>
 
-Every rank makes the same engine calls (the engine's SPMD use, engine/tensor_parallel.py); rank 0
+Every rank makes the same engine calls (the engine's SPMD use, engine/tp_ranks.py); rank 0
 writes the result. Tasks:
   bench     phase5.tensor_parallel at one TP size: per model, the engine's TTFT and decode steps
             (one warm-up request, then `runs`), its CUDA-graph step with and without the all-reduces,
@@ -14,6 +14,8 @@ writes the result. Tasks:
   allreduce every all-reduce the engine can use, against exact sums at irregular sizes
 A rank's life (markers pid, stage, error; the process group; the result file; the test hook
 LAB_PHASE4_FAULT, crash:R or hang:R) is phase 4's worker.main with these tasks.
+
+Built on phase 4: its launcher and worker (launch.py, worker.py) run the ranks.
 """
 import gc
 import sys
@@ -28,7 +30,7 @@ FINGERPRINT_SEED = 1234
 
 # ------------------------------------------------------------------------------ the engine, as every rank builds it
 def engine_for(me, p: dict, model: str, **settings):
-    from .engine.llm import EngineConfig, LLMEngine
+    from ..engine.llm import EngineConfig, LLMEngine
     config = EngineConfig(model=model, seed=p["seed"], dtype=p["dtype"],
                           device="cuda" if me.backend == "nccl" else "cpu", block_size=p.get("block_size", 16),
                           tensor_parallel=me.world, allreduce=p.get("allreduce", "auto"), **settings)
@@ -45,7 +47,7 @@ def release() -> None:
 def timed_request(engine, prompt: list[int], tokens: int) -> dict:
     """One greedy request alone: the first step's time (prefill and first token: TTFT as the engine
     sees it) and the mean of the decode steps after it (TPOT), by the host clock."""
-    from .engine.sequence import SamplingParams
+    from ..engine.sequence import SamplingParams
     if engine.tp is not None:                    # every rank starts the request together
         engine.tp.line_up()
     engine.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
@@ -64,7 +66,7 @@ def teacher_forced(engine, prompt: list[int], reference: list[int]) -> dict:
     """The engine's fp32 logits at every position that predicts a reference token, from one eager
     prefill of prompt + reference: the logits of FINGERPRINT_IDS fixed vocabulary ids, how far the
     reference token scores below the best logit (gap), the argmax, and the logits' spread."""
-    from .engine.sequence import SamplingParams, Sequence
+    from ..engine.sequence import SamplingParams, Sequence
     seq = Sequence("check", list(prompt) + list(reference), SamplingParams(max_tokens=1))
     pool = engine.scheduler.block_pool
     pool.allocate(seq)
@@ -153,14 +155,14 @@ def bench(me, p: dict) -> dict:
 # ------------------------------------------------------------------------------ the CPU tests' tasks
 def generate(me, p: dict) -> dict:
     """Greedy tokens of p["prompts"], each rank's, and each rank's tensors' shapes and sums."""
-    from .engine.sequence import SamplingParams
-    from .engine.tensor_parallel import Channel, DrivenEngine, follow
+    from ..engine.sequence import SamplingParams
+    from ..engine.tp_ranks import Channel, DrivenEngine, follow
     weights = None
     if p.get("full_weights"):                   # every rank given the same whole dict, as a caller may
-        from .engine.weights import random_weights
-        from .engine.shapes import named
+        from ..engine.weights import random_weights
+        from ..engine.shapes import named
         weights = random_weights(named(p["model"]), p["seed"], torch.float32)
-    from .engine.llm import EngineConfig, LLMEngine
+    from ..engine.llm import EngineConfig, LLMEngine
     engine = LLMEngine(EngineConfig(model=p["model"], seed=p["seed"], dtype=p["dtype"],
                                     device="cuda" if me.backend == "nccl" else "cpu",
                                     num_kv_blocks=p.get("num_kv_blocks"), max_num_seqs=p.get("max_num_seqs", 8),
@@ -193,7 +195,7 @@ def generate(me, p: dict) -> dict:
 def allreduce(me, p: dict) -> dict:
     """Every implementation on irregular sizes: #wrong against exact sums, and a checksum per rank
     (every rank must end with the same bits)."""
-    from .engine.tensor_parallel import TensorParallel, pattern
+    from ..engine.tp_ranks import TensorParallel, pattern
     out = {}
     dtype = getattr(torch, p.get("dtype", "float32"))
     for mode in p["modes"]:
