@@ -74,7 +74,8 @@ def rank_main(config, serve_kwargs: dict) -> int:
     import torch
     import torch.distributed as dist
 
-    from .llm import LLMEngine, pick_device
+    from .config import pick_device
+    from .llm import LLMEngine
     from .server import serve
     from .tensor_parallel import Channel, DrivenEngine, follow
 
