@@ -18,11 +18,8 @@ from common.errors import LabError
 from common.records import load_records
 from phases.phase4_distributed.launch import launch
 from phases.phase5_inference import tensor_parallel as ex
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
 from phases.phase5_inference.engine import tensor_parallel as tpm
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import named
-from phases.phase5_inference.engine.weights import random_weights
 from phases.phase5_inference.workload import random_prompts
 
 WORKER = "phases.phase5_inference.tp_worker"

@@ -36,8 +36,8 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 from phases.phase3_triton._support import attempt, interpreting, label, skipped
 
+from .engine import SHAPES, named
 from .engine import decode_attention as attn
-from .engine.shapes import SHAPES, named
 
 REFERENCE = "fp32 SDPA per sequence on its gathered blocks (engine.decode_attention reference)"
 LENGTH_SPREAD = 8                  # each sequence's length is within context / LENGTH_SPREAD of the nominal

@@ -2,7 +2,7 @@
 peak is published), with what the lab measured (filled) and what others reported (hollow) placed
 at their arithmetic intensity. matplotlib is imported only when the plot is drawn."""
 from common.plotting import pyplot, save
-from phases.phase5_inference.engine.shapes import SHAPES
+from phases.phase5_inference.engine import SHAPES
 
 from . import seed
 from .architectures import MATMUL_N, architectures

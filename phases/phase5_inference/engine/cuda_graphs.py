@@ -147,11 +147,10 @@ class CudaGraphs:
         self.pool = graph.pool() if self.pool is None else self.pool
         return graph
 
-    def _capture_decode(self) -> None:
-        """One graph per (bucket, split count), largest first, sharing one memory pool; each writes
-        its rows of one fp32 logits buffer and of one argmax buffer (the greedy tokens)."""
+    def decode_buffers(self, sizes: list[int]) -> None:
+        """The bucket of every batch size, each bucket's split count per context tier, and the
+        fp32 logits and argmax buffers the decode graphs write (the prefill graphs row 0 of them)."""
         runner = self.runner
-        sizes = graph_batch_sizes(runner.max_num_seqs)
         self.bucket_of = [0] + [next(s for s in sizes if s >= n) for n in range(1, runner.max_num_seqs + 1)]
         sms = decode_attention.sm_count(runner.device)
         self.splits_of = {size: splits_by_tier(size, runner.shape.num_key_value_heads, self.tiers, sms)
@@ -159,6 +158,16 @@ class CudaGraphs:
         self.logits = torch.empty(runner.max_num_seqs, runner.shape.vocab_size, dtype=torch.float32,
                                   device=runner.device)
         self.argmax = torch.empty(runner.max_num_seqs, dtype=torch.int64, device=runner.device)
+
+    def decode_keys(self, sizes: list[int]) -> list[tuple[int, int]]:
+        """(bucket, split count) of every decode graph, smallest first."""
+        return [(size, splits) for size in sizes for splits in sorted(set(self.splits_of[size]))]
+
+    def _capture_decode(self) -> None:
+        """One graph per (bucket, split count), largest first, sharing one memory pool."""
+        runner = self.runner
+        sizes = graph_batch_sizes(runner.max_num_seqs)
+        self.decode_buffers(sizes)
         # GPU kernels of one batch-1 decode step at the shortest tier (what its graph replays); not
         # under tensor parallelism: a profiler failing on one rank alone would hang the others
         runner.telemetry["kernels_per_decode_step"] = None if runner.tp is not None else count_kernels(
@@ -166,8 +175,7 @@ class CudaGraphs:
         torch.cuda.synchronize(runner.device)
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved(runner.device)
-        keys = [(size, splits) for size in sizes for splits in sorted(set(self.splits_of[size]))]
-        for size, splits in reversed(keys):
+        for size, splits in reversed(self.decode_keys(sizes)):
             self.decode_graphs[size, splits] = self.capture_decode_step(size, splits)
         torch.cuda.synchronize(runner.device)
         runner.telemetry.update(graph_capture_s=time.perf_counter() - start, graph_batch_sizes=sizes,
@@ -175,13 +183,13 @@ class CudaGraphs:
                                 context_tiers=self.tiers,
                                 decode_graph_extra_bytes=torch.cuda.memory_reserved(runner.device) - reserved)
 
-    def _prefill_buffers(self, sizes: list[int]) -> None:
+    def prefill_buffers(self, sizes: list[int]) -> None:
         """The pinned host and device input buffers of the prefill graphs (token ids, positions,
         slots, each as long as the largest bucket, then the last real row), and each bucket's fixed
         sequence offsets [0, bucket]."""
         largest, device = sizes[-1], self.runner.device
         self.prefill_sizes = sizes
-        self._prefill_host_inputs = torch.zeros(3 * largest + 1, dtype=torch.int32, pin_memory=True)
+        self._prefill_host_inputs = torch.zeros(3 * largest + 1, dtype=torch.int32, pin_memory=self.runner.is_cuda)
         host = self._prefill_host_inputs.numpy()
         host[2 * largest:3 * largest] = -1
         self._prefill_host_columns = [host[:largest], host[largest:2 * largest], host[2 * largest:3 * largest],
@@ -189,7 +197,7 @@ class CudaGraphs:
         self._prefill_inputs = self._prefill_host_inputs.to(device, copy=True)
         self._prefill_cu_seqlens = {size: torch.tensor([0, size], dtype=torch.int32, device=device) for size in sizes}
 
-    def _prefill_step(self, size: int) -> None:
+    def prefill_step(self, size: int) -> None:
         """What a prefill graph of `size` tokens replays: forward, the last real row's logits into
         row 0 of the logits buffer, its argmax."""
         largest = self.prefill_sizes[-1]
@@ -204,15 +212,15 @@ class CudaGraphs:
         """One graph per prefill bucket, largest first, in the decode graphs' memory pool."""
         runner = self.runner
         sizes = prefill_graph_sizes(runner.max_num_batched_tokens, self.tiers[-1])
-        self._prefill_buffers(sizes)
+        self.prefill_buffers(sizes)
         torch.cuda.synchronize(runner.device)
         start = time.perf_counter()
         reserved = torch.cuda.memory_reserved(runner.device)
         for size in reversed(sizes):
-            self._prefill_step(size)                             # warm-up: flash, cuBLAS at this shape
+            self.prefill_step(size)                             # warm-up: flash, cuBLAS at this shape
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
-                self._prefill_step(size)
+                self.prefill_step(size)
             self.prefill_graphs[size] = graph
         torch.cuda.synchronize(runner.device)
         runner.telemetry.update(prefill_graph_capture_s=time.perf_counter() - start, prefill_graph_tokens=sizes,

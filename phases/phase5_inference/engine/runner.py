@@ -287,13 +287,14 @@ class ModelRunner:
             finally:
                 self.tp.noop = False
         splits = decode_splits(1, self.shape.num_key_value_heads, context_tokens, self.sms)
-        if not skip:
-            return lambda: self.decode_forward(1, splits)
 
-        def without_allreduce():
-            self.tp.noop = True
+        @torch.inference_mode()
+        def eager_step():
+            if skip:
+                self.tp.noop = True
             try:
                 self.decode_forward(1, splits)
             finally:
-                self.tp.noop = False
-        return without_allreduce
+                if skip:
+                    self.tp.noop = False
+        return eager_step
