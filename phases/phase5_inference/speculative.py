@@ -135,7 +135,7 @@ def step_ms(engine, runner, batch: int, rows_per_seq: int, context: int, reps: i
             if temperature > 0:
                 probs = (logits / temperature).softmax(dim=1)
                 argmax = categorical(probs)
-            runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
+            runner.read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
             if rep >= STEP_WARMUP:
                 times.append((time.perf_counter() - start) * 1e3)
     finally:
