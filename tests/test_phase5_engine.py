@@ -17,13 +17,13 @@ import pytest
 import torch
 from conftest import REPO, clean_env
 
+from phases.phase5_inference.engine import (EngineConfig, LLMEngine, SamplingParams, Sequence, hf_config, named,
+                                            random_weights)
 from phases.phase5_inference.engine import model as model_module
-from phases.phase5_inference.engine.kv_cache import (BlockPool, activation_reserve_bytes, kv_block_bytes,
-                                                      kv_pool_blocks)
-from phases.phase5_inference.engine import EngineConfig, LLMEngine
 from phases.phase5_inference.engine.cuda_graphs import (CudaGraphs, context_tiers, graph_batch_sizes,
                                                         prefill_graph_sizes, splits_by_tier, tier_of)
-from phases.phase5_inference.engine import SamplingParams, Sequence, hf_config, named, random_weights
+from phases.phase5_inference.engine.kv_cache import (BlockPool, activation_reserve_bytes, kv_block_bytes,
+                                                      kv_pool_blocks)
 
 LOGITS_RTOL = 1e-4          # max |ours - transformers| over max |transformers|, fp32
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
