@@ -115,7 +115,8 @@ class LLMEngine:
         was given (config.settled picked it), or None."""
         if config.tensor_parallel == 1:
             return None
-        from .tensor_parallel import TensorParallel, unsplittable
+        from .tensor_parallel import TensorParallel
+        from .tp_shards import unsplittable
         why = unsplittable(resolve(config.model)[0], config.tensor_parallel)
         if why:
             raise LabError(why)

@@ -534,7 +534,7 @@ def _check_tensor_parallel(config, shape, device) -> None:
 
     import torch
 
-    from .tensor_parallel import unsplittable
+    from .tp_shards import unsplittable
     why = unsplittable(shape, config.tensor_parallel)
     if why:
         raise LabError(f"--tensor-parallel {config.tensor_parallel}: {why}")
