@@ -169,3 +169,20 @@ def _capture_graph(fn, reps: int) -> Callable[[], None]:
         for _ in range(reps):
             fn()
     return graph.replay
+
+
+def count_kernels(fn: Callable[[], object], device: torch.device) -> int | None:
+    """GPU kernels one call of `fn` launches, counted by torch.profiler after a warm-up call (so
+    compilation and one-time work stay out); None where the profiler cannot see the device: the
+    count is optional, a missing profiler must not stop the work it describes."""
+    try:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize(device)
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA) or None
+    except Exception:
+        return None

@@ -59,7 +59,7 @@ def tiny_transformers_llama(weights: dict):
     """transformers' LlamaForCausalLM of the lab's 'tiny' shape holding `weights` (the engine's
     correctness reference; skips where transformers is missing)."""
     transformers = pytest.importorskip("transformers")
-    from phases.phase5_inference.engine.shapes import hf_config, named
+    from phases.phase5_inference.engine import hf_config, named
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config(named("tiny")))).eval()
     model.load_state_dict(weights, strict=False)
     return model

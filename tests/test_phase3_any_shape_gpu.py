@@ -16,7 +16,7 @@ if torch.cuda.is_available():
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import softmax as sm
-    from phases.phase3_triton._support import label
+    from common.triton_tuner import label
 
 DEV = "cuda"
 SHAPES = [(2, 8, 1000, 128), (1, 16, 1537, 64), (1, 4, 7000, 128), (3, 5, 77, 64), (1, 2, 1, 128), (1, 3, 130, 128)]

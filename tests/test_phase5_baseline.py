@@ -10,8 +10,7 @@ import torch
 from common.errors import LabError
 from phases.phase5_inference.benchmark.baseline import PlainLlama
 from phases.phase5_inference.engine.rope import inverse_frequencies
-from phases.phase5_inference.engine.shapes import hf_config, named
-from phases.phase5_inference.engine.weights import random_weights
+from phases.phase5_inference.engine import hf_config, named, random_weights
 
 transformers = pytest.importorskip("transformers")
 

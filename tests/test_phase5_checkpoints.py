@@ -11,11 +11,8 @@ import pytest
 import torch
 
 from common.errors import LabError
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, from_checkpoint, load_checkpoint
 from phases.phase5_inference.engine.server import main as serve_main
-from phases.phase5_inference.engine.shapes import from_checkpoint
-from phases.phase5_inference.engine.weights import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,9 +14,8 @@ pytest.importorskip("tokenizers")
 from common.errors import LabError  # noqa: E402
 from phases.phase5_inference.benchmark.client import (  # noqa: E402
     RequestResult, RequestSpec, arrival_offsets_s, benchmark, launch_server, summarize, wait_until_ready)
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, load_tokenizer  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
 
 TINY = dict(model="tiny", dtype="float32", device="cpu", max_model_len=256)
 

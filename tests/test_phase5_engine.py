@@ -17,15 +17,13 @@ import pytest
 import torch
 from conftest import REPO, clean_env
 
+from phases.phase5_inference.engine import (EngineConfig, LLMEngine, SamplingParams, Sequence, hf_config, named,
+                                            random_weights)
 from phases.phase5_inference.engine import model as model_module
+from phases.phase5_inference.engine.cuda_graphs import (CudaGraphs, context_tiers, graph_batch_sizes,
+                                                        prefill_graph_sizes, splits_by_tier, tier_of)
 from phases.phase5_inference.engine.kv_cache import (BlockPool, activation_reserve_bytes, kv_block_bytes,
                                                       kv_pool_blocks)
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.runner import (context_tiers, graph_batch_sizes, prefill_graph_sizes,
-                                                   splits_by_tier, tier_of)
-from phases.phase5_inference.engine.sequence import SamplingParams, Sequence
-from phases.phase5_inference.engine.shapes import hf_config, named
-from phases.phase5_inference.engine.weights import random_weights
 
 LOGITS_RTOL = 1e-4          # max |ours - transformers| over max |transformers|, fp32
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
@@ -171,11 +169,13 @@ def test_padded_decode_buckets_give_the_same_tokens(weights, alone):
     eng = engine(weights, max_num_seqs=16)
     runner = eng.runner
     sizes = graph_batch_sizes(16)
-    runner._graph_buffers(sizes)
-    runner._graphs = {key: SimpleNamespace(replay=functools.partial(runner._graph_step, *key))
-                      for key in runner._graph_keys(sizes)}
-    runner._inputs = runner._host_inputs.clone()
-    runner.is_cuda = True                                # take the copy-to-device branch
+    graphs = runner.graphs = CudaGraphs(runner, eng.max_model_len)
+    graphs.decode_buffers(sizes)
+    graphs.decode_graphs = {key: SimpleNamespace(replay=functools.partial(graphs.decode_step, *key))
+                            for key in graphs.decode_keys(sizes)}
+    inputs = runner.decode_inputs
+    inputs.tensor = inputs._host.clone()
+    inputs.is_cuda = True                                # take the copy-to-device branch
     assert eng.generate(prompts, params) == alone
     assert eng.num_free_blocks == eng.runner.num_kv_blocks
 
@@ -207,15 +207,16 @@ def test_one_sequence_prefill_graph_bookkeeping(weights, alone):
     eng = engine(weights, max_num_seqs=16)
     runner = eng.runner
     sizes = [16, 32, 64, 128]                                             # prompts up to 200: some too long
-    runner._graph_buffers(graph_batch_sizes(16))
-    runner._prefill_buffers(sizes)
+    graphs = runner.graphs = CudaGraphs(runner, eng.max_model_len)
+    graphs.decode_buffers(graph_batch_sizes(16))
+    graphs.prefill_buffers(sizes)
     replayed = []
 
     def replay(size):
         replayed.append(size)
-        runner._prefill_graph_step(size)
+        graphs.prefill_step(size)
 
-    runner._prefill_graphs = {size: SimpleNamespace(replay=functools.partial(replay, size)) for size in sizes}
+    graphs.prefill_graphs = {size: SimpleNamespace(replay=functools.partial(replay, size)) for size in sizes}
     got = [eng.generate([p], sp)[0] for p, sp in zip(prompts, params)]
     assert got == alone
     lengths = [len(p) for p in prompts]
@@ -414,11 +415,10 @@ print("fused ops ok")
 FUSED_MODEL_CHECK = """
 from dataclasses import replace
 import torch
+from phases.phase5_inference.engine import named, random_weights
 from phases.phase5_inference.engine import fused_ops as f
 from phases.phase5_inference.engine.kv_cache import allocate_kv_cache
 from phases.phase5_inference.engine.model import AttentionMetadata, LlamaModel
-from phases.phase5_inference.engine.shapes import named
-from phases.phase5_inference.engine.weights import random_weights
 f._on_gpu = lambda x: True                                   # the GPU's dispatch, its kernels interpreted
 shape = replace(named("tiny"), vocab_size=300)
 model = LlamaModel(shape, torch.bfloat16, "cpu")
@@ -524,16 +524,16 @@ def test_gpu_prefill_graphs_match_eager(dtype):
         pool.allocate(seq)
         eager = runner.prefill_logits([seq]).clone()
         with torch.inference_mode():
-            graph_logits, graph_argmax = runner._prefill_replay(seq)
+            graph_logits, graph_argmax = runner.graphs.prefill(seq)
         assert relative_error(graph_logits, eager) < (1e-5 if dtype == "float32" else 2e-2), n
         if dtype == "float32":
             assert int(graph_argmax[0]) == int(eager.argmax())
         pool.free(seq)
     prompts = [prompt_of(n, seed=n) for n in (5, 90, 600)]
     with_graphs = [eng.generate([p], GREEDY)[0] for p in prompts]
-    graphs, runner._prefill_graphs = runner._prefill_graphs, {}
+    graphs, runner.graphs.prefill_graphs = runner.graphs.prefill_graphs, {}
     eager_tokens = [eng.generate([p], GREEDY)[0] for p in prompts]
-    runner._prefill_graphs = graphs
+    runner.graphs.prefill_graphs = graphs
     if dtype == "float32":                           # bf16 rounds differently at another GEMM size
         assert with_graphs == eager_tokens
         assert eng.generate(prompts, GREEDY) == with_graphs
@@ -602,10 +602,10 @@ def decode_kernel_times_us(runner) -> dict:
     """GPU time per kernel name (summed over the step) of one eager batch-1 decode step, largest
     first: where a graph replay's time goes, launch gaps aside."""
     from torch.profiler import ProfilerActivity, profile
-    runner._graph_step(1)
+    runner.graphs.decode_step(1, None)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        runner._graph_step(1)
+        runner.graphs.decode_step(1, None)
         torch.cuda.synchronize()
     totals: dict = {}
     for event in prof.key_averages():
@@ -643,7 +643,7 @@ def test_gpu_8b_decode_against_the_roofline():
                                     "roofline_ms": roofline_ms, "pct_of_roofline": 100 * roofline_ms / decode_ms,
                                     "output_tok_s": batch * 200 / wall_s}
     runner = eng.runner
-    graph = runner._graphs[1, runner._splits_of[1][0]]          # batch 1 at the shortest context tier
+    graph = runner.graphs.decode_graphs[1, runner.graphs.splits_of[1][0]]      # batch 1 at the shortest context tier
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(50):
@@ -651,9 +651,9 @@ def test_gpu_8b_decode_against_the_roofline():
     end.record()
     end.synchronize()
     report["batch_1"]["graph_replay_ms"] = start.elapsed_time(end) / 50
-    graphs, runner._graphs = runner._graphs, {}
+    graphs, runner.graphs = runner.graphs, None
     _, eager_ms, _ = decode_steps_ms(eng, [prompt], 50)
-    runner._graphs = graphs
+    runner.graphs = graphs
     report["batch_1"]["eager_decode_step_ms_median"] = eager_ms
     try:
         report["batch_1"]["kernel_us_by_name"] = decode_kernel_times_us(runner)

@@ -14,7 +14,7 @@ import torch
 from common.paths import REPO_ROOT
 from phases.phase5_inference.predictions import analysis
 from phases.phase5_inference.benchmark import serving
-from phases.phase5_inference.engine.shapes import named
+from phases.phase5_inference.engine import named
 
 LAB = [sys.executable, "-m", "common.cli"]
 
@@ -75,7 +75,7 @@ def test_ttft_decode_checks_the_engine_against_the_plain_model(cpu_run):
 
 def test_teacher_forced_check_fails_on_tokens_the_model_would_not_choose():
     from phases.phase5_inference.benchmark.baseline import PlainLlama
-    from phases.phase5_inference.engine.weights import random_weights
+    from phases.phase5_inference.engine import random_weights
     from phases.phase5_inference.ttft_decode import engine_check, teacher_forced_check, teacher_forced_logits
 
     shape = named("tiny")
@@ -96,7 +96,7 @@ def test_the_tolerance_is_what_the_plain_model_strays_in_bf16():
     """In bf16 the plain model's own greedy choices fall below the fp32 model's best by some margin
     (its rounding noise); the engine is allowed twice that, and a wrong token still fails."""
     from phases.phase5_inference.benchmark.baseline import PlainLlama
-    from phases.phase5_inference.engine.weights import random_weights
+    from phases.phase5_inference.engine import random_weights
     from phases.phase5_inference.ttft_decode import NOISE_MARGIN, engine_check
 
     shape = named("tiny")

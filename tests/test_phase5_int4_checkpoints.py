@@ -252,8 +252,7 @@ def hf_greedy(hf, prompt) -> list[int]:
 
 
 def engine_tokens(folder, path="naive", **config) -> list[list[int]]:
-    from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-    from phases.phase5_inference.engine.sequence import SamplingParams
+    from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="float32", device="cpu", max_model_len=64,
                                  num_kv_blocks=32, cuda_graphs=False, quant_path=path, **config))
     return eng.generate(PROMPTS, SamplingParams(max_tokens=STEPS, ignore_eos=True))
@@ -341,8 +340,7 @@ def test_engine_fused_path_gives_the_dequantized_models_tokens(tmp_path, method,
 def test_gpu_fused_and_naive_serve_the_folder(tmp_path, method, group, symmetric):
     """The Triton kernels compiled on a GPU (fp32 activations: ieee dots) give the dequantized
     model's tokens, as the naive path does."""
-    from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-    from phases.phase5_inference.engine.sequence import SamplingParams
+    from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams
     hf = write_int4_folder(tmp_path, method, group, symmetric)
     expected = [hf_greedy(hf, p) for p in PROMPTS]
     for path in ("fused", "naive"):

@@ -149,7 +149,8 @@ def test_quantized_linear_cuda_path_says_why_on_a_cpu():
 
 
 def test_engine_picks_its_int4_path_by_what_runs_here():
-    from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine, resolve_quant_path
+    from phases.phase5_inference.engine import EngineConfig, LLMEngine
+    from phases.phase5_inference.engine.config import resolve_quant_path
     cpu = torch.device("cpu")
     auto = EngineConfig(model="tiny", device="cpu", dtype="float32", quantization="int4")
     assert resolve_quant_path(auto, cpu) in ("naive", "fused")

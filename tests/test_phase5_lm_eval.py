@@ -11,11 +11,8 @@ lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity")                   # lm-eval[api]
 transformers = pytest.importorskip("transformers")
 
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, hf_config, load_tokenizer, named, random_weights  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.shapes import hf_config, named  # noqa: E402
-from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
-from phases.phase5_inference.engine.weights import random_weights  # noqa: E402
 
 LOGLIKELIHOOD_ATOL = 1e-4         # a sum of fp32 log-probabilities over a few tokens
 UNTIL = ["e", "an", "\n"]

@@ -9,10 +9,9 @@ from common import runner
 from common.errors import LabError
 from common.exercise import Context
 from conftest import assert_one_line_error
-from phases.phase5_inference import batching, offline, startup, tensor_parallel, ttft_decode
 from phases.phase5_inference.models import model_choice
-from phases.phase5_inference.engine import server
-from phases.phase5_inference.engine.shapes import named
+from phases.phase5_inference import batching, offline, startup, tensor_parallel, ttft_decode
+from phases.phase5_inference.engine import named, server
 
 GIB = 2**30
 EIGHT_B_PARAMS = named("llama-3.1-8b").params()

@@ -7,11 +7,8 @@ import torch
 
 from common.errors import LabError
 from phases.phase5_inference.predictions import quant_analysis as qa
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
 from phases.phase5_inference.engine import quantize as qz
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import named
-from phases.phase5_inference.engine.weights import random_weights
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -7,10 +7,7 @@ import pytest
 import torch
 from conftest import tiny_transformers_llama
 
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import named
-from phases.phase5_inference.engine.weights import random_weights
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
 
 LOGPROB_ATOL = 1e-3          # fp32 engine against fp32 transformers
 
@@ -70,7 +67,7 @@ def test_logit_bias_forces_a_token(weights):
 
 def test_penalties_follow_vllm_formulas():
     from phases.phase5_inference.engine.sampler import Sampler
-    from phases.phase5_inference.engine.sequence import Sequence
+    from phases.phase5_inference.engine import Sequence
     seq = Sequence("r", [1, 2], SamplingParams(max_tokens=8, repetition_penalty=2.0, frequency_penalty=0.5,
                                                presence_penalty=0.25, logit_bias={4: -1.0}, min_tokens=5,
                                                stop_token_ids=(6,)))
@@ -148,7 +145,7 @@ def test_sampler_with_a_graphs_argmax_leaves_it_untouched_and_plain_rows_as_they
     """The decode graph hands the sampler its argmax buffer: rows that ask for nothing keep it, rows
     that ask for processing or logprobs get their own, and the buffer itself is never written."""
     from phases.phase5_inference.engine.sampler import Sampler
-    from phases.phase5_inference.engine.sequence import Sequence
+    from phases.phase5_inference.engine import Sequence
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
     argmax = logits.argmax(dim=-1)

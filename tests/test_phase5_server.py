@@ -12,10 +12,8 @@ aiohttp = pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 pytest.importorskip("tokenizers")
 
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
-from phases.phase5_inference.engine.sequence import SamplingParams  # noqa: E402
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, load_tokenizer  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
 
 TINY = dict(model="tiny", dtype="float32", device="cpu", max_model_len=256)
 HTTP_TIMEOUT_S = 30

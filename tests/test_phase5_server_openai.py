@@ -16,11 +16,8 @@ aiohttp = pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 pytest.importorskip("tokenizers")
 
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, load_tokenizer, named, random_weights  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.shapes import named  # noqa: E402
-from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
-from phases.phase5_inference.engine.weights import random_weights  # noqa: E402
 
 HTTP_TIMEOUT_S = 30
 LOGPROB_ATOL = 1e-3                  # fp32 engine against fp32 transformers

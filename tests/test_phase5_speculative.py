@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from common.errors import LabError
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams
 from phases.phase5_inference.engine.rejection import greedy_accept, rejection_sample
-from phases.phase5_inference.engine.sequence import SamplingParams
 from phases.phase5_inference.engine.speculator import NgramProposer, ngram_proposal
 
 TARGET = "tiny"
@@ -134,7 +133,7 @@ def tiny_distributions() -> tuple[torch.Tensor, torch.Tensor]:
     prompt = prompts()[1]
 
     def last_logits(runner):
-        from phases.phase5_inference.engine.sequence import Sequence
+        from phases.phase5_inference.engine import Sequence
         seq = Sequence("probe", prompt, SamplingParams())
         seq.block_table = list(range(-(-len(prompt) // eng.config.block_size)))
         return runner.prefill_logits([seq])[0]
@@ -234,8 +233,8 @@ def test_a_draft_sampling_at_temperature_alone_chains_its_steps_on_the_device(mo
     eng = speculative_engine()
     same = proposers()["same weights"]
     calls = []
-    chain = same.runner.chain_tokens
-    monkeypatch.setattr(same.runner, "chain_tokens", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    chain = same.chain.tokens
+    monkeypatch.setattr(same.chain, "tokens", lambda *a, **k: calls.append(1) or chain(*a, **k))
     eng.speculate(same, 3)
     out = eng.generate(prompts()[:3], SamplingParams(max_tokens=14, temperature=0.7, ignore_eos=True))
     assert [len(o) for o in out] == [14, 14, 14] and calls

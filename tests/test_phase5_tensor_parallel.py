@@ -18,11 +18,9 @@ from common.errors import LabError
 from common.records import load_records
 from phases.phase4_distributed.launch import launch
 from phases.phase5_inference import tensor_parallel as ex
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
 from phases.phase5_inference.engine import tp_ranks as tpm
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import named
-from phases.phase5_inference.engine.weights import random_weights
+from phases.phase5_inference.engine import tp_shards as tps
 from phases.phase5_inference.benchmark.workload import random_prompts
 
 WORKER = "phases.phase5_inference.benchmark.tp_worker"
@@ -77,7 +75,7 @@ def test_sampled_tokens_with_a_seed_are_those_of_one_process():
 def test_each_rank_holds_its_slice_and_the_slices_rebuild_the_weights(model, tp):
     shape = replace(named("tiny"), name=model, vocab_size=50_301) if model == "tiny-odd-vocab" else named(model)
     full = random_weights(shape, 0, torch.float32)
-    shards = [tpm.shard(full.items(), shape, r, tp, torch.float32, "cpu") for r in range(tp)]
+    shards = [tps.shard(full.items(), shape, r, tp, torch.float32, "cpu") for r in range(tp)]
     d, kv = shape.head_dim, shape.num_key_value_heads
     p = "model.layers.1."
     for name in ("q_proj", "gate_proj", "up_proj"):
@@ -87,7 +85,7 @@ def test_each_rank_holds_its_slice_and_the_slices_rebuild_the_weights(model, tp)
         key = p + name + ".weight"
         assert torch.equal(torch.cat([s[key] for s in shards], dim=1), full[key]), key
     for r, s in enumerate(shards):
-        first, count = tpm.kv_heads_held(shape, tp, r)
+        first, count = tps.kv_heads_held(shape, tp, r)
         for name in ("k_proj", "v_proj"):
             key = p + f"self_attn.{name}.weight"
             assert torch.equal(s[key], full[key][first * d:(first + count) * d])
@@ -95,8 +93,8 @@ def test_each_rank_holds_its_slice_and_the_slices_rebuild_the_weights(model, tp)
             assert count == 1 and first == r * kv // tp
         for key in ("model.embed_tokens.weight", p + "input_layernorm.weight", "model.norm.weight"):
             assert torch.equal(s[key], full[key])            # whole on every rank
-        assert {k: tuple(v.shape) for k, v in s.items()} == tpm.shard_shapes(shape, tp)
-        assert sum(t.numel() for t in s.values()) * 2 == tpm.rank_weight_bytes(shape, tp)
+        assert {k: tuple(v.shape) for k, v in s.items()} == tps.shard_shapes(shape, tp)
+        assert sum(t.numel() for t in s.values()) * 2 == tps.rank_weight_bytes(shape, tp)
     head = torch.cat([s["lm_head.weight"] for s in shards])
     whole = full["model.embed_tokens.weight" if shape.tie_word_embeddings else "lm_head.weight"]
     assert torch.equal(head[:shape.vocab_size], whole) and not head[shape.vocab_size:].any()   # zero padding
@@ -104,14 +102,14 @@ def test_each_rank_holds_its_slice_and_the_slices_rebuild_the_weights(model, tp)
 
 def test_the_runner_holds_local_heads_and_a_pool_of_their_kv():
     res = job("generate", 2, model="tiny", seed=0, dtype="float32", prompts=PROMPTS[:1], max_tokens=2)
-    shape, local = named("tiny"), tpm.local_shape(named("tiny"), 2)
+    shape, local = named("tiny"), tps.local_shape(named("tiny"), 2)
     for r in res["ranks"]:
         s = r["shards"]
         assert s["qkv"][0] == [local.q_size + 2 * local.kv_size, shape.hidden_size]
         assert s["o"][0] == [shape.hidden_size, local.q_size]
         assert s["gate_up"][0] == [2 * local.intermediate_size, shape.hidden_size]
         assert s["down"][0] == [shape.hidden_size, local.intermediate_size]
-        assert s["lm_head"][0] == [tpm.vocab_rows(shape, 2), shape.hidden_size]
+        assert s["lm_head"][0] == [tps.vocab_rows(shape, 2), shape.hidden_size]
         assert s["embed"][0] == [shape.vocab_size, shape.hidden_size]
         assert s["kv_cache"][0][4:] == [local.num_key_value_heads, shape.head_dim]
     assert res["ranks"][0]["shards"]["qkv"][1] != res["ranks"][1]["shards"]["qkv"][1]   # different slices
@@ -209,7 +207,7 @@ def test_the_prediction_adds_two_all_reduces_per_layer_from_phase4s_fit(spec_ctx
     p2 = ex.tp_prediction(spec_ctx(), shape, 2, 150, 5.0, "bf16", each, fit, None)
     assert p1["allreduce_ms"] == 0 and p2["allreduce_ms"] == pytest.approx(64 * each)
     assert p2["predicted_ms"] - p2["allreduce_ms"] == pytest.approx(
-        p1["predicted_ms"] * tpm.rank_decode_weight_bytes(shape, 2) / shape.decode_weight_bytes(), rel=0.02)
+        p1["predicted_ms"] * tps.rank_decode_weight_bytes(shape, 2) / shape.decode_weight_bytes(), rel=0.02)
 
 
 def test_the_check_passes_the_same_logits_and_fails_another_models():
@@ -234,8 +232,8 @@ def test_tensor_parallel_without_torchrun_or_with_what_it_cannot_split_is_refuse
                       ({"allreduce": "ring"}, "allreduce"), ({"tensor_parallel": 0}, "positive integer")):
         with pytest.raises(LabError, match=says):
             EngineConfig(model="tiny", **{"tensor_parallel": 2, **bad}).check()
-    assert tpm.unsplittable(named("llama-3.1-8b"), 16) is None                    # 8 KV heads, each held twice
-    assert "KV heads" in tpm.unsplittable(named("tiny").__class__(**{**named("tiny").to_dict(),
+    assert tps.unsplittable(named("llama-3.1-8b"), 16) is None                    # 8 KV heads, each held twice
+    assert "KV heads" in tps.unsplittable(named("tiny").__class__(**{**named("tiny").to_dict(),
                                                                        "num_key_value_heads": 3,
                                                                        "num_attention_heads": 6}), 2)
 

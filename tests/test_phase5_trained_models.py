@@ -13,10 +13,7 @@ from common.errors import LabError
 from common.paths import absolute_paths
 from phases.phase5_inference.models import llama_training as lt
 from phases.phase5_inference.models import trained_models as tm
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine
-from phases.phase5_inference.engine.sequence import SamplingParams
-from phases.phase5_inference.engine.shapes import SHAPES, LlamaShape, hf_config
-from phases.phase5_inference.engine.weights import tensor_shapes
+from phases.phase5_inference.engine import SHAPES, EngineConfig, LlamaShape, LLMEngine, SamplingParams, hf_config, tensor_shapes
 from phases.phase7_gpt import data as D
 
 

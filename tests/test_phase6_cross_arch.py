@@ -12,7 +12,7 @@ from common.formats import num
 from common.paths import REPO_ROOT
 from common.records import load_records
 from phases.phase6_hardware import architectures, cross_arch, findings, quoted, seed
-from phases.phase5_inference.engine.shapes import SHAPES
+from phases.phase5_inference.engine import SHAPES
 
 MADE_UP = {"name": "Made-Up Accelerator X1", "vendor": "nobody", "kind": "npu", "match": [],
            "memory_gb": {"value": 8}, "memory_bandwidth_gbps": {"value": 1000},

@@ -16,9 +16,8 @@ from common.exercise import Context  # noqa: E402
 from common.records import problems  # noqa: E402
 from common.registry import select  # noqa: E402
 from common.runner import run_one  # noqa: E402
-from phases.phase5_inference.engine.llm import EngineConfig, LLMEngine  # noqa: E402
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, load_tokenizer  # noqa: E402
 from phases.phase5_inference.engine.server import ServerThread  # noqa: E402
-from phases.phase5_inference.engine.tokenizer import load_tokenizer  # noqa: E402
 from phases.phase6_hardware import groq_client  # noqa: E402
 
 TINY = dict(model="tiny", dtype="float32", device="cpu", max_model_len=256)

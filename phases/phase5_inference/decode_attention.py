@@ -38,8 +38,8 @@ from common.triton_shim import interpreting
 from common.triton_tuner import label
 from common.variant_rows import attempt, skipped
 
+from .engine import SHAPES, named
 from .engine import paged_attention as attn
-from .engine.shapes import SHAPES, named
 
 REFERENCE = "fp32 SDPA per sequence on its gathered blocks (engine.paged_attention reference)"
 LENGTH_SPREAD = 8                  # each sequence's length is within context / LENGTH_SPREAD of the nominal

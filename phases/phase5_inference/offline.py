@@ -50,8 +50,7 @@ def check_outputs(outputs: list[list[int]], wanted: list[int], vocab: int) -> di
 
 
 def run(ctx, params):
-    from .engine.llm import EngineConfig, LLMEngine
-    from .engine.sequence import SamplingParams
+    from .engine import EngineConfig, LLMEngine, SamplingParams
 
     shape = shape_of(params)
     n, seed = params["num_seqs"], params["seed"]

@@ -92,7 +92,7 @@ def decode_step_times_ms(engine, prompts: list[list[int]], output_tokens: int) -
     """Run these requests to the end, one engine step at a time; (each decode step's wall time in ms,
     the whole run's seconds). A step returns its tokens to the host, so its wall time is the time
     a client waits for it. Steps that prefill are left out of the decode times."""
-    from .engine.sequence import SamplingParams
+    from .engine import SamplingParams
     sampling = SamplingParams(max_tokens=output_tokens, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(prompt, sampling)
@@ -108,7 +108,7 @@ def decode_step_times_ms(engine, prompts: list[list[int]], output_tokens: int) -
 
 
 def variant_rows(ctx, params, variant: str, shape, copy_gbps: float) -> list[dict]:
-    from .engine.llm import EngineConfig, LLMEngine
+    from .engine import EngineConfig, LLMEngine
     dtype = "bf16" if ctx.is_cuda else "fp32"
     fmt = format_of(variant)
     prompt_len, out_len = params["prompt_tokens"], params["output_tokens"]

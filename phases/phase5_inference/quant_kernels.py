@@ -38,8 +38,7 @@ from common.variant_rows import attempt, skipped
 
 from .predictions import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives
-from .engine import int4_mma, quant_gemm, quantize
-from .engine.shapes import SHAPES, named
+from .engine import SHAPES, int4_mma, named, quant_gemm, quantize
 
 REFERENCE = "fp32 x @ dequantize(W)^T (the variant's own format; bf16: the bf16 weight)"
 VARIANTS = ("bf16_cublas", "w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library", "w8_fused",

@@ -73,8 +73,7 @@ from phases.phase7_gpt.train import (
 )
 
 from . import quant_kernels as qk
-from .engine import awq, quantize
-from .engine.shapes import SHAPES
+from .engine import SHAPES, awq, quantize
 
 LAYER_VARIANTS = ("layer_int8", "layer_int4")
 GPT_VARIANTS = ("reference", "int8", "int4_rtn", "int4_awq")

@@ -122,7 +122,7 @@ def step_ms(engine, runner, batch: int, rows_per_seq: int, context: int, reps: i
     target step (1 row) or one verify pass (k + 1 rows), as the engine runs them. At a temperature
     the token is drawn (softmax, the exponential race) instead of the graph's argmax."""
     from .engine.sampler import categorical
-    from .engine.sequence import SamplingParams, Sequence
+    from .engine import SamplingParams, Sequence
     pool = engine.scheduler.block_pool
     seqs = [Sequence(f"probe-{i}", [1] * (context + rows_per_seq), SamplingParams()) for i in range(batch)]
     for seq in seqs:
@@ -137,7 +137,7 @@ def step_ms(engine, runner, batch: int, rows_per_seq: int, context: int, reps: i
             if temperature > 0:
                 probs = (logits / temperature).softmax(dim=1)
                 argmax = categorical(probs)
-            runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
+            runner.read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
             if rep >= STEP_WARMUP:
                 times.append((time.perf_counter() - start) * 1e3)
     finally:
@@ -221,7 +221,7 @@ def greedy_gate(engine, prompts, outputs, reference) -> dict:
 
 
 def target_top_two(engine, tokens: list[int]) -> list[float]:
-    from .engine.sequence import SamplingParams, Sequence
+    from .engine import SamplingParams, Sequence
     seq = Sequence("near-tie probe", tokens, SamplingParams())
     engine.scheduler.block_pool.allocate(seq)
     try:
@@ -233,9 +233,7 @@ def target_top_two(engine, tokens: list[int]) -> list[float]:
 
 # ------------------------------------------------------------------------------ the exercise
 def run(ctx, params):
-    from .engine.llm import EngineConfig, LLMEngine
-    from .engine.sequence import SamplingParams
-    from .engine.shapes import from_checkpoint
+    from .engine import EngineConfig, LLMEngine, SamplingParams, from_checkpoint
     from .engine.speculator import NgramProposer
 
     folders, infos = trained(ctx, params)

@@ -17,7 +17,7 @@ from common.exercise import Exercise, Needs, Result, row
 from common.params import Choice, Float, Int
 from common.standalone import run_alone
 
-from .engine.shapes import SHAPES
+from .engine import SHAPES
 from .models.model_choice import (
     COMMON,
     cpu_weights_footprint_bytes,
@@ -31,7 +31,7 @@ GIB = 2**30
 
 
 def startup_row(ctx, params: dict, model: str, utilization: float) -> dict:
-    from .engine.llm import EngineConfig, LLMEngine
+    from .engine import EngineConfig, LLMEngine
 
     shape = shape_of(params, model)
     context = params["context_tokens"]

@@ -51,10 +51,10 @@ from common.timing import summarize
 
 from .predictions.analysis import decode_parts
 from .engine.kv_cache import activation_reserve_bytes, kv_block_bytes, kv_pool_blocks
-from .engine.shapes import SHAPES, named
-from .engine.tp_ranks import (ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV, local_shape,
-                                     rank_decode_weight_bytes, rank_kv_bytes_per_token, rank_weight_bytes,
-                                     unsplittable)
+from .engine import SHAPES, named
+from .engine.tp_ranks import ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV
+from .engine.tp_shards import (local_shape, rank_decode_weight_bytes, rank_kv_bytes_per_token, rank_weight_bytes,
+                               unsplittable)
 from .models.model_choice import BLOCK_SIZE, CPU_BYTES_PER_PARAM, GPU_MEMORY_UTILIZATION, SEED, release_memory
 from .predictions.prediction import summed_prediction
 

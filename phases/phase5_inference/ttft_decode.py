@@ -30,7 +30,7 @@ from common.timing import summarize
 
 from .benchmark import serving
 from .predictions.analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
-from .engine.shapes import SHAPES
+from .engine import SHAPES
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -166,7 +166,7 @@ def engine_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype) -> tup
 
 def plain_rows(ctx, params, model: str, shape, prompt, copy_gbps, dtype, engine_tokens) -> tuple[list[dict], dict]:
     from .benchmark.baseline import PlainLlama
-    from .engine.weights import weights_for
+    from .engine import weights_for
 
     identity = {"model": shape.name, "prompt_tokens": len(prompt), "output_tokens": params["output_tokens"],
                 "runs": params["runs"], "dtype": dtype}

@@ -20,7 +20,7 @@ from common.standalone import run_alone
 
 from . import batching
 from .benchmark import serving
-from .engine.shapes import hf_config
+from .engine import hf_config
 from .models.model_choice import COMMON, CPU_COMMON, shape_of, weights_footprint_bytes
 
 START_TIMEOUT_S = 900          # vLLM compiles and captures graphs before it answers

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common import roofline
 from common.hardware import HardwareSpec, load_hardware
-from phases.phase5_inference.engine.shapes import SHAPES, LlamaShape
+from phases.phase5_inference.engine import SHAPES, LlamaShape
 
 MATMUL_N = 8192
 DECODE_MODELS = ("llama-3.1-8b", "llama-3.3-70b")

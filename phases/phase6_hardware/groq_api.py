@@ -27,7 +27,7 @@ from common.timing import summarize
 from . import groq_client
 from .architectures import roofs
 from phases.phase5_inference.benchmark.client import summarize as phase5_summary
-from phases.phase5_inference.engine.shapes import SHAPES
+from phases.phase5_inference.engine import SHAPES
 
 VARIANT = "groq_sdk"
 # Groq's model ids -> the lab's shapes of the same architecture (for the prediction)

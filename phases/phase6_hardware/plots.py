@@ -4,7 +4,7 @@ at their arithmetic intensity. matplotlib is imported only when the plot is draw
 
 Built on phase 5: its Llama shapes (engine/shapes.py)."""
 from common.plotting import pyplot, save
-from phases.phase5_inference.engine.shapes import SHAPES
+from phases.phase5_inference.engine import SHAPES
 
 from . import seed
 from .architectures import MATMUL_N, architectures

@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from common.errors import LabError
 
 from ..engine.rope import inverse_frequencies
-from ..engine.shapes import LlamaShape
-from ..engine.weights import tensor_shapes
+from ..engine import LlamaShape, tensor_shapes
 
 WARMUP_DECODE_STEPS = 3          # reduce-overhead: compile, record the CUDA graph, replay once
 

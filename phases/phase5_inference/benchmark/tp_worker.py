@@ -30,7 +30,7 @@ FINGERPRINT_SEED = 1234
 
 # ------------------------------------------------------------------------------ the engine, as every rank builds it
 def engine_for(me, p: dict, model: str, **settings):
-    from ..engine.llm import EngineConfig, LLMEngine
+    from ..engine import EngineConfig, LLMEngine
     config = EngineConfig(model=model, seed=p["seed"], dtype=p["dtype"],
                           device="cuda" if me.backend == "nccl" else "cpu", block_size=p.get("block_size", 16),
                           tensor_parallel=me.world, allreduce=p.get("allreduce", "auto"), **settings)
@@ -47,7 +47,7 @@ def release() -> None:
 def timed_request(engine, prompt: list[int], tokens: int) -> dict:
     """One greedy request alone: the first step's time (prefill and first token: TTFT as the engine
     sees it) and the mean of the decode steps after it (TPOT), by the host clock."""
-    from ..engine.sequence import SamplingParams
+    from ..engine import SamplingParams
     if engine.tp is not None:                    # every rank starts the request together
         engine.tp.line_up()
     engine.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
@@ -66,7 +66,7 @@ def teacher_forced(engine, prompt: list[int], reference: list[int]) -> dict:
     """The engine's fp32 logits at every position that predicts a reference token, from one eager
     prefill of prompt + reference: the logits of FINGERPRINT_IDS fixed vocabulary ids, how far the
     reference token scores below the best logit (gap), the argmax, and the logits' spread."""
-    from ..engine.sequence import SamplingParams, Sequence
+    from ..engine import SamplingParams, Sequence
     seq = Sequence("check", list(prompt) + list(reference), SamplingParams(max_tokens=1))
     pool = engine.scheduler.block_pool
     pool.allocate(seq)
@@ -82,6 +82,19 @@ def teacher_forced(engine, prompt: list[int], reference: list[int]) -> dict:
     return {"fingerprint": rows[:, ids.to(rows.device)].tolist(), "gaps": gaps.tolist(),
             "argmax": rows.argmax(dim=1).tolist(), "logit_std": float(rows.std(dim=1).mean()),
             "positions": len(reference)}
+
+
+def decode_step_ms(engine, context_tokens: int, reps: int, allreduce: bool = True) -> float:
+    """Median ms of one batch-1 decode step over `context_tokens` cached tokens (the runner's
+    decode_probe: its CUDA graph replayed, or an eager forward without graphs), `reps` samples
+    back to back by common/timing.py with warm caches. Every rank calls it at once and makes the
+    same number of calls (no warm-up sized by time: the graphs hold collectives)."""
+    from common.timing import benchmark
+    step = engine.runner.decode_probe(context_tokens, allreduce)
+    if engine.tp is not None:
+        engine.tp.line_up()
+    return benchmark(step, engine.device, warmup_ms=0.0, target_ms=0.0, min_samples=reps, max_samples=reps,
+                     flush_l2=False).median_ms
 
 
 TELEMETRY = ("weights_bytes", "kv_pool_bytes", "kv_capacity_tokens", "num_kv_blocks", "block_size", "gpu_total_bytes",
@@ -109,9 +122,9 @@ def bench_model(me, p: dict, spec: dict) -> dict:
         tokens = runs[1]["tokens"]
         context = p["prompt_tokens"] + p["output_tokens"] // 2
         me.stage(f"{spec['model']}: one step alone, with and without all-reduces")
-        out["graph_step_ms"] = engine.runner.time_decode_step(context, p["step_reps"])
+        out["graph_step_ms"] = decode_step_ms(engine, context, p["step_reps"])
         if me.world > 1:
-            out["graph_step_noop_ms"] = engine.runner.time_decode_step(context, p["step_reps"], allreduce=False)
+            out["graph_step_noop_ms"] = decode_step_ms(engine, context, p["step_reps"], allreduce=False)
         out["step_context_tokens"] = context
         if me.world > 1:                  # one all-reduce of a batch-1 step's size, as the model makes it
             out["allreduce_step_ms"] = engine.tp.time_all_reduce(engine.shape.hidden_size)
@@ -155,14 +168,13 @@ def bench(me, p: dict) -> dict:
 # ------------------------------------------------------------------------------ the CPU tests' tasks
 def generate(me, p: dict) -> dict:
     """Greedy tokens of p["prompts"], each rank's, and each rank's tensors' shapes and sums."""
-    from ..engine.sequence import SamplingParams
+    from ..engine import SamplingParams
     from ..engine.tp_ranks import Channel, DrivenEngine, follow
     weights = None
     if p.get("full_weights"):                   # every rank given the same whole dict, as a caller may
-        from ..engine.weights import random_weights
-        from ..engine.shapes import named
+        from ..engine import named, random_weights
         weights = random_weights(named(p["model"]), p["seed"], torch.float32)
-    from ..engine.llm import EngineConfig, LLMEngine
+    from ..engine import EngineConfig, LLMEngine
     engine = LLMEngine(EngineConfig(model=p["model"], seed=p["seed"], dtype=p["dtype"],
                                     device="cuda" if me.backend == "nccl" else "cpu",
                                     num_kv_blocks=p.get("num_kv_blocks"), max_num_seqs=p.get("max_num_seqs", 8),

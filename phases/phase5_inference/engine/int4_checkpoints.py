@@ -187,7 +187,7 @@ def checkpoint_format(config: dict, name: str) -> Int4CheckpointFormat | None:
 
 
 def checkpoint_quantization(config):
-    """The QuantizationConfig an engine config (llm.EngineConfig) gets from its checkpoint: None for
+    """The QuantizationConfig an engine config (config.EngineConfig) gets from its checkpoint: None for
     a 16-bit one or a named shape; an int4 checkpoint's own format on config.quant_path. A
     --quantization that conflicts with the checkpoint's (int8, or int4 of another group size) is
     refused with one line: the engine does not re-quantize quantized weights."""

@@ -7,11 +7,15 @@ When a decode sequence needs a new block and none is free, the most recently adm
 sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
 to recompute its prompt and generated tokens in a later prefill (vLLM's recompute preemption).
 
-The scheduler owns sequences and blocks and never touches tensors.
+The scheduler owns a sequence's life from admission to finish: after each step `postprocess`
+appends the new tokens, stops a sequence at EOS (unless ignore_eos) or a stop token ("stop"), at
+max_tokens or a full context ("length"), and frees a finished sequence's blocks (nano-vllm's
+Scheduler.postprocess). It owns sequences and blocks and never touches tensors.
 """
 from collections import deque
 from dataclasses import dataclass
 
+from .config import EngineConfig
 from .kv_cache import BlockPool
 from .sequence import Sequence, SequenceStatus
 
@@ -27,16 +31,17 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
-                 lookahead_slots: int = 0, max_model_len: int | None = None):
-        """lookahead_slots: cache slots a decode step writes past each sequence's last token (a
-        speculative step's proposals), allocated with it, never past max_model_len."""
-        self.block_pool = block_pool
-        self.lookahead_slots = lookahead_slots
-        self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.watermark_blocks = int(ADMISSION_WATERMARK * block_pool.num_blocks)
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int] = frozenset()):
+        """`config`: settled, its num_kv_blocks and max_model_len those of the sized pool. A decode
+        step allocates config.speculative_tokens cache slots past each sequence's last token (a
+        speculative step's proposals), never past max_model_len."""
+        self.block_pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.lookahead_slots = config.speculative_tokens
+        self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.eos_token_ids = eos_token_ids
+        self.watermark_blocks = int(ADMISSION_WATERMARK * self.block_pool.num_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()      # in admission order: the last is the newest
         self.num_preemptions = 0
@@ -100,10 +105,34 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """A running sequence is done: out of the running queue, its blocks freed."""
-        self.running.remove(seq)
-        self._retire(seq, reason)
+    def postprocess(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[list[int]]:
+        """Append each sequence's new tokens (one, or up to k + 1 from a speculative step) up to the
+        first that finishes it; retire the finished ones. The tokens each sequence emitted."""
+        emitted_by_seq = []
+        for seq, tokens in zip(seqs, new_tokens):
+            emitted, reason = [], None
+            for token in tokens:
+                seq.num_cached_tokens = seq.num_tokens
+                seq.append_token(token)
+                emitted.append(token)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    break
+            if reason is not None:
+                self.running.remove(seq)
+                self._retire(seq, reason)
+            elif self.lookahead_slots:                     # a speculative step's rejected tokens' blocks
+                self.block_pool.truncate(seq, self.slots_needed(seq))
+            emitted_by_seq.append(emitted)
+        return emitted_by_seq
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
 
     def abort(self, seq: Sequence) -> None:
         """Remove `seq` wherever it is; its blocks are free at once."""

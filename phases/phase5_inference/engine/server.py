@@ -494,7 +494,7 @@ def config_from_args(args: argparse.Namespace):
     loading weights."""
     import socket
 
-    from .llm import DTYPES, EngineConfig, backend_unavailable, fused_path_unavailable, pick_device, resolve_quant_path
+    from .config import DTYPES, EngineConfig, backend_unavailable, fused_path_unavailable, pick_device, resolve_quant_path
     from .weights import resolve
 
     config = EngineConfig(**{f: getattr(args, f) for f in ENGINE_FIELDS if f != "dtype"})
@@ -534,7 +534,7 @@ def _check_tensor_parallel(config, shape, device) -> None:
 
     import torch
 
-    from .tp_ranks import unsplittable
+    from .tp_shards import unsplittable
     why = unsplittable(shape, config.tensor_parallel)
     if why:
         raise LabError(f"--tensor-parallel {config.tensor_parallel}: {why}")
@@ -549,7 +549,7 @@ def serve_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> 
               "max_queue": args.max_queue, "api_key": args.api_key}
     if config.tensor_parallel > 1:
         from . import tp_serve
-        from .llm import pick_device
+        from .config import pick_device
         if tp_serve.inside_torchrun():
             return tp_serve.rank_main(config, serve, kwargs)
         return tp_serve.relaunch(list(sys.argv[1:] if argv is None else argv), config.tensor_parallel,

@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from .draft_chain import DraftChain
 from .rejection import greedy_accept, rejection_sample
 from .sampler import _top_k_top_p, categorical, on_device
 from .sequence import SamplingParams, Sequence
@@ -101,6 +102,7 @@ class DraftProposer:
 
     def __init__(self, runner, generator: torch.Generator):
         self.runner = runner
+        self.chain = DraftChain(runner)
         self.generator = generator
         self._cached: dict[int, int] = {}          # seq_id -> tokens whose draft K and V are written
         self._q_buffer: torch.Tensor | None = None
@@ -108,11 +110,7 @@ class DraftProposer:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> None:
         """Cache every token of `seqs` (called with the target's prefill, before its token is appended)."""
-        runner = self.runner
-        if runner._prefill_graph_fits(seqs):
-            runner._prefill_replay(seqs[0])
-        else:
-            runner.prefill_logits(seqs)
+        self.runner.prefill(seqs)
         for seq in seqs:
             self._cached[seq.seq_id] = seq.num_tokens
 
@@ -174,8 +172,8 @@ class DraftProposer:
         lengths = [ks[i] for i in active]
         chained_q = q if q is None or len(active) == len(seqs) else torch.empty_like(q[:len(active)])
         temperatures = None if q is None else [seqs[i].params.temperature for i in active]
-        chained = self.runner.chain_tokens(rows, positions, last_rows, max(lengths), temperatures, chained_q,
-                                           self.generator, lengths=lengths)
+        chained = self.chain.tokens(rows, positions, last_rows, max(lengths), temperatures, chained_q,
+                                   self.generator, lengths=lengths)
         for i, tokens in zip(active, chained):
             seqs[i].token_ids.extend(tokens[:ks[i]])
         if chained_q is not q:
@@ -187,7 +185,7 @@ class DraftProposer:
             logits = logits[index]
             argmax = None if argmax is None else argmax[index]
         if not sampling:
-            return self.runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
+            return self.runner.read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
         probs = probabilities(logits, params)
         q[on_device(active, torch.int64, q.device), step] = probs
         return categorical(probs, self.generator).tolist()
@@ -249,7 +247,7 @@ class Speculator:
         out: list[list[int] | None] = [None] * len(seqs)
         greedy = [i for i, seq in enumerate(seqs) if seq.params.greedy]
         if greedy:
-            best = runner._read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
+            best = runner.read_tokens(logits.argmax(dim=1) if argmax is None else argmax)
             for i in greedy:
                 guesses = seqs[i].token_ids[lengths[i]:lengths[i] + proposed[i]]
                 kept, token = greedy_accept(guesses, best[offsets[i]:offsets[i + 1]])

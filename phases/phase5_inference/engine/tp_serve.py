@@ -75,7 +75,8 @@ def rank_main(config, serve, serve_kwargs: dict) -> int:
     import torch
     import torch.distributed as dist
 
-    from .llm import LLMEngine, pick_device
+    from .config import pick_device
+    from .llm import LLMEngine
     from .tp_ranks import Channel, DrivenEngine, follow
 
     world = int(os.environ["WORLD_SIZE"])

@@ -41,7 +41,7 @@ from common.errors import LabError
 from phases.phase7_gpt.train import Batches, TrainConfig, autocast, evaluate, lr_at, make_optimizer
 
 from ..engine.rope import inverse_frequencies
-from ..engine.shapes import LlamaShape, hf_config
+from ..engine import LlamaShape, hf_config
 
 INIT_STD = 0.02              # Hugging Face's initializer_range for Llama, and GPT-2's
 CHECK_EVERY = 10             # steps between reads of the loss buffer (a host-device sync)

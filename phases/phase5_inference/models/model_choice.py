@@ -3,7 +3,7 @@ a Hugging Face checkpoint folder), checked before any work, the engine settings 
 and giving the memory of a model back before the next one loads."""
 from common.params import Choice, Float, Folder, Int
 
-from ..engine.shapes import SHAPES, LlamaShape, from_checkpoint, named
+from ..engine import SHAPES, LlamaShape, from_checkpoint, named
 
 MODEL = Choice("llama-3.1-8b", tuple(SHAPES), help="a named Llama shape, built with seeded random weights")
 CHECKPOINT = Folder(None, help="a Hugging Face Llama checkpoint folder (config.json, *.safetensors); "

@@ -44,8 +44,7 @@ from common.errors import LabError
 from common.paths import REPO_ROOT, relative_to_repo
 from phases.phase7_gpt import data as D
 
-from ..engine.shapes import LlamaShape
-from ..engine.weights import tensor_shapes
+from ..engine import LlamaShape, tensor_shapes
 from .llama_training import CONFIG, TRAIN_INFO, WEIGHTS, LlamaForTraining, TrainSettings, save_checkpoint, train_llama
 
 VOCAB_SIZE = 50304                 # GPT-2's 50,257 ids padded to a multiple of 64

@@ -12,7 +12,7 @@ import math
 
 from common.roofline import compute_ms, memory_ms
 
-from ..engine.shapes import LlamaShape
+from ..engine import LlamaShape
 
 
 def decode_step_bytes(shape: LlamaShape, batch: int, mean_context: float) -> float:
