@@ -1,7 +1,7 @@
 """Phase 2's FLOP, byte and launch counts, on a CPU machine: each formula (vector_add.copy_work and
 add_work, matmul.matmul_work, softmax.softmax_work) against a hand count at an irregular size; each
-exercise's work(params) against the rows its newest committed record holds; the rows one_size /
-one_shape record (the kernels replaced by torch, so no GPU is needed) carrying those very counts;
+exercise's work(params) against the rows its newest committed record holds; the rows one_shape
+records (the kernels replaced by torch, so no GPU is needed) carrying those very counts;
 and `lab predict` listing every phase-2 exercise that times rows. phase2.traffic times nothing (its
 rows are Nsight counters), so it declares no work()."""
 import json
@@ -139,8 +139,35 @@ def test_matmul_rows_carry_the_counts(spec_ctx, monkeypatch):
     ctx = spec_ctx()
     asked = _timing_spy(ctx)
     n = 24
-    rows = mm.one_size(ctx, n, list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=n)
+    rows = mm.one_shape(ctx, (n, n, n), list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=n)
     _assert_rows_carry(rows, mm.work({"sizes": [n], "naive_max_n": n}), asked)
+
+
+def test_matmul_rows_at_a_users_shape_carry_its_counts(spec_ctx, monkeypatch):
+    """--param shapes=13x40x24: rows at M x N x K (not N^3), the counts work() lists for that shape."""
+    monkeypatch.setattr(mm, "matmul", lambda a, b, variant, out: out.copy_(a.float() @ b.float()))
+    monkeypatch.setattr(mm, "runnable", lambda variant, device: None)
+    ctx = spec_ctx()
+    asked = _timing_spy(ctx)
+    params = {"sizes": [16], "naive_max_n": 40, "shapes": "13x40x24"}
+    assert mm.timed_shapes(params) == [(16, 16, 16), (13, 40, 24)]
+    rows = mm.one_shape(ctx, (13, 40, 24), list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=40)
+    assert {(r["params"]["m"], r["params"]["n"], r["params"]["k"]) for r in rows} == {(13, 40, 24)}
+    assert all(r["status"] == "ok" for r in rows), [(r["variant"], r.get("reason")) for r in rows]
+    _assert_rows_carry(rows, [w for w in mm.work(params) if "13x40x24" in w.label], asked)
+
+
+def test_matmul_a_users_k_the_tma_rungs_cannot_read_is_a_skipped_row_saying_why(spec_ctx, monkeypatch):
+    monkeypatch.setattr(mm, "matmul", lambda a, b, variant, out: out.copy_(a.float() @ b.float()))
+    monkeypatch.setattr(mm, "runnable", lambda variant, device: None)
+    rows = mm.one_shape(spec_ctx(), (9, 10, 21), list(VARIANTS), {v: {"passed": True} for v in VARIANTS},
+                        naive_max_n=40)
+    by = {r["variant"]: r for r in rows}
+    for v in VARIANTS:
+        if mm.RUNGS[v].k_multiple > 1:
+            assert by[v]["status"] == "skipped" and "multiple of 8" in by[v]["reason"] and "K = 21" in by[v]["reason"]
+        else:
+            assert by[v]["status"] == "ok", v
 
 
 @pytest.mark.parametrize("shape", [(4096, 32, "fp32", "seed"), (40, 1000, "bf16", "sweep")])
