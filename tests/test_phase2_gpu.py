@@ -45,6 +45,42 @@ def test_matmul_variants(variant, shape):
     assert verdict["passed"], verdict
 
 
+# Shapes nobody tuned for: large with no dimension a tile multiple (N odd: the scalar-store epilogues),
+# tall-skinny (8 <= M <= 64, where wgmma_tma_ws splits K), one row, and a few-tile long-K product.
+IRREGULAR_AND_SKINNY = [(4001, 5003, 4104), (8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192),
+                        (64, 8191, 4104), (1, 4096, 4096), (333, 65, 20000)]
+TENSOR_CORE_RUNGS = [v for v in (mm.VARIANTS if torch.cuda.is_available() else []) if mm.RUNGS[v].precision == "bf16"]
+
+
+@pytest.mark.parametrize("variant", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("shape", IRREGULAR_AND_SKINNY, ids=lambda s: "x".join(map(str, s)))
+def test_tensor_core_rungs_on_irregular_and_skinny_shapes(variant, shape):
+    """Every bf16 rung against float64 at each shape, with the exercise's checker (poisoned output);
+    wgmma_tma_ws twice: its split-K sum is deterministic."""
+    m, n, k = shape
+    if mm.runnable(variant, DEV):
+        pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant(variant, a, b)
+    assert verdict["passed"], verdict
+    if variant == "wgmma_tma_ws":
+        a16, b16 = a.bfloat16(), mm.column_major(b.bfloat16())
+        assert torch.equal(mm.matmul(a16, b16, variant), mm.matmul(a16, b16, variant))
+
+
+@pytest.mark.parametrize("shape", [*IRREGULAR_AND_SKINNY, (8192, 8192, 8192), (1024, 1024, 1024), (128, 256, 64)])
+def test_wgmma_split_rule_is_the_one_python_counts_launches_with(shape):
+    import ctypes
+    from phases.phase2_cuda import build
+    from phases.phase2_cuda.rungs import ws_split_k
+    if mm.runnable("wgmma_tma_ws", DEV):
+        pytest.skip(mm.runnable("wgmma_tma_ws", DEV))
+    lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
+    lib.lab_wgmma_ws_split_k.argtypes = [ctypes.c_int] * 4
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert lib.lab_wgmma_ws_split_k(*shape, sms) == ws_split_k(*shape, sms)
+
+
 @pytest.mark.parametrize("variant", ["coalesced_regblock", "warptiled_1stage", "warptiled", "mma_bf16",
                                      "mma_bf16_pipelined"])
 def test_matmul_unaligned_views_take_the_scalar_path(variant):

@@ -42,7 +42,7 @@ from common.standalone import run_alone
 from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
 from .analysis import ladder_steps
-from .rungs import BASELINES, RUNGS, VARIANTS
+from .rungs import BASELINES, NOMINAL_SMS, RUNGS, VARIANTS, rung_launches
 
 F32, BF16 = torch.float32, torch.bfloat16
 TORCH = {"fp32": F32, "bf16": BF16}
@@ -67,14 +67,16 @@ def operands_of(variant: str) -> tuple[str, str, str]:
     return rung.precision, rung.b_layout, rung.out_precision
 
 
-def matmul_work(variant: str, m: int, n: int, k: int) -> Work:
+def matmul_work(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> Work:
     """C = A @ B, A m x k, B k x n. FLOPs 2mnk (a multiply and an add per term, the usual count).
     Fewest bytes: A and B read once at their itemsize, C written once at its own (mma_bf16 writes
-    fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call: every rung's
-    launcher starts exactly one, and cuBLAS is taken to start one as well."""
+    fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call, except
+    wgmma_tma_ws where it splits K on a GPU of `sms` SMs (rungs.rung_launches: two); cuBLAS is
+    taken to start one."""
     prec, _, out = operands_of(variant)
+    launches = rung_launches(variant, m, n, k, sms) if variant in RUNGS else 1
     return Work(f"{variant} {m}x{n}x{k}", 2 * m * n * k,
-                (m * k + k * n) * BYTES_PER_ELEMENT[prec] + m * n * BYTES_PER_ELEMENT[out], prec, launches=1)
+                (m * k + k * n) * BYTES_PER_ELEMENT[prec] + m * n * BYTES_PER_ELEMENT[out], prec, launches=launches)
 
 
 def timed_shapes(params) -> list[tuple[int, int, int]]:
@@ -236,9 +238,10 @@ def one_shape(ctx, shape: tuple, wanted: list[str], irregular: dict, naive_max_n
     refs = {p: (a32.double() @ b32.double()) if p == "fp32" else (a16.double() @ b16.double())
             for p in sorted({BASELINE_OPERANDS[b][0] for b in libraries})}
     here = {}
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else NOMINAL_SMS
 
     def timed(v: str, fn, check) -> dict:
-        w = matmul_work(v, m, n, k)
+        w = matmul_work(v, m, n, k, sms)
         prec, b_layout, _ = operands_of(v)
         return measure(ctx, v, {"m": m, "n": n, "k": k, "dtype": prec, "b_layout": b_layout}, fn=fn, check=check,
                        flops=w.flops, bytes_moved=w.bytes, dtype=w.dtype, launches=w.launches)

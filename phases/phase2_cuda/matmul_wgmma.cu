@@ -12,7 +12,12 @@
 //                 a grouped (L2-friendly) order. Warpgroup 0 is the producer (one thread issues
 //                 TMA, setmaxnreg down to 40 registers); warpgroups 1 and 2 are consumers (up to
 //                 232 registers), each m64n256k16 on 64 rows of the tile, keeping one wgmma batch
-//                 in flight. 4 stages x 48 KB of shared memory; no clusters.
+//                 in flight. 4 stages x 48 KB of shared memory; no clusters. Its work units are
+//                 (tile, run of K): when the tiles leave SMs idle (tall-skinny M <= 64, few tiles)
+//                 K is split by a rule of the shape and SM count (lab_wgmma_ws_split_k), fp32
+//                 partial sums go to a workspace and matmul_sum_splits adds them in a fixed order
+//                 (deterministic); a consumer warpgroup whose 64 rows all lie past M issues no
+//                 wgmma (it only releases the stages), so M <= 64 costs one warpgroup's math.
 //   (experimental, not rungs: wgmma_tma_ws_cluster, B multicast to clusters of 2 CTAs; and
 //   wgmma_tma_ws_tma_store, the same as wgmma_tma_ws with its epilogue staged through shared memory and
 //   written by TMA stores.)
@@ -361,18 +366,27 @@ __device__ __forceinline__ void ws_init_barriers(uint32_t full0, uint32_t empty0
     __syncthreads();                              // the barriers exist before anyone waits on them
 }
 
-// Producer (one thread): for every tile this CTA owns, every k-tile of A and B into the ring.
+// Split-K: unit u of tiles x splits is tile u / splits and the k-tiles [k_lo, k_hi) of run
+// u % splits; the launcher keeps splits <= KT, so every run has at least one k-tile.
+__device__ __forceinline__ void split_range(int split, int splits, int KT, int& k_lo, int& k_hi) {
+    k_lo = (int)((long long)split * KT / splits);
+    k_hi = (int)((long long)(split + 1) * KT / splits);
+}
+
+// Producer (one thread): for every unit (tile, run of K) this CTA owns, its k-tiles of A and B
+// into the ring.
 __device__ __forceinline__ void ws_produce(const CUtensorMap* tmA, const CUtensorMap* tmB, uint32_t base,
                                            uint32_t full0, uint32_t empty0, int tiles_m, int tiles_n,
-                                           int num_tiles, int KT) {
+                                           int num_tiles, int KT, int splits = 1) {
     tma_prefetch_map(tmA);
     tma_prefetch_map(tmB);
     int s = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-        for (int kt = 0; kt < KT; ++kt) {
+    for (int u = blockIdx.x; u < num_tiles * splits; u += gridDim.x) {
+        int tm, tn, k_lo, k_hi;
+        tile_coords(u / splits, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+        split_range(u % splits, splits, KT, k_lo, k_hi);
+        for (int kt = k_lo; kt < k_hi; ++kt) {
             const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase ^ 1);          // consumers released this stage
             mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
@@ -392,16 +406,30 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
         :: "r"(bar), "r"(rank) : "memory");
 }
 
-// Consumer warpgroup cw, one tile: all k-tiles into acc, one wgmma batch kept in flight, each stage
-// released as soon as the batch reading it is done. (s, phase) carry the ring position across tiles.
+// Consumer warpgroup cw, one tile: k-tiles [k_lo, k_hi) into acc, one wgmma batch kept in flight,
+// each stage released as soon as the batch reading it is done. (s, phase) carry the ring position
+// across tiles. `idle`: this warpgroup's 64 rows all lie past M (a tile of a short product): it
+// only waits for each stage and releases it, issuing no wgmma (acc is left as it was).
 // With PEER (the cluster kernel), a stage is also released in CTA `peer`, whose producer multicast
 // into it.
 template <bool PEER = false>
 __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base, uint32_t full0, uint32_t empty0,
-                                                int cw, int lane, int KT, int& s, uint32_t& phase,
-                                                uint32_t peer = 0) {
+                                                int cw, int lane, int k_lo, int k_hi, int& s, uint32_t& phase,
+                                                uint32_t peer = 0, bool idle = false) {
+    if (idle) {
+        for (int kt = k_lo; kt < k_hi; ++kt) {
+            mbar_wait(full0 + 8 * s, phase);
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(empty0 + 8 * s);
+                if constexpr (PEER) mbar_arrive_cluster(empty0 + 8 * s, peer);
+            }
+            if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+        }
+        return;
+    }
     int prev = 0;
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = k_lo; kt < k_hi; ++kt) {
         const uint32_t sa = base + s * WS_STAGE_BYTES;
         mbar_wait(full0 + 8 * s, phase);          // TMA has landed this stage
         __syncwarp();
@@ -410,9 +438,9 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
         const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
 #pragma unroll
         for (int k = 0; k < WG_BK / 16; ++k)
-            wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+            wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, ((kt - k_lo) | k) != 0);
         wgmma_commit();
-        if (kt > 0) {
+        if (kt > k_lo) {
             wgmma_wait<1>();                      // the previous stage's batch is done
             if (lane == 0) {
                 mbar_arrive(empty0 + 8 * prev);
@@ -430,9 +458,24 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
     fence_accumulators(acc);
 }
 
+// Two adjacent fp32 partial sums (row, col), (row, col + 1) of run `split` into the workspace
+// (splits x M x N fp32), bounds-checked; `vec2`: N even, so the pair is one aligned 8-byte store.
+__device__ __forceinline__ void store_partial_pair(float* __restrict__ W, int M, int N, int split, int row, int col,
+                                                   float v0, float v1, int vec2) {
+    if (row >= M) return;
+    const size_t off = (static_cast<size_t>(split) * M + row) * N + col;
+    if (vec2 && col + 1 < N) {
+        *reinterpret_cast<float2*>(W + off) = make_float2(v0, v1);
+    } else {
+        if (col < N) W[off] = v0;
+        if (col + 1 < N) W[off + 1] = v1;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                    __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+                    __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2, float* __restrict__ W,
+                    int splits) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = base + WS_STAGES * WS_STAGE_BYTES;
@@ -448,7 +491,7 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     if (wg == 0) {
         // Producer warpgroup: give registers back, one thread issues every copy.
         setmaxnreg_dec40();
-        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT);
+        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT, splits);
     } else {
         setmaxnreg_inc232();
         const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
@@ -457,19 +500,45 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         for (int i = 0; i < 128; ++i) acc[i] = 0.f;
         int s = 0;
         uint32_t phase = 0;
-        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-            int tm, tn;
-            tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
+        for (int u = blockIdx.x; u < num_tiles * splits; u += gridDim.x) {
+            int tm, tn, k_lo, k_hi;
+            tile_coords(u / splits, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+            const int split = u % splits;
+            split_range(split, splits, KT, k_lo, k_hi);
+            const bool idle = tm * WS_BM + cw * 64 >= M;      // none of this warpgroup's rows is in C
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, k_lo, k_hi, s, phase, 0, idle);
+            if (idle) continue;
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
+            if (splits == 1) {
 #pragma unroll
-            for (int j = 0; j < WS_BN / 8; ++j) {
-                store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
-                store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+                for (int j = 0; j < WS_BN / 8; ++j) {
+                    store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+                    store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+                }
+            } else {
+                const int even = (N % 2) == 0;
+#pragma unroll
+                for (int j = 0; j < WS_BN / 8; ++j) {
+                    store_partial_pair(W, M, N, split, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], even);
+                    store_partial_pair(W, M, N, split, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], even);
+                }
             }
         }
+    }
+}
+
+// Split-K's second kernel: C = sum over runs s = 0, 1, ... of W[s] (fp32), in that order (the same
+// bits every run, unlike atomics), rounded once to bf16. One thread per element, grid-stride.
+extern "C" __global__ void __launch_bounds__(256)
+matmul_sum_splits(const float* __restrict__ W, __nv_bfloat16* __restrict__ C, int M, int N, int splits) {
+    const size_t total = static_cast<size_t>(M) * N;
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        float sum = 0.f;
+        for (int s = 0; s < splits; ++s) sum += W[s * total + i];
+        C[i] = __float2bfloat16_rn(sum);
     }
 }
 
@@ -612,7 +681,7 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
             int tm2, tn;
             tile_coords(t, pairs_m, tiles_n, WS_GROUP_M / 2, tm2, tn);
             const int tm = 2 * tm2 + (int)rank;
-            ws_consume_tile<true>(acc, base, full0, empty0, cw, lane, KT, s, phase, peer);
+            ws_consume_tile<true>(acc, base, full0, empty0, cw, lane, 0, KT, s, phase, peer);
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
@@ -712,7 +781,7 @@ matmul_wgmma_tma_ws_tma_store(const __grid_constant__ CUtensorMap tmA, const __g
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
             int tm, tn;
             tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, 0, KT, s, phase);
 
             // Epilogue through shared memory (see above). Thread (g = lane / 4, q = lane % 4) holds,
             // for 8-column chunk j, columns 8j + 2q, 8j + 2q + 1 of warp rows g (acc[4j], acc[4j+1])
@@ -827,6 +896,37 @@ extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat
     return (int)cudaGetLastError();
 }
 
+// wgmma_tma_ws's split of K, a rule of the shape and the SM count (no table of sizes): 1 when the
+// 128 x 256 tiles fill every SM; otherwise enough runs of K that tiles x runs covers the SMs once,
+// at most 16, each run at least 4 k-tiles (64 wide), and the fp32 partial sums (written, then read
+// back: 8 bytes per element of C per run) within a quarter of the bytes of A and B, so a split
+// never moves more than it hides. Tall-skinny products (M <= 64: one tile row, few tiles) split;
+// large ones never do. Exported so the Python side and the tests read the same rule.
+extern "C" int lab_wgmma_ws_split_k(int M, int N, int K, int sms) {
+    if (M <= 0 || N <= 0 || K <= 0 || sms <= 0) return 1;
+    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
+    if (tiles >= sms) return 1;
+    const long long KT = (K + WG_BK - 1) / WG_BK;
+    long long split = (sms + tiles - 1) / tiles;
+    split = split < 16 ? split : 16;
+    split = split < KT / 4 ? split : KT / 4;
+    const long long by_traffic = ((long long)M * K + (long long)K * N) * 2 / (32LL * M * N);
+    split = split < by_traffic ? split : by_traffic;
+    return split > 1 ? (int)split : 1;
+}
+
+static cudaError_t sm_count_of(int dev, int* sms) {
+    static int cache[WG_MAX_DEVICES] = {};
+    *sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? cache[dev] : 0;
+    if (*sms > 0) return cudaSuccess;
+    cudaError_t e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess && dev >= 0 && dev < WG_MAX_DEVICES) cache[dev] = *sms;
+    return e;
+}
+
+// One persistent CTA per SM (fewer when there are fewer units of work). With a split of K, the
+// partial sums go to a stream-ordered workspace (cudaMallocAsync: from the pool, no device-wide
+// sync) that matmul_sum_splits reduces into C, then it is freed on the same stream.
 extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                           int M, int N, int K, cudaStream_t stream) {
     CUtensorMap mA, mB;
@@ -838,17 +938,30 @@ extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfl
     if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
     static bool smem_done[WG_MAX_DEVICES] = {};
     if ((e = allow_smem((const void*)matmul_wgmma_tma_ws, WS_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
-    static int sm_count[WG_MAX_DEVICES] = {};
-    int sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? sm_count[dev] : 0;
-    if (sms == 0) {
-        if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
-        if (dev >= 0 && dev < WG_MAX_DEVICES) sm_count[dev] = sms;
-    }
+    int sms = 0;
+    if ((e = sm_count_of(dev, &sms)) != cudaSuccess) return (int)e;
     const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
-    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
-    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
-    return (int)cudaGetLastError();
+    if (tiles > 0x7FFFFFFFLL / 16) return (int)cudaErrorInvalidValue;
+    const int splits = lab_wgmma_ws_split_k(M, N, K, sms);
+    float* W = nullptr;
+    if (splits > 1 && (e = cudaMallocAsync(reinterpret_cast<void**>(&W),
+                                           static_cast<size_t>(splits) * M * N * sizeof(float), stream)) != cudaSuccess)
+        return (int)e;
+    const long long units = tiles * splits;
+    const unsigned grid = (unsigned)(units < sms ? units : sms);
+    matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2, W, splits);
+    e = cudaGetLastError();
+    if (splits > 1) {
+        if (e == cudaSuccess) {
+            const long long blocks = ((long long)M * N + 255) / 256;
+            const unsigned sum_grid = (unsigned)(blocks < 8LL * sms ? blocks : 8LL * sms);
+            matmul_sum_splits<<<sum_grid, 256, 0, stream>>>(W, C, M, N, splits);
+            e = cudaGetLastError();
+        }
+        cudaError_t f = cudaFreeAsync(W, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    return (int)e;
 }
 
 // Experimental (not a rung): wgmma_tma_ws with clusters of 2 CTAs and B multicast, see above. The
