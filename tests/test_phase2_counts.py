@@ -63,15 +63,23 @@ def test_wgmma_ws_splits_k_where_the_tiles_leave_sms_idle(sms):
     """The split rule (rungs.ws_split_k, mirrored from matmul_wgmma.cu): tall-skinny products
     split until tiles x runs covers the SMs, each run >= 4 k-tiles, the partial sums' bytes within
     a quarter of A's and B's; large products never split; launches count the sum kernel."""
-    from phases.phase2_cuda.rungs import rung_launches, ws_split_k
+    from phases.phase2_cuda.rungs import rung_launches, tma_split_k, ws_split_k
     for m, n, k in [(8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192), (64, 8191, 4104), (1, 4096, 4096)]:
-        tiles, split = -(-m // 128) * -(-n // 256), ws_split_k(m, n, k, sms)
-        assert 1 < split <= 16 and -(-k // 64) >= 4 * split and 8 * split * m * n <= (m * k + k * n) * 2 / 4
-        assert tiles * split >= min(sms, tiles * 16) * 0.9 or split == -(-k // 64) // 4
-        assert rung_launches("wgmma_tma_ws", m, n, k, sms) == 2 and rung_launches("wgmma_tma", m, n, k, sms) == 1
+        for split, tiles, slots in ((ws_split_k(m, n, k, sms), -(-m // 128) * -(-n // 256), sms),
+                                    (tma_split_k(m, n, k, sms), -(-m // 128) * -(-n // 128), 2 * sms)):
+            if tiles >= slots:
+                assert split == 1
+                continue
+            assert 1 < split <= 16 and -(-k // 64) >= 4 * split and 8 * split * m * n <= (m * k + k * n) * 2 / 4
+            assert tiles * split >= min(slots, tiles * 16) * 0.9 or split == -(-k // 64) // 4
+        assert rung_launches("wgmma_tma_ws", m, n, k, sms) == 2
         assert mm.matmul_work("wgmma_tma_ws", m, n, k, sms).launches == 2
+        assert rung_launches("wgmma_tma", m, n, k, sms) == (2 if tma_split_k(m, n, k, sms) > 1 else 1)
+        assert rung_launches("mma_bf16_pipelined", m, n, k, sms) == 1
+    assert tma_split_k(8, 4097, 14336, sms) > 1
     for shape in [(4001, 5003, 4104), (8192, 8192, 8192), (1024, 1024, 1024), (1000, 777, 555)]:
         assert ws_split_k(*shape, sms) == 1 and rung_launches("wgmma_tma_ws", *shape, sms) == 1
+        assert tma_split_k(*shape, sms) == 1
     assert rung_launches("wgmma_tma_ws_tma_store", 8, 4097, 14336, sms) == 2      # N odd: hands over to ws
     assert rung_launches("wgmma_tma_ws_tma_store", 8, 4096, 14336, sms) == 1
 

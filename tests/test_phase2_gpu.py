@@ -56,14 +56,14 @@ TENSOR_CORE_RUNGS = [v for v in (mm.VARIANTS if torch.cuda.is_available() else [
 @pytest.mark.parametrize("shape", IRREGULAR_AND_SKINNY, ids=lambda s: "x".join(map(str, s)))
 def test_tensor_core_rungs_on_irregular_and_skinny_shapes(variant, shape):
     """Every bf16 rung against float64 at each shape, with the exercise's checker (poisoned output);
-    wgmma_tma_ws twice: its split-K sum is deterministic."""
+    the wgmma rungs twice: their split-K sum is deterministic."""
     m, n, k = shape
     if mm.runnable(variant, DEV):
         pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
     a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
     verdict = mm.check_variant(variant, a, b)
     assert verdict["passed"], verdict
-    if variant == "wgmma_tma_ws":
+    if variant in ("wgmma_tma", "wgmma_tma_ws"):
         a16, b16 = a.bfloat16(), mm.column_major(b.bfloat16())
         assert torch.equal(mm.matmul(a16, b16, variant), mm.matmul(a16, b16, variant))
 
@@ -72,13 +72,14 @@ def test_tensor_core_rungs_on_irregular_and_skinny_shapes(variant, shape):
 def test_wgmma_split_rule_is_the_one_python_counts_launches_with(shape):
     import ctypes
     from phases.phase2_cuda import build
-    from phases.phase2_cuda.rungs import ws_split_k
+    from phases.phase2_cuda.rungs import tma_split_k, ws_split_k
     if mm.runnable("wgmma_tma_ws", DEV):
         pytest.skip(mm.runnable("wgmma_tma_ws", DEV))
     lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
-    lib.lab_wgmma_ws_split_k.argtypes = [ctypes.c_int] * 4
+    lib.lab_wgmma_ws_split_k.argtypes = lib.lab_wgmma_tma_split_k.argtypes = [ctypes.c_int] * 4
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert lib.lab_wgmma_ws_split_k(*shape, sms) == ws_split_k(*shape, sms)
+    assert lib.lab_wgmma_tma_split_k(*shape, sms) == tma_split_k(*shape, sms)
 
 
 @pytest.mark.parametrize("variant", ["coalesced_regblock", "warptiled_1stage", "warptiled", "mma_bf16",

@@ -8,6 +8,7 @@
 //   wgmma_tma     one CTA (2 warpgroups, 256 threads) per 128 x 128 tile of C, BK = 64, a 3-stage
 //                 ring of 128B-swizzled TMA tiles with full/empty mbarriers; thread 0 also issues
 //                 the copies. Each warpgroup does m64n128k16 wgmma on its 64 rows. 2 CTAs per SM.
+//                 Split-K as below (grid y = runs of K) when the tiles leave CTA slots empty.
 //   wgmma_tma_ws  warp-specialized and persistent: grid = #SMs, each CTA walks 128 x 256 tiles in
 //                 a grouped (L2-friendly) order. Warpgroup 0 is the producer (one thread issues
 //                 TMA, setmaxnreg down to 40 registers); warpgroups 1 and 2 are consumers (up to
@@ -253,9 +254,34 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* __restrict__ C, int M,
 #define T1_SMEM_BYTES (1024 + T1_STAGES * T1_STAGE_BYTES + 2 * T1_STAGES * 8)   // 1024: alignment slack
 #define T1_GROUP_M 8
 
+// Split-K: run `split` of `splits` takes the k-tiles [k_lo, k_hi) of KT (a unit of wgmma_tma_ws is
+// a tile and a run; wgmma_tma's block y is the run). The launchers keep splits <= KT / 4, so every
+// run has k-tiles.
+__device__ __forceinline__ void split_range(int split, int splits, int KT, int& k_lo, int& k_hi) {
+    k_lo = (int)((long long)split * KT / splits);
+    k_hi = (int)((long long)(split + 1) * KT / splits);
+}
+
+// Two adjacent fp32 partial sums (row, col), (row, col + 1) of run `split` into the workspace
+// (splits x M x N fp32), bounds-checked; `vec2`: N even, so the pair is one aligned 8-byte store.
+__device__ __forceinline__ void store_partial_pair(float* __restrict__ W, int M, int N, int split, int row, int col,
+                                                   float v0, float v1, int vec2) {
+    if (row >= M) return;
+    const size_t off = (static_cast<size_t>(split) * M + row) * N + col;
+    if (vec2 && col + 1 < N) {
+        *reinterpret_cast<float2*>(W + off) = make_float2(v0, v1);
+    } else {
+        if (col < N) W[off] = v0;
+        if (col + 1 < N) W[off + 1] = v1;
+    }
+}
+
+// Split-K (W != nullptr, gridDim.y = splits > 1): block (x, y) computes tile x over run y of K and
+// writes fp32 partial sums to W[y]; matmul_sum_splits adds them. A warpgroup whose 64 rows all lie
+// past M issues no wgmma (it still waits for and releases each stage).
 extern "C" __global__ void __launch_bounds__(T1_THREADS, 2)
 matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2, float* __restrict__ W) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = base + T1_STAGES * T1_STAGE_BYTES;   // full[s] at full0 + 8 s
@@ -265,7 +291,9 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
     const int wg = warp / 4, wl = warp % 4;                     // warpgroup, warp within it
     int tm, tn;
     tile_coords(blockIdx.x, cdiv(M, T1_BM), cdiv(N, T1_BN), T1_GROUP_M, tm, tn);
-    const int KT = cdiv(K, WG_BK);
+    int k_lo, k_hi;
+    split_range(blockIdx.y, gridDim.y, cdiv(K, WG_BK), k_lo, k_hi);
+    const bool idle = tm * T1_BM + wg * 64 >= M;                // none of this warpgroup's rows is in C
 
     if (tid == 0) {
         for (int s = 0; s < T1_STAGES; ++s) {
@@ -279,8 +307,8 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
     if (tid == 0) {
         tma_prefetch_map(&tmA);
         tma_prefetch_map(&tmB);
-        for (int kt = 0; kt < T1_STAGES && kt < KT; ++kt) {
-            const uint32_t sa = base + kt * T1_STAGE_BYTES, bar = full0 + 8 * kt;
+        for (int kt = k_lo; kt < k_lo + T1_STAGES && kt < k_hi; ++kt) {
+            const uint32_t sa = base + (kt - k_lo) * T1_STAGE_BYTES, bar = full0 + 8 * (kt - k_lo);
             mbar_arrive_expect_tx(bar, T1_STAGE_BYTES);
             tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * T1_BM);
             tma_load_2d(sa + T1_A_BYTES, &tmB, bar, kt * WG_BK, tn * T1_BN);
@@ -294,20 +322,22 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
 
     int s = 0;
     uint32_t phase = 0;
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = k_lo; kt < k_hi; ++kt) {
         const uint32_t sa = base + s * T1_STAGE_BYTES;
         mbar_wait(full0 + 8 * s, phase);
         __syncwarp();
-        wgmma_fence();
-        const uint64_t da = desc_k_major_sw128(sa + wg * 64 * WG_ROW_BYTES);
-        const uint64_t db = desc_k_major_sw128(sa + T1_A_BYTES);
+        if (!idle) {
+            wgmma_fence();
+            const uint64_t da = desc_k_major_sw128(sa + wg * 64 * WG_ROW_BYTES);
+            const uint64_t db = desc_k_major_sw128(sa + T1_A_BYTES);
 #pragma unroll
-        for (int k = 0; k < WG_BK / 16; ++k)
-            wgmma_m64n128k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
-        wgmma_commit();
-        wgmma_wait<0>();
+            for (int k = 0; k < WG_BK / 16; ++k)
+                wgmma_m64n128k16(acc, da + 2 * k, db + 2 * k, ((kt - k_lo) | k) != 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
         if (lane == 0) mbar_arrive(empty0 + 8 * s);
-        if (tid == 0 && kt + T1_STAGES < KT) {
+        if (tid == 0 && kt + T1_STAGES < k_hi) {
             // Refill this stage with k-tile kt + STAGES once every warp has released it.
             const uint32_t bar = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase);
@@ -318,14 +348,24 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
         __syncwarp();
         if (++s == T1_STAGES) { s = 0; phase ^= 1; }
     }
+    if (idle) return;
     fence_accumulators(acc);
 
     const int row = tm * T1_BM + wg * 64 + wl * 16 + lane / 4;
     const int col = tn * T1_BN + 2 * (lane % 4);
+    if (W == nullptr) {
 #pragma unroll
-    for (int j = 0; j < T1_BN / 8; ++j) {
-        store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
-        store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+        for (int j = 0; j < T1_BN / 8; ++j) {
+            store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+            store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+        }
+    } else {
+        const int even = (N % 2) == 0;
+#pragma unroll
+        for (int j = 0; j < T1_BN / 8; ++j) {
+            store_partial_pair(W, M, N, blockIdx.y, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], even);
+            store_partial_pair(W, M, N, blockIdx.y, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], even);
+        }
     }
 }
 
@@ -364,13 +404,6 @@ __device__ __forceinline__ void ws_init_barriers(uint32_t full0, uint32_t empty0
         fence_barrier_init();
     }
     __syncthreads();                              // the barriers exist before anyone waits on them
-}
-
-// Split-K: unit u of tiles x splits is tile u / splits and the k-tiles [k_lo, k_hi) of run
-// u % splits; the launcher keeps splits <= KT, so every run has at least one k-tile.
-__device__ __forceinline__ void split_range(int split, int splits, int KT, int& k_lo, int& k_hi) {
-    k_lo = (int)((long long)split * KT / splits);
-    k_hi = (int)((long long)(split + 1) * KT / splits);
 }
 
 // Producer (one thread): for every unit (tile, run of K) this CTA owns, its k-tiles of A and B
@@ -456,20 +489,6 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
         if constexpr (PEER) mbar_arrive_cluster(empty0 + 8 * prev, peer);
     }
     fence_accumulators(acc);
-}
-
-// Two adjacent fp32 partial sums (row, col), (row, col + 1) of run `split` into the workspace
-// (splits x M x N fp32), bounds-checked; `vec2`: N even, so the pair is one aligned 8-byte store.
-__device__ __forceinline__ void store_partial_pair(float* __restrict__ W, int M, int N, int split, int row, int col,
-                                                   float v0, float v1, int vec2) {
-    if (row >= M) return;
-    const size_t off = (static_cast<size_t>(split) * M + row) * N + col;
-    if (vec2 && col + 1 < N) {
-        *reinterpret_cast<float2*>(W + off) = make_float2(v0, v1);
-    } else {
-        if (col < N) W[off] = v0;
-        if (col + 1 < N) W[off + 1] = v1;
-    }
 }
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -879,40 +898,30 @@ static cudaError_t prepare(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_
     return cudaSuccess;
 }
 
-extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
-                                       int M, int N, int K, cudaStream_t stream) {
-    CUtensorMap mA, mB;
-    int vec2 = 0;
-    bool skip = true;
-    cudaError_t e = prepare(A, B, C, M, N, K, T1_BM, T1_BN, &mA, &mB, &vec2, &skip, stream);
-    if (e != cudaSuccess || skip) return (int)e;
-    int dev = 0;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
-    static bool smem_done[WG_MAX_DEVICES] = {};
-    if ((e = allow_smem((const void*)matmul_wgmma_tma, T1_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
-    const long long tiles = (long long)((M + T1_BM - 1) / T1_BM) * ((N + T1_BN - 1) / T1_BN);
-    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
-    matmul_wgmma_tma<<<(unsigned)tiles, T1_THREADS, T1_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
-    return (int)cudaGetLastError();
-}
-
-// wgmma_tma_ws's split of K, a rule of the shape and the SM count (no table of sizes): 1 when the
-// 128 x 256 tiles fill every SM; otherwise enough runs of K that tiles x runs covers the SMs once,
-// at most 16, each run at least 4 k-tiles (64 wide), and the fp32 partial sums (written, then read
-// back: 8 bytes per element of C per run) within a quarter of the bytes of A and B, so a split
-// never moves more than it hides. Tall-skinny products (M <= 64: one tile row, few tiles) split;
-// large ones never do. Exported so the Python side and the tests read the same rule.
-extern "C" int lab_wgmma_ws_split_k(int M, int N, int K, int sms) {
-    if (M <= 0 || N <= 0 || K <= 0 || sms <= 0) return 1;
-    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
-    if (tiles >= sms) return 1;
+// The split of K, a rule of the shape, the tile and the number of CTAs the GPU holds at once
+// (`slots`), no table of sizes: 1 when the tiles fill every slot; otherwise enough runs of K that
+// tiles x runs covers the slots once, at most 16, each run at least 4 k-tiles (64 wide), and the
+// fp32 partial sums (written, then read back: 8 bytes per element of C per run) within a quarter
+// of the bytes of A and B, so a split never moves more than it hides. Tall-skinny products
+// (M <= 64: one tile row, few tiles) split; large ones never do. Exported per rung so the Python
+// side (rungs.split_k) and the tests read the same rule.
+static int split_k_rule(int M, int N, int K, int slots, int bm, int bn) {
+    if (M <= 0 || N <= 0 || K <= 0 || slots <= 0) return 1;
+    const long long tiles = (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn);
+    if (tiles >= slots) return 1;
     const long long KT = (K + WG_BK - 1) / WG_BK;
-    long long split = (sms + tiles - 1) / tiles;
+    long long split = (slots + tiles - 1) / tiles;
     split = split < 16 ? split : 16;
     split = split < KT / 4 ? split : KT / 4;
     const long long by_traffic = ((long long)M * K + (long long)K * N) * 2 / (32LL * M * N);
     split = split < by_traffic ? split : by_traffic;
     return split > 1 ? (int)split : 1;
+}
+// wgmma_tma_ws: one persistent CTA per SM, 128 x 256 tiles.
+extern "C" int lab_wgmma_ws_split_k(int M, int N, int K, int sms) { return split_k_rule(M, N, K, sms, WS_BM, WS_BN); }
+// wgmma_tma: two CTAs per SM, 128 x 128 tiles.
+extern "C" int lab_wgmma_tma_split_k(int M, int N, int K, int sms) {
+    return split_k_rule(M, N, K, 2 * sms, T1_BM, T1_BN);
 }
 
 static cudaError_t sm_count_of(int dev, int* sms) {
@@ -924,9 +933,33 @@ static cudaError_t sm_count_of(int dev, int* sms) {
     return e;
 }
 
+// Split-K's workspace comes from the device's default memory pool (cudaMallocAsync / cudaFreeAsync
+// on the launch stream: no device-wide sync). Once per device the pool is told to keep what it has
+// (release threshold: unlimited), so later calls reuse the memory instead of mapping it again.
+// torch does not allocate from this pool (it has its own caching allocator).
+static cudaError_t keep_pool_memory(int dev) {
+    static bool done[WG_MAX_DEVICES] = {};
+    if (dev >= 0 && dev < WG_MAX_DEVICES && done[dev]) return cudaSuccess;
+    cudaMemPool_t pool;
+    cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, dev);
+    if (e != cudaSuccess) return e;
+    uint64_t keep_all = ~0ull;
+    e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    if (e == cudaSuccess && dev >= 0 && dev < WG_MAX_DEVICES) done[dev] = true;
+    return e;
+}
+
+static cudaError_t launch_sum_splits(const float* W, __nv_bfloat16* C, int M, int N, int splits, int sms,
+                                     cudaStream_t stream) {
+    const long long blocks = ((long long)M * N + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 8LL * sms ? blocks : 8LL * sms);
+    matmul_sum_splits<<<grid, 256, 0, stream>>>(W, C, M, N, splits);
+    return cudaGetLastError();
+}
+
 // One persistent CTA per SM (fewer when there are fewer units of work). With a split of K, the
-// partial sums go to a stream-ordered workspace (cudaMallocAsync: from the pool, no device-wide
-// sync) that matmul_sum_splits reduces into C, then it is freed on the same stream.
+// partial sums go to a stream-ordered workspace that matmul_sum_splits reduces into C, then it
+// is freed on the same stream.
 extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                           int M, int N, int K, cudaStream_t stream) {
     CUtensorMap mA, mB;
@@ -944,6 +977,7 @@ extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfl
     if (tiles > 0x7FFFFFFFLL / 16) return (int)cudaErrorInvalidValue;
     const int splits = lab_wgmma_ws_split_k(M, N, K, sms);
     float* W = nullptr;
+    if (splits > 1 && (e = keep_pool_memory(dev)) != cudaSuccess) return (int)e;
     if (splits > 1 && (e = cudaMallocAsync(reinterpret_cast<void**>(&W),
                                            static_cast<size_t>(splits) * M * N * sizeof(float), stream)) != cudaSuccess)
         return (int)e;
@@ -952,12 +986,41 @@ extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfl
     matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2, W, splits);
     e = cudaGetLastError();
     if (splits > 1) {
-        if (e == cudaSuccess) {
-            const long long blocks = ((long long)M * N + 255) / 256;
-            const unsigned sum_grid = (unsigned)(blocks < 8LL * sms ? blocks : 8LL * sms);
-            matmul_sum_splits<<<sum_grid, 256, 0, stream>>>(W, C, M, N, splits);
-            e = cudaGetLastError();
-        }
+        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits, sms, stream);
+        cudaError_t f = cudaFreeAsync(W, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    return (int)e;
+}
+
+// One CTA per 128 x 128 tile (two per SM), times the runs of K when the rule splits it: grid
+// (tiles, splits), the partial sums reduced by matmul_sum_splits as for wgmma_tma_ws.
+extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                       int M, int N, int K, cudaStream_t stream) {
+    CUtensorMap mA, mB;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, T1_BM, T1_BN, &mA, &mB, &vec2, &skip, stream);
+    if (e != cudaSuccess || skip) return (int)e;
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma, T1_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
+    const long long tiles = (long long)((M + T1_BM - 1) / T1_BM) * ((N + T1_BN - 1) / T1_BN);
+    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
+    int sms = 0;
+    if ((e = sm_count_of(dev, &sms)) != cudaSuccess) return (int)e;
+    const int splits = lab_wgmma_tma_split_k(M, N, K, sms);
+    float* W = nullptr;
+    if (splits > 1 && (e = keep_pool_memory(dev)) != cudaSuccess) return (int)e;
+    if (splits > 1 && (e = cudaMallocAsync(reinterpret_cast<void**>(&W),
+                                           static_cast<size_t>(splits) * M * N * sizeof(float), stream)) != cudaSuccess)
+        return (int)e;
+    matmul_wgmma_tma<<<dim3((unsigned)tiles, (unsigned)splits), T1_THREADS, T1_SMEM_BYTES, stream>>>(mA, mB, C, M, N,
+                                                                                                     K, vec2, W);
+    e = cudaGetLastError();
+    if (splits > 1) {
+        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits, sms, stream);
         cudaError_t f = cudaFreeAsync(W, stream);
         if (e == cudaSuccess) e = f;
     }

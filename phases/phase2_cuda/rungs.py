@@ -60,23 +60,37 @@ WGMMA_RUNGS = tuple(v for v in VARIANTS if RUNGS[v].source == "matmul_wgmma.cu")
 NOMINAL_SMS = 132                  # H100 / H200 SXM: what a count made without a GPU at hand assumes
 
 
-def ws_split_k(m: int, n: int, k: int, sms: int) -> int:
-    """wgmma_tma_ws's split of K: the rule of lab_wgmma_ws_split_k in matmul_wgmma.cu, mirrored
-    here (torch-free) for the launch counts; a GPU test checks that the two agree. 1 when the
-    128 x 256 tiles fill the SMs, else enough runs of K to cover them once, at most 16, each at
-    least 4 k-tiles of 64, the fp32 partial sums within a quarter of A's and B's bytes."""
-    if min(m, n, k, sms) <= 0:
+def split_k(m: int, n: int, k: int, slots: int, bm: int, bn: int) -> int:
+    """The split of K of the wgmma rungs: split_k_rule in matmul_wgmma.cu, mirrored here
+    (torch-free) for the launch counts; a GPU test checks that the two agree. 1 when the bm x bn
+    tiles fill the `slots` (CTAs the GPU holds at once), else enough runs of K to cover them
+    once, at most 16, each at least 4 k-tiles of 64, the fp32 partial sums within a quarter of
+    A's and B's bytes."""
+    if min(m, n, k, slots) <= 0:
         return 1
-    tiles = -(-m // 128) * -(-n // 256)
-    if tiles >= sms:
+    tiles = -(-m // bm) * -(-n // bn)
+    if tiles >= slots:
         return 1
-    split = min(-(-sms // tiles), 16, -(-k // 64) // 4, (m * k + k * n) * 2 // (32 * m * n))
+    split = min(-(-slots // tiles), 16, -(-k // 64) // 4, (m * k + k * n) * 2 // (32 * m * n))
     return max(1, split)
+
+
+def ws_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """wgmma_tma_ws (lab_wgmma_ws_split_k): one persistent CTA per SM, 128 x 256 tiles."""
+    return split_k(m, n, k, sms, 128, 256)
+
+
+def tma_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """wgmma_tma (lab_wgmma_tma_split_k): two CTAs per SM, 128 x 128 tiles."""
+    return split_k(m, n, k, 2 * sms, 128, 128)
 
 
 def rung_launches(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> int:
     """Kernels one call of a rung starts: two (the product, then the sum of its partial products)
-    where wgmma_tma_ws splits K, and for wgmma_tma_ws_tma_store where it hands over to
-    wgmma_tma_ws (N % 8 != 0, no C tensor map; C taken 16-byte aligned, as torch allocates it)."""
-    splits_here = variant == "wgmma_tma_ws" or (variant == "wgmma_tma_ws_tma_store" and n % 8)
-    return 2 if splits_here and ws_split_k(m, n, k, sms) > 1 else 1
+    where wgmma_tma or wgmma_tma_ws splits K, and for wgmma_tma_ws_tma_store where it hands over
+    to wgmma_tma_ws (N % 8 != 0, no C tensor map; C taken 16-byte aligned, as torch allocates it)."""
+    if variant == "wgmma_tma":
+        return 2 if tma_split_k(m, n, k, sms) > 1 else 1
+    if variant == "wgmma_tma_ws" or (variant == "wgmma_tma_ws_tma_store" and n % 8):
+        return 2 if ws_split_k(m, n, k, sms) > 1 else 1
+    return 1
