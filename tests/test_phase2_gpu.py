@@ -184,6 +184,15 @@ def test_a_wrong_kernel_fails_the_checker():
     assert not verdict["passed"] and "relative error" in verdict["reason"]
 
 
+def test_a_split_k_sum_that_drops_a_run_fails_the_checker():
+    if mm.runnable("wgmma_tma_ws", DEV):
+        pytest.skip(mm.runnable("wgmma_tma_ws", DEV))
+    a, b = mm.operands(13, 4097, 14336, DEV, seed=5)          # tall-skinny: wgmma_tma_ws splits K
+    assert mm.check_variant("wgmma_tma_ws", a, b)["passed"]
+    verdict = mm.check_variant("broken_wgmma_drop_last_run", a, b)
+    assert not verdict["passed"] and "relative error" in verdict["reason"], verdict
+
+
 def test_fp32_rungs_are_not_tf32():
     a, b = mm.operands(512, 512, 512, DEV, seed=4)
     for v in ("naive", "tiled", "regblock_1d", "coalesced_regblock", "warptiled_1stage", "warptiled"):

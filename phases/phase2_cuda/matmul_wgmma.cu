@@ -960,8 +960,10 @@ static cudaError_t launch_sum_splits(const float* W, __nv_bfloat16* C, int M, in
 // One persistent CTA per SM (fewer when there are fewer units of work). With a split of K, the
 // partial sums go to a stream-ordered workspace that matmul_sum_splits reduces into C, then it
 // is freed on the same stream.
-extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
-                                          int M, int N, int K, cudaStream_t stream) {
+// `runs_summed_short` (only for the checker's own test, launch_matmul_wgmma_tma_ws_drop_last_run):
+// how many runs of K the sum leaves out.
+static int launch_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
+                     cudaStream_t stream, int runs_summed_short) {
     CUtensorMap mA, mB;
     int vec2 = 0;
     bool skip = true;
@@ -986,11 +988,23 @@ extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfl
     matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2, W, splits);
     e = cudaGetLastError();
     if (splits > 1) {
-        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits, sms, stream);
+        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits - runs_summed_short, sms, stream);
         cudaError_t f = cudaFreeAsync(W, stream);
         if (e == cudaSuccess) e = f;
     }
     return (int)e;
+}
+
+extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                          int M, int N, int K, cudaStream_t stream) {
+    return launch_ws(A, B, C, M, N, K, stream, 0);
+}
+
+// Deliberately wrong, for the tests only (rung broken_wgmma_drop_last_run): the split-K sum leaves
+// out the last run of K, so a checker that passes it is not checking split shapes.
+extern "C" int launch_matmul_wgmma_tma_ws_drop_last_run(const __nv_bfloat16* A, const __nv_bfloat16* B,
+                                                        __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    return launch_ws(A, B, C, M, N, K, stream, 1);
 }
 
 // One CTA per 128 x 128 tile (two per SM), times the runs of K when the rule splits it: grid
@@ -1080,7 +1094,7 @@ extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const 
 extern "C" int launch_matmul_wgmma_tma_ws_tma_store(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                               int M, int N, int K, cudaStream_t stream) {
     if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0)
-        return launch_matmul_wgmma_tma_ws(A, B, C, M, N, K, stream);
+        return launch_ws(A, B, C, M, N, K, stream, 0);
     CUtensorMap mA, mB, mC;
     int vec2 = 0;
     bool skip = true;

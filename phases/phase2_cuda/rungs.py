@@ -47,6 +47,10 @@ RUNGS = {
     "wgmma_tma_ws_cluster": _wgmma("wgmma_tma_ws_cluster", base="wgmma_tma_ws"),   # a side branch
     # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
     "broken_skip_k_tail": _fp32("launch_matmul_tiled_skip_k_tail", "matmul_tiled", test_only=True),
+    # Another, for the split-K path: wgmma_tma_ws whose sum of partial products drops the last run of K.
+    "broken_wgmma_drop_last_run": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_drop_last_run",
+                                       "matmul_wgmma_tma_ws", "bf16", "bf16", "cublas_bf16_nt", b_layout="col",
+                                       k_multiple=8, min_capability=(9, 0), arch_specific=True, test_only=True),
 }
 VARIANTS = tuple(k for k, r in RUNGS.items() if not r.test_only)
 # cuBLAS through torch, same inputs, same run: fp32 with TF32 off (the same arithmetic as the fp32
