@@ -7,8 +7,10 @@ Shapes: `--irregular` large products drawn with a fixed seed (M, N, K in 4000..8
 multiple of 64, K a multiple of 8 for the TMA rungs), two fixed odd ones, and tall-skinny ones
 (M = 8, 13, 32, 64 against N, K of 4096..14336, odd N). They go to `lab run phase2.matmul` (the
 bf16 tensor-core rungs and cuBLAS, plus N = 8192 for the mma.sync rungs' regular-shape rate) and
-`lab run phase3.matmul` (bf16) through `--param shapes=...`, so every number is an ordinary checked
-record (correctness gates timing) under --results (a temporary folder unless given).
+`lab run phase3.matmul` (bf16, `tune=false`: the rule's config alone, as a user gets it) through
+`--param shapes=...`, so every number is an ordinary checked record (correctness gates timing)
+under --results (a temporary folder unless given). mma.sync's rows at an odd N run its scalar-load
+path (B's rows are not 16-byte aligned): compare them with its rows where N % 8 == 0.
 """
 import argparse
 import subprocess
@@ -63,7 +65,8 @@ def main() -> int:
         run("phase2.matmul", [f"--variant={v}" for v in PHASE2_VARIANTS]
             + ["--param", "sizes=[8192]", "--param", f"shapes={text}"], results)
     if a.only in (None, "phase3"):
-        run("phase3.matmul", ["--param", "sizes=[8192]", "--param", "dtypes=[bf16]", "--param", f"shapes={text}"],
+        run("phase3.matmul", ["--param", "sizes=[8192]", "--param", "dtypes=[bf16]", "--param", "tune=false",
+                              "--param", f"shapes={text}"],
             results)
     table(results)
     print(f"\nrecords: {results}")

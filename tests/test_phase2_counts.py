@@ -80,8 +80,9 @@ def test_wgmma_ws_splits_k_where_the_tiles_leave_sms_idle(sms):
     for shape in [(4001, 5003, 4104), (8192, 8192, 8192), (1024, 1024, 1024), (1000, 777, 555)]:
         assert ws_split_k(*shape, sms) == 1 and rung_launches("wgmma_tma_ws", *shape, sms) == 1
         assert tma_split_k(*shape, sms) == 1
-    assert rung_launches("wgmma_tma_ws_tma_store", 8, 4097, 14336, sms) == 2      # N odd: hands over to ws
-    assert rung_launches("wgmma_tma_ws_tma_store", 8, 4096, 14336, sms) == 1
+    for variant in ("wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):         # hand split products to ws
+        assert rung_launches(variant, 8, 4097, 14336, sms) == rung_launches(variant, 8, 4096, 14336, sms) == 2
+        assert rung_launches(variant, 4001, 5003, 4104, sms) == 1
 
 
 @pytest.mark.parametrize("dtype,itemsize", [("fp32", 4), ("bf16", 2)])

@@ -1041,11 +1041,22 @@ extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat
     return (int)e;
 }
 
+// wgmma_tma_ws's split on the current device (1 when the device cannot be read: the launch then
+// reports the error). wgmma_tma_ws_cluster and wgmma_tma_ws_tma_store hand a product the rule
+// splits over to wgmma_tma_ws: what they change (B multicast, the TMA-store epilogue) is about a
+// large product's steady state, and the split path stores fp32 partial sums, not C.
+static int ws_splits_here(int M, int N, int K) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || sm_count_of(dev, &sms) != cudaSuccess) return 1;
+    return lab_wgmma_ws_split_k(M, N, K, sms);
+}
+
 // Experimental (not a rung): wgmma_tma_ws with clusters of 2 CTAs and B multicast, see above. The
 // grid is as many clusters as fit at once (cudaOccupancyMaxActiveClusters: a GPC with an odd number
 // of free SMs leaves one idle), at most one per 256 x 256 region of C.
 extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const __nv_bfloat16* B,
                                                   __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    if (ws_splits_here(M, N, K) > 1) return launch_ws(A, B, C, M, N, K, stream, 0);
     CUtensorMap mA, mB;
     int vec2 = 0;
     bool skip = true;
@@ -1093,7 +1104,7 @@ extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const 
 // this launches wgmma_tma_ws instead (same mainloop, register epilogue).
 extern "C" int launch_matmul_wgmma_tma_ws_tma_store(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                               int M, int N, int K, cudaStream_t stream) {
-    if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0)
+    if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0 || ws_splits_here(M, N, K) > 1)
         return launch_ws(A, B, C, M, N, K, stream, 0);
     CUtensorMap mA, mB, mC;
     int vec2 = 0;

@@ -91,10 +91,10 @@ def tma_split_k(m: int, n: int, k: int, sms: int) -> int:
 
 def rung_launches(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> int:
     """Kernels one call of a rung starts: two (the product, then the sum of its partial products)
-    where wgmma_tma or wgmma_tma_ws splits K, and for wgmma_tma_ws_tma_store where it hands over
-    to wgmma_tma_ws (N % 8 != 0, no C tensor map; C taken 16-byte aligned, as torch allocates it)."""
+    where wgmma_tma or wgmma_tma_ws splits K; wgmma_tma_ws_tma_store and wgmma_tma_ws_cluster hand
+    such a product over to wgmma_tma_ws, so the same holds for them."""
     if variant == "wgmma_tma":
         return 2 if tma_split_k(m, n, k, sms) > 1 else 1
-    if variant == "wgmma_tma_ws" or (variant == "wgmma_tma_ws_tma_store" and n % 8):
+    if variant in ("wgmma_tma_ws", "wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):
         return 2 if ws_split_k(m, n, k, sms) > 1 else 1
     return 1

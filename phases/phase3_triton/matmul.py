@@ -21,7 +21,8 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
 * Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles), K is cut into runs
   whose fp32 partial sums a second kernel adds in a fixed order (deterministic, no atomics).
 The config is a rule of (M, N, K, element size, SM count, shared memory): `config_for`; the run
-times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (_support.tune);
+times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (_support.tune;
+`--param tune=false`: the rule's pick alone);
 the record keeps every candidate's time and the rule's pick.
 """
 import torch
@@ -436,6 +437,8 @@ def run(ctx, params):
         plain = [INTERPRETER_CONFIG] if interpreting() else candidates(m, n, k, **rule)
         tma = [INTERPRETER_TMA_CONFIG] if interpreting() else candidates(
             m, n, k, **rule, tma=True, warp_specialize=params.get("warp_specialize", True))
+        if not params.get("tune", True):              # the rule's pick alone (its fallbacks kept if it fails)
+            plain, tma = plain[:1], tma[:1]
         for variant, impl, cands in (("triton", matmul, plain), ("triton_tma", matmul_tma, tma)):
             if not ctx.wants(variant):
                 continue
@@ -471,6 +474,8 @@ EXERCISE = Exercise(
     params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
             "dtypes": Choice(["bf16", "fp16"], ("bf16", "fp16"), many=True),
             "warp_specialize": Bool(True, help="also tune the warp-specialized TMA configs"),
+            "tune": Bool(True, help="time the rule's neighbouring configs too and keep the fastest; "
+                                    "false: time the rule's pick alone"),
             "shapes": Shapes()},
     cpu_params={"sizes": [256], "dtypes": ["fp16"]},
     quick_params={"sizes": [256], "dtypes": ["bf16"]},
