@@ -4,7 +4,8 @@ per shape each kernel's TFLOP/s and % of its cuBLAS row.
     python scripts/bench_matmul_shapes.py [--seed 37] [--irregular 4] [--results DIR] [--only phase2|phase3]
 
 Shapes: `--irregular` large products drawn with a fixed seed (M, N, K in 4000..8191, none a
-multiple of 64, K a multiple of 8 for the TMA rungs), two fixed odd ones, and tall-skinny ones
+multiple of 64, K a multiple of 8 for the TMA rungs), fixed odd ones (two of them again with K a
+multiple of 64, to separate the cost of odd M and N from that of a row pitch not 128-byte aligned), and tall-skinny ones
 (M = 8, 13, 32, 64 against N, K of 4096..14336, odd N). They go to `lab run phase2.matmul` (the
 bf16 tensor-core rungs and cuBLAS, plus N = 8192 for the mma.sync rungs' regular-shape rate) and
 `lab run phase3.matmul` (bf16, `tune=false`: the rule's config alone, as a user gets it) through
@@ -24,7 +25,9 @@ sys.path.insert(0, str(ROOT))
 from common.matmul_shapes import irregular_shapes, shape_text  # noqa: E402
 from common.records import load_records  # noqa: E402
 
-FIXED_ODD = [(4001, 5003, 4104), (7777, 6001, 5000)]
+# Two odd products, then the same M and N with K a multiple of 64 (128-byte rows): the pair tells
+# whether a row pitch that is not 128-byte aligned is what costs the TMA kernels at odd shapes.
+FIXED_ODD = [(4001, 5003, 4104), (7777, 6001, 5000), (4001, 5003, 4096), (7777, 6001, 4992)]
 SKINNY = [(8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192), (64, 8191, 4104)]
 PHASE2_VARIANTS = ["cublas_bf16", "cublas_bf16_nt", "mma_bf16", "mma_bf16_pipelined", "wgmma_tma", "wgmma_tma_ws"]
 
