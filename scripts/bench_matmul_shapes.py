@@ -29,7 +29,8 @@ from common.records import load_records  # noqa: E402
 # whether a row pitch that is not 128-byte aligned is what costs the TMA kernels at odd shapes.
 FIXED_ODD = [(4001, 5003, 4104), (7777, 6001, 5000), (4001, 5003, 4096), (7777, 6001, 4992)]
 SKINNY = [(8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192), (64, 8191, 4104)]
-PHASE2_VARIANTS = ["cublas_bf16", "cublas_bf16_nt", "mma_bf16", "mma_bf16_pipelined", "wgmma_tma", "wgmma_tma_ws"]
+PHASE2_VARIANTS = ["cublas_bf16", "cublas_bf16_nt", "mma_bf16_pipelined", "wgmma_tma", "wgmma_tma_ws",
+                   "wgmma_tma_ws_tma_store", "wgmma_tma_ws_pitch128"]
 
 
 def shapes(seed: int, irregular: int) -> list[tuple[int, int, int]]:

@@ -853,11 +853,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // A rows x K bf16 row-major matrix (K contiguous) as a 2-D tensor map: dimension 0 = K (the
 // contiguous one), dimension 1 = rows, row pitch K * 2 bytes; boxes of 64 (K) x box_rows, 128-byte
 // swizzle, out-of-range elements read as zero.
-static cudaError_t make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows) {
+static cudaError_t make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows, int pitch) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     if (encode == nullptr) return cudaErrorNotSupported;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(__nv_bfloat16)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(pitch) * sizeof(__nv_bfloat16)};
     const cuuint32_t box[2] = {WG_BK, static_cast<cuuint32_t>(box_rows)};
     const cuuint32_t elem_strides[2] = {1, 1};
     CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box,
@@ -882,16 +882,17 @@ static cudaError_t allow_smem(const void* kernel, int bytes, bool (&done)[WG_MAX
 // The checks and tensor maps both launchers share; *skip is set when there is nothing to launch.
 static cudaError_t prepare(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
                            int a_box, int b_box, CUtensorMap* mA, CUtensorMap* mB, int* vec2, bool* skip,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, int pitch = 0) {
     *skip = true;
     if (M < 0 || N < 0 || K < 0 || K % 8 != 0) return cudaErrorInvalidValue;
     if (M == 0 || N == 0) return cudaSuccess;
     if (K == 0) return cudaMemsetAsync(C, 0, static_cast<size_t>(M) * N * sizeof(__nv_bfloat16), stream);
     if (reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0)
         return cudaErrorInvalidValue;
-    cudaError_t e = make_map(mA, A, M, K, a_box);
+    if (pitch == 0) pitch = K;                    // elements from one row to the next (A's and B's)
+    cudaError_t e = make_map(mA, A, M, K, a_box, pitch);
     if (e != cudaSuccess) return e;
-    e = make_map(mB, B, N, K, b_box);
+    e = make_map(mB, B, N, K, b_box, pitch);
     if (e != cudaSuccess) return e;
     *vec2 = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(C) % 4 == 0);
     *skip = false;
@@ -963,11 +964,11 @@ static cudaError_t launch_sum_splits(const float* W, __nv_bfloat16* C, int M, in
 // `runs_summed_short` (only for the checker's own test, launch_matmul_wgmma_tma_ws_drop_last_run):
 // how many runs of K the sum leaves out.
 static int launch_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
-                     cudaStream_t stream, int runs_summed_short) {
+                     cudaStream_t stream, int runs_summed_short, int pitch = 0) {
     CUtensorMap mA, mB;
     int vec2 = 0;
     bool skip = true;
-    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream);
+    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream, pitch);
     if (e != cudaSuccess || skip) return (int)e;
     int dev = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
@@ -1039,6 +1040,38 @@ extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat
         if (e == cudaSuccess) e = f;
     }
     return (int)e;
+}
+
+// Experimental side branch (rung wgmma_tma_ws_pitch128, compared with wgmma_tma_ws): a question
+// for the GPU, not a known win. With K % 64 != 0 every row of A and B starts off a 128-byte
+// boundary, so each 128-byte TMA box row spans two L2 lines. This copies A and B (pool memory,
+// cudaMemcpy2DAsync) into rows of Kp = K rounded up to 64 elements, then runs wgmma_tma_ws on the
+// copies through tensor maps of K columns and pitch Kp (TMA still zero-fills past K): two extra
+// passes over A and B, (M + N) K x 2 bytes read and written, bought back only if unaligned rows
+// cost the main loop more. With K % 64 == 0 it is wgmma_tma_ws.
+extern "C" int launch_matmul_wgmma_tma_ws_pitch128(const __nv_bfloat16* A, const __nv_bfloat16* B,
+                                                   __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    if (K % 64 == 0 || K % 8 != 0 || M <= 0 || N <= 0 || K <= 0) return launch_ws(A, B, C, M, N, K, stream, 0);
+    const int Kp = (K + 63) / 64 * 64;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = keep_pool_memory(dev);
+    if (e != cudaSuccess) return (int)e;
+    const size_t row_bytes = static_cast<size_t>(K) * sizeof(__nv_bfloat16), pitch_bytes = static_cast<size_t>(Kp) * 2;
+    __nv_bfloat16 *Ap = nullptr, *Bp = nullptr;
+    if ((e = cudaMallocAsync(reinterpret_cast<void**>(&Ap), pitch_bytes * M, stream)) != cudaSuccess) return (int)e;
+    if ((e = cudaMallocAsync(reinterpret_cast<void**>(&Bp), pitch_bytes * N, stream)) == cudaSuccess &&
+        (e = cudaMemcpy2DAsync(Ap, pitch_bytes, A, row_bytes, row_bytes, M, cudaMemcpyDeviceToDevice, stream)) ==
+            cudaSuccess &&
+        (e = cudaMemcpy2DAsync(Bp, pitch_bytes, B, row_bytes, row_bytes, N, cudaMemcpyDeviceToDevice, stream)) ==
+            cudaSuccess)
+        e = (cudaError_t)launch_ws(Ap, Bp, C, M, N, K, stream, 0, Kp);
+    if (Bp != nullptr) {
+        cudaError_t f = cudaFreeAsync(Bp, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    cudaError_t f = cudaFreeAsync(Ap, stream);
+    return (int)(e == cudaSuccess ? f : e);
 }
 
 // wgmma_tma_ws's split on the current device (1 when the device cannot be read: the launch then

@@ -45,6 +45,10 @@ RUNGS = {
     "wgmma_tma_ws": _wgmma("wgmma_tma_ws"),
     "wgmma_tma_ws_tma_store": _wgmma("wgmma_tma_ws_tma_store"),     # the epilogue through TMA stores
     "wgmma_tma_ws_cluster": _wgmma("wgmma_tma_ws_cluster", base="wgmma_tma_ws"),   # a side branch
+    # Another side branch, an experiment: with K % 64 != 0, A and B copied to 128-byte-aligned rows first.
+    "wgmma_tma_ws_pitch128": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_pitch128", "matmul_wgmma_tma_ws",
+                                  "bf16", "bf16", "cublas_bf16_nt", b_layout="col", k_multiple=8,
+                                  min_capability=(9, 0), arch_specific=True, base="wgmma_tma_ws"),
     # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
     "broken_skip_k_tail": _fp32("launch_matmul_tiled_skip_k_tail", "matmul_tiled", test_only=True),
     # Another, for the split-K path: wgmma_tma_ws whose sum of partial products drops the last run of K.
@@ -92,9 +96,12 @@ def tma_split_k(m: int, n: int, k: int, sms: int) -> int:
 def rung_launches(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> int:
     """Kernels one call of a rung starts: two (the product, then the sum of its partial products)
     where wgmma_tma or wgmma_tma_ws splits K; wgmma_tma_ws_tma_store and wgmma_tma_ws_cluster hand
-    such a product over to wgmma_tma_ws, so the same holds for them."""
+    such a product over to wgmma_tma_ws, so the same holds for them; wgmma_tma_ws_pitch128 adds its
+    two copies of A and B when K % 64 != 0."""
     if variant == "wgmma_tma":
         return 2 if tma_split_k(m, n, k, sms) > 1 else 1
     if variant in ("wgmma_tma_ws", "wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):
         return 2 if ws_split_k(m, n, k, sms) > 1 else 1
+    if variant == "wgmma_tma_ws_pitch128":            # + the two pitched copies when K % 64 != 0
+        return (2 if ws_split_k(m, n, k, sms) > 1 else 1) + (2 if k % 64 and k % 8 == 0 else 0)
     return 1
