@@ -8,7 +8,8 @@
 sizes (the TMA rungs need K a multiple of 8: at another K their row says so and is skipped).
 
 C = A @ B for any M, N, K, one kernel per rung (rungs.py lists them; the README says what each
-changes and why it is faster). Baselines, same inputs and same run: `cublas_fp32` (TF32 off, the
+changes and why it is faster), plus a fixed-order sum of partial products where a wgmma rung
+splits K (tall-skinny and few-tile products). Baselines, same inputs and same run: `cublas_fp32` (TF32 off, the
 fp32 rungs' arithmetic), `cublas_bf16`, and `cublas_bf16_nt` (B column-major, the storage the
 wgmma rungs read); each rung's `pct_of_library` is its TFLOP/s over its baseline's, and
 `over_base` what it bought over the rung it builds on (analysis.ladder_steps).
@@ -42,7 +43,7 @@ from common.standalone import run_alone
 from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
 from .analysis import ladder_steps
-from .rungs import BASELINES, NOMINAL_SMS, RUNGS, VARIANTS, rung_launches
+from .rungs import BASELINES, NOMINAL_SMS, RUNGS, VARIANTS, rung_launches, tma_split_k, ws_split_k
 
 F32, BF16 = torch.float32, torch.bfloat16
 TORCH = {"fp32": F32, "bf16": BF16}
@@ -71,8 +72,8 @@ def matmul_work(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) ->
     """C = A @ B, A m x k, B k x n. FLOPs 2mnk (a multiply and an add per term, the usual count).
     Fewest bytes: A and B read once at their itemsize, C written once at its own (mma_bf16 writes
     fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call, except
-    wgmma_tma_ws where it splits K on a GPU of `sms` SMs (rungs.rung_launches: two); cuBLAS is
-    taken to start one."""
+    where a wgmma rung splits K on a GPU of `sms` SMs (then its partial sums' kernel too) or
+    copies A and B first (rungs.rung_launches); cuBLAS is taken to start one."""
     prec, _, out = operands_of(variant)
     launches = rung_launches(variant, m, n, k, sms) if variant in RUNGS else 1
     return Work(f"{variant} {m}x{n}x{k}", 2 * m * n * k,
@@ -220,7 +221,9 @@ def footprint_bytes(p: dict) -> int:
         held = (4 + 2) * ins + 2 * k * n + (4 + 2) * mn    # fp32 and bf16 A, B; B column-major; fp32 and bf16 C
         refs = 2 * 8 * mn                                  # the fp32 and the bf16 float64 products
         check = 3 * 2 * mn + 3 * 8 * min(mn, CHECK_CHUNK)  # a bf16 rung's rounded copies, one float64 chunk
-        return held + refs + max(check, 8 * ins)           # or: the float64 A and B a reference is built from
+        split = max(ws_split_k(m, n, k, NOMINAL_SMS), tma_split_k(m, n, k, NOMINAL_SMS))
+        kernels = 4 * split * m * n * (split > 1) + 2 * (m + n) * (k + 63)   # split-K sums; pitch128's copies
+        return held + refs + max(check, 8 * ins) + kernels   # or: the float64 A and B a reference is built from
     sweep = max(at(*shape) for shape in timed_shapes(p))
     m, n, k = p["irregular_shape"]                 # fp32 operands and trimmed copies, bf16 copies, float64
     irregular = 24 * (m * k + k * n) + 12 * m * n + 3 * 8 * min(m * n, CHECK_CHUNK)   # A, B, C and reference
