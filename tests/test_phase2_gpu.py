@@ -56,15 +56,16 @@ TENSOR_CORE_RUNGS = [v for v in (mm.VARIANTS if torch.cuda.is_available() else [
 @pytest.mark.parametrize("shape", IRREGULAR_AND_SKINNY, ids=lambda s: "x".join(map(str, s)))
 def test_tensor_core_rungs_on_irregular_and_skinny_shapes(variant, shape):
     """Every bf16 rung against float64 at each shape, with the exercise's checker (poisoned output);
-    the wgmma rungs twice: their split-K sum is deterministic."""
+    the rungs that split K twice: their split-K sum is deterministic."""
     m, n, k = shape
     if mm.runnable(variant, DEV):
         pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
     a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
     verdict = mm.check_variant(variant, a, b)
     assert verdict["passed"], verdict
-    if variant in ("wgmma_tma", "wgmma_tma_ws"):
-        a16, b16 = a.bfloat16(), mm.column_major(b.bfloat16())
+    if variant in ("mma_bf16_pipelined", "wgmma_tma", "wgmma_tma_ws"):
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        b16 = mm.column_major(b16) if mm.RUNGS[variant].b_layout == "col" else b16
         assert torch.equal(mm.matmul(a16, b16, variant), mm.matmul(a16, b16, variant))
 
 

@@ -93,13 +93,20 @@ def tma_split_k(m: int, n: int, k: int, sms: int) -> int:
     return split_k(m, n, k, 2 * sms, 128, 128)
 
 
+def mma_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """mma_bf16_pipelined (lab_mma_pipelined_split_k): one CTA per SM, 128 x 256 tiles."""
+    return split_k(m, n, k, sms, 128, 256)
+
+
 def rung_launches(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> int:
     """Kernels one call of a rung starts: two (the product, then the sum of its partial products)
-    where wgmma_tma or wgmma_tma_ws splits K; wgmma_tma_ws_tma_store and wgmma_tma_ws_cluster hand
+    where mma_bf16_pipelined, wgmma_tma or wgmma_tma_ws splits K; wgmma_tma_ws_tma_store and wgmma_tma_ws_cluster hand
     such a product over to wgmma_tma_ws, so the same holds for them; wgmma_tma_ws_pitch128 adds its
     two copies of A and B when K % 64 != 0."""
     if variant == "wgmma_tma":
         return 2 if tma_split_k(m, n, k, sms) > 1 else 1
+    if variant == "mma_bf16_pipelined":
+        return 2 if mma_split_k(m, n, k, sms) > 1 else 1
     if variant in ("wgmma_tma_ws", "wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):
         return 2 if ws_split_k(m, n, k, sms) > 1 else 1
     if variant == "wgmma_tma_ws_pitch128":            # + the two pitched copies when K % 64 != 0
