@@ -39,3 +39,25 @@ def test_a_bad_shapes_value_is_one_line_and_exit_2(tmp_path, exercise, value):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--param shapes=" in lines[0] and "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_the_shapes_benchmark_passes_the_exercises_parameter_checks(tmp_path):
+    """scripts/bench_matmul_shapes.py on this (GPU-less) machine: both exercises accept its shapes
+    (no parameter error; they skip for want of a GPU) and it ends with where the records are."""
+    proc = subprocess.run([sys.executable, "scripts/bench_matmul_shapes.py", "--results", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert "run phase2.matmul" in out and "run phase3.matmul" in out and f"records: {tmp_path}" in out
+    assert "--param shapes=" not in proc.stderr                   # no parameter was refused
+
+
+def test_the_benchmark_shapes_are_irregular_tall_skinny_and_tma_readable():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_matmul_shapes as bench
+    shapes = bench.shapes(37, 4)
+    assert len(set(shapes)) == len(shapes) == 4 + len(bench.FIXED_ODD) + len(bench.SKINNY)
+    assert parse_shapes(shape_text(shapes)) == shapes
+    assert all(k % 8 == 0 for _, _, k in shapes)                  # the TMA rungs read every one
+    assert {m for m, _, _ in bench.SKINNY} == {8, 13, 32, 64}
+    assert any(n % 2 for _, n, _ in shapes) and any(k % 64 for _, _, k in shapes) and any(k % 64 == 0 for *_, k in shapes)
