@@ -23,6 +23,8 @@ for _rung in mm.RUNGS.values():
         KERNELS[_rung.source].append(_rung.kernel)
 # Kernels a launcher picks besides the rung's own: the warptiled rungs' scalar-load fallbacks.
 KERNELS["matmul.cu"] += ["matmul_warptiled_scalar", "matmul_warptiled_1stage_scalar"]
+KERNELS["matmul_wgmma.cu"] += ["matmul_sum_splits"]          # the wgmma rungs' split-K reduction
+KERNELS["matmul_mma.cu"] += ["matmul_mma_sum_splits"]         # mma_bf16_pipelined's
 
 
 def archs_for(source: str) -> tuple[str, ...]:
@@ -46,6 +48,36 @@ CHECKED_ELSEWHERE = {"softmax.cu": "tests/test_phase2_softmax.py"}
 
 def test_every_source_is_listed():
     assert set(build.SOURCES) == set(KERNELS) | set(CHECKED_ELSEWHERE)
+
+
+@needs_nvcc
+def test_the_split_rules_in_c_are_the_ones_python_counts_with(builds):
+    """lab_wgmma_ws_split_k / lab_wgmma_tma_split_k / lab_mma_pipelined_split_k are host code: the
+    built libraries load and run them without a GPU. They must agree with rungs.ws_split_k /
+    tma_split_k / mma_split_k (what work() and the records count launches with) on random shapes
+    and SM counts."""
+    import ctypes
+    import random
+    from phases.phase2_cuda.rungs import mma_split_k, tma_split_k, ws_split_k
+    _, done = builds
+    try:
+        lib = ctypes.CDLL(str(done[("matmul_wgmma.cu", "sm_90")].path))
+        mma = ctypes.CDLL(str(done[("matmul_mma.cu", "sm_90")].path))
+    except OSError as e:                             # no libcudart to load it against
+        pytest.skip(f"cannot load the library here: {e}")
+    lib.lab_wgmma_ws_split_k.argtypes = lib.lab_wgmma_tma_split_k.argtypes = [ctypes.c_int] * 4
+    mma.lab_mma_pipelined_split_k.argtypes = [ctypes.c_int] * 4
+    rng, seen_split = random.Random(37), 0
+    for _ in range(5000):
+        m, n, k, sms = rng.choice([rng.randint(1, 64), rng.randint(1, 9000)]), rng.randint(1, 20000), \
+            rng.randint(1, 70000), rng.choice([78, 108, 114, 132])
+        if max(m * k, k * n, m * n) >= 2**31:
+            continue
+        assert lib.lab_wgmma_ws_split_k(m, n, k, sms) == ws_split_k(m, n, k, sms), (m, n, k, sms)
+        assert lib.lab_wgmma_tma_split_k(m, n, k, sms) == tma_split_k(m, n, k, sms), (m, n, k, sms)
+        assert mma.lab_mma_pipelined_split_k(m, n, k, sms) == mma_split_k(m, n, k, sms), (m, n, k, sms)
+        seen_split += ws_split_k(m, n, k, sms) > 1
+    assert seen_split > 100                          # the comparison covered split shapes, not only 1s
 
 
 @needs_nvcc

@@ -1,7 +1,7 @@
 """Phase 2's FLOP, byte and launch counts, on a CPU machine: each formula (vector_add.copy_work and
 add_work, matmul.matmul_work, softmax.softmax_work) against a hand count at an irregular size; each
-exercise's work(params) against the rows its newest committed record holds; the rows one_size /
-one_shape record (the kernels replaced by torch, so no GPU is needed) carrying those very counts;
+exercise's work(params) against the rows its newest committed record holds; the rows one_shape
+records (the kernels replaced by torch, so no GPU is needed) carrying those very counts;
 and `lab predict` listing every phase-2 exercise that times rows. phase2.traffic times nothing (its
 rows are Nsight counters), so it declares no work()."""
 import json
@@ -58,6 +58,36 @@ def test_matmul_counts_at_a_square_size():
     assert labels == [*BASELINES, *VARIANTS, *BASELINES, *(v for v in VARIANTS if v != "naive")]
 
 
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_wgmma_ws_splits_k_where_the_tiles_leave_sms_idle(sms):
+    """The split rule (rungs.ws_split_k, mirrored from matmul_wgmma.cu): tall-skinny products
+    split until tiles x runs covers the SMs, each run >= 4 k-tiles, the partial sums' bytes within
+    a quarter of A's and B's; large products never split; launches count the sum kernel."""
+    from phases.phase2_cuda.rungs import rung_launches, tma_split_k, ws_split_k
+    for m, n, k in [(8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192), (64, 8191, 4104), (1, 4096, 4096)]:
+        for split, tiles, slots in ((ws_split_k(m, n, k, sms), -(-m // 128) * -(-n // 256), sms),
+                                    (tma_split_k(m, n, k, sms), -(-m // 128) * -(-n // 128), 2 * sms)):
+            if tiles >= slots:
+                assert split == 1
+                continue
+            assert 1 < split <= 16 and -(-k // 64) >= 4 * split and 8 * split * m * n <= (m * k + k * n) * 2 / 4
+            assert tiles * split >= min(slots, tiles * 16) * 0.9 or split == -(-k // 64) // 4
+        assert rung_launches("wgmma_tma_ws", m, n, k, sms) == 2
+        assert mm.matmul_work("wgmma_tma_ws", m, n, k, sms).launches == 2
+        assert rung_launches("wgmma_tma", m, n, k, sms) == (2 if tma_split_k(m, n, k, sms) > 1 else 1)
+        assert rung_launches("mma_bf16_pipelined", m, n, k, sms) == 2      # its tiles are wgmma_tma_ws's
+        assert rung_launches("mma_bf16", m, n, k, sms) == 1
+    assert tma_split_k(8, 4097, 14336, sms) > 1
+    for shape in [(4001, 5003, 4104), (8192, 8192, 8192), (1024, 1024, 1024), (1000, 777, 555)]:
+        assert ws_split_k(*shape, sms) == 1 and rung_launches("wgmma_tma_ws", *shape, sms) == 1
+        assert tma_split_k(*shape, sms) == 1
+    for variant in ("wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):         # hand split products to ws
+        assert rung_launches(variant, 8, 4097, 14336, sms) == rung_launches(variant, 8, 4096, 14336, sms) == 2
+        assert rung_launches(variant, 4001, 5003, 4104, sms) == 1
+    assert rung_launches("wgmma_tma_ws_pitch128", 4001, 5003, 4104, sms) == 3          # two copies, then ws
+    assert rung_launches("wgmma_tma_ws_pitch128", 4001, 5003, 4096, sms) == 1          # 128-byte rows already
+
+
 @pytest.mark.parametrize("dtype,itemsize", [("fp32", 4), ("bf16", 2)])
 def test_softmax_counts(dtype, itemsize):
     rows, cols = 77, 33                                # 2,541 elements
@@ -97,7 +127,10 @@ def test_work_matches_the_newest_committed_record(module):
     params = {**module.EXERCISE.params, **rec["params"]}
     recorded = [(r["variant"], r["prediction"]["flops"], r["prediction"]["bytes"], r["prediction"]["dtype"],
                  (r["timing"] or {}).get("graph_reps")) for r in rec["rows"] if r["status"] == "ok"]
-    listed = [(w.label.split()[0], w.flops, w.bytes, w.dtype, w.graph_reps) for w in module.work(params)]
+    # A variant added after the record was written (a new rung) has no rows in it yet: compare the rest.
+    in_record = {r["variant"] for r in rec["rows"]}
+    listed = [(w.label.split()[0], w.flops, w.bytes, w.dtype, w.graph_reps) for w in module.work(params)
+              if w.label.split()[0] in in_record]
     assert recorded == listed
 
 
@@ -139,8 +172,35 @@ def test_matmul_rows_carry_the_counts(spec_ctx, monkeypatch):
     ctx = spec_ctx()
     asked = _timing_spy(ctx)
     n = 24
-    rows = mm.one_size(ctx, n, list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=n)
+    rows = mm.one_shape(ctx, (n, n, n), list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=n)
     _assert_rows_carry(rows, mm.work({"sizes": [n], "naive_max_n": n}), asked)
+
+
+def test_matmul_rows_at_a_users_shape_carry_its_counts(spec_ctx, monkeypatch):
+    """--param shapes=13x40x24: rows at M x N x K (not N^3), the counts work() lists for that shape."""
+    monkeypatch.setattr(mm, "matmul", lambda a, b, variant, out: out.copy_(a.float() @ b.float()))
+    monkeypatch.setattr(mm, "runnable", lambda variant, device: None)
+    ctx = spec_ctx()
+    asked = _timing_spy(ctx)
+    params = {"sizes": [16], "naive_max_n": 40, "shapes": "13x40x24"}
+    assert mm.timed_shapes(params) == [(16, 16, 16), (13, 40, 24)]
+    rows = mm.one_shape(ctx, (13, 40, 24), list(VARIANTS), {v: {"passed": True} for v in VARIANTS}, naive_max_n=40)
+    assert {(r["params"]["m"], r["params"]["n"], r["params"]["k"]) for r in rows} == {(13, 40, 24)}
+    assert all(r["status"] == "ok" for r in rows), [(r["variant"], r.get("reason")) for r in rows]
+    _assert_rows_carry(rows, [w for w in mm.work(params) if "13x40x24" in w.label], asked)
+
+
+def test_matmul_a_users_k_the_tma_rungs_cannot_read_is_a_skipped_row_saying_why(spec_ctx, monkeypatch):
+    monkeypatch.setattr(mm, "matmul", lambda a, b, variant, out: out.copy_(a.float() @ b.float()))
+    monkeypatch.setattr(mm, "runnable", lambda variant, device: None)
+    rows = mm.one_shape(spec_ctx(), (9, 10, 21), list(VARIANTS), {v: {"passed": True} for v in VARIANTS},
+                        naive_max_n=40)
+    by = {r["variant"]: r for r in rows}
+    for v in VARIANTS:
+        if mm.RUNGS[v].k_multiple > 1:
+            assert by[v]["status"] == "skipped" and "multiple of 8" in by[v]["reason"] and "K = 21" in by[v]["reason"]
+        else:
+            assert by[v]["status"] == "ok", v
 
 
 @pytest.mark.parametrize("shape", [(4096, 32, "fp32", "seed"), (40, 1000, "bf16", "sweep")])

@@ -45,6 +45,44 @@ def test_matmul_variants(variant, shape):
     assert verdict["passed"], verdict
 
 
+# Shapes nobody tuned for: large with no dimension a tile multiple (N odd: the scalar-store epilogues),
+# tall-skinny (8 <= M <= 64, where wgmma_tma_ws splits K), one row, and a few-tile long-K product.
+IRREGULAR_AND_SKINNY = [(4001, 5003, 4104), (8, 4097, 14336), (13, 14335, 4096), (32, 5003, 8192),
+                        (64, 8191, 4104), (1, 4096, 4096), (333, 65, 20000)]
+TENSOR_CORE_RUNGS = [v for v in (mm.VARIANTS if torch.cuda.is_available() else []) if mm.RUNGS[v].precision == "bf16"]
+
+
+@pytest.mark.parametrize("variant", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("shape", IRREGULAR_AND_SKINNY, ids=lambda s: "x".join(map(str, s)))
+def test_tensor_core_rungs_on_irregular_and_skinny_shapes(variant, shape):
+    """Every bf16 rung against float64 at each shape, with the exercise's checker (poisoned output);
+    the rungs that split K twice: their split-K sum is deterministic."""
+    m, n, k = shape
+    if mm.runnable(variant, DEV):
+        pytest.skip(f"{variant} {mm.runnable(variant, DEV)}")
+    a, b = mm.operands(m, n, k, DEV, seed=m + n + k)
+    verdict = mm.check_variant(variant, a, b)
+    assert verdict["passed"], verdict
+    if variant in ("mma_bf16_pipelined", "wgmma_tma", "wgmma_tma_ws"):
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        b16 = mm.column_major(b16) if mm.RUNGS[variant].b_layout == "col" else b16
+        assert torch.equal(mm.matmul(a16, b16, variant), mm.matmul(a16, b16, variant))
+
+
+@pytest.mark.parametrize("shape", [*IRREGULAR_AND_SKINNY, (8192, 8192, 8192), (1024, 1024, 1024), (128, 256, 64)])
+def test_wgmma_split_rule_is_the_one_python_counts_launches_with(shape):
+    import ctypes
+    from phases.phase2_cuda import build
+    from phases.phase2_cuda.rungs import tma_split_k, ws_split_k
+    if mm.runnable("wgmma_tma_ws", DEV):
+        pytest.skip(mm.runnable("wgmma_tma_ws", DEV))
+    lib, _ = build.load("matmul_wgmma.cu", mm.signatures("matmul_wgmma.cu"))
+    lib.lab_wgmma_ws_split_k.argtypes = lib.lab_wgmma_tma_split_k.argtypes = [ctypes.c_int] * 4
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert lib.lab_wgmma_ws_split_k(*shape, sms) == ws_split_k(*shape, sms)
+    assert lib.lab_wgmma_tma_split_k(*shape, sms) == tma_split_k(*shape, sms)
+
+
 @pytest.mark.parametrize("variant", ["coalesced_regblock", "warptiled_1stage", "warptiled", "mma_bf16",
                                      "mma_bf16_pipelined"])
 def test_matmul_unaligned_views_take_the_scalar_path(variant):
@@ -145,6 +183,15 @@ def test_a_wrong_kernel_fails_the_checker():
     a, b = mm.operands(1000, 777, 555, DEV, seed=3)            # 555 % 16 = 11 terms skipped
     verdict = mm.check_variant("broken_skip_k_tail", a, b, torch.empty(1000, 777, device=DEV))
     assert not verdict["passed"] and "relative error" in verdict["reason"]
+
+
+def test_a_split_k_sum_that_drops_a_run_fails_the_checker():
+    if mm.runnable("wgmma_tma_ws", DEV):
+        pytest.skip(mm.runnable("wgmma_tma_ws", DEV))
+    a, b = mm.operands(13, 4097, 14336, DEV, seed=5)          # tall-skinny: wgmma_tma_ws splits K
+    assert mm.check_variant("wgmma_tma_ws", a, b)["passed"]
+    verdict = mm.check_variant("broken_wgmma_drop_last_run", a, b)
+    assert not verdict["passed"] and "relative error" in verdict["reason"], verdict
 
 
 def test_fp32_rungs_are_not_tf32():

@@ -102,6 +102,34 @@ def test_attention_problems_follow_the_token_budget():
 
 
 # ------------------------------------------------------------------------------ candidate configs
+MATMUL_RULE_SHAPES = [(8, 4096, 14336), (13, 14336, 4096), (32, 5003, 4104), (64, 8191, 8192), (1024, 1024, 1024),
+                      (8192, 8192, 8192), (5000, 6001, 4104), (4000, 4100, 4104), (512, 512, 65536), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("sms", [132, 114, 78])
+def test_the_matmul_rule_fills_the_gpu_and_fits_its_shared_memory(sms):
+    """config_for on shapes nobody tuned for: tall-skinny products get small BLOCK_M and a split of
+    K that brings tiles x split up to the SM count; large products one wave or more of 128-row tiles
+    with no split; every config's pipeline fits 227 KB; a split never writes more partial-sum bytes
+    than a quarter of A and B."""
+    for m, n, k in MATMUL_RULE_SHAPES:
+        for tma in (False, True):
+            c = mm.config_for(m, n, k, 2, sms, tma=tma)
+            tiles = -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"])
+            stage = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
+            assert c["num_stages"] * stage + c["BLOCK_M"] * c["BLOCK_N"] * 2 <= 227 * 1024, c
+            assert c["BLOCK_M"] >= 16 and (c["BLOCK_M"] >= m or c["BLOCK_M"] == 128), c
+            if c["SPLIT_K"] > 1:
+                assert tiles < sms and 8 * c["SPLIT_K"] * m * n <= (m * k + k * n) * 2 / 4, (m, n, k, c)
+                assert -(-k // c["BLOCK_K"]) >= mm.MIN_K_TILES_PER_SPLIT * c["SPLIT_K"]
+            if m <= 64 and k >= 4096 and n >= 4096:
+                assert tiles * c["SPLIT_K"] >= sms * 0.9, (m, n, k, c)   # the skinny product fills the GPU
+            if m >= 4000 and n >= 4000:
+                assert c["SPLIT_K"] == 1 and c["BLOCK_M"] == 128
+    assert mm.config_for(1024, 1024, 1024, 2, sms)["SPLIT_K"] == 1     # splitting would double its traffic
+    assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms)) == 2
+
+
 def test_candidate_configs_respect_the_kernels_constraints():
     for n in (32, 1537, 2048, 16384, 32768, 65536):
         cands = sm.candidates(n)
@@ -113,9 +141,11 @@ def test_candidate_configs_respect_the_kernels_constraints():
     assert {c["kind"] for c in sm.candidates(65536)} == {"online", "split"}
     for c in (c for c in sm.candidates(65536) if c["kind"] == "split"):   # one HBM read of a 256 KB row
         assert c["SPLIT"] & (c["SPLIT"] - 1) == 0 and c["SPLIT"] * c["CHUNK"] >= 65536 and c["CHUNK"] <= 16384
-    for c in mm.WS_CONFIGS:                 # what Triton 3.6's Hopper warp specialization accepts
-        assert c["ws"] and c["num_warps"] == 4 and not c["split"] and not c["flatten"]
-    assert not any(c["ws"] for c in mm.TMA_CONFIGS)
+    for shape in MATMUL_RULE_SHAPES:
+        for c in mm.candidates(*shape, 2, 132, tma=True):
+            if c["ws"]:                     # what Triton 3.6's Hopper warp specialization accepts
+                assert c["num_warps"] == 4 and not c["split"] and not c["flatten"]
+        assert not mm.candidates(*shape, 2, 132, tma=True)[0]["ws"]
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for d in (64, 128):
             for causal in (False, True):

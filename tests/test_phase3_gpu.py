@@ -67,22 +67,33 @@ def test_matmul_every_config(dtype):
     a, b = torch.randn(2048, 2048, device=DEV).to(t), torch.randn(2048, 2048, device=DEV).to(t)
     ref = a.double() @ b.double()
     c = torch.empty(2048, 2048, device=DEV, dtype=t)
-    for impl, cfgs in ((mm.matmul, mm.CONFIGS), (mm.matmul_tma, mm.TMA_CONFIGS + mm.WS_CONFIGS)):
-        for cfg in cfgs:
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    for impl, tma in ((mm.matmul, False), (mm.matmul_tma, True)):
+        for cfg in mm.candidates(2048, 2048, 2048, 2, sms, tma=tma):
             v = check(c, lambda k=cfg, impl=impl: impl(a, b, c, k), ref, mm.REFERENCE, dtype)
             assert v["passed"], (impl.__name__, label(cfg), v)
 
 
-def test_matmul_irregular_shapes_on_gpu():
-    a, b = torch.randn(1000, 777, device=DEV).half(), torch.randn(777, 1537, device=DEV).half()
-    c = torch.empty(1000, 1537, device=DEV, dtype=torch.half)
-    v = check(c, lambda: mm.matmul(a, b, c, mm.CONFIGS[0]), a.double() @ b.double(), mm.REFERENCE, "fp16")
-    assert v["passed"], v
-    a, b = torch.randn(1000, 776, device=DEV).half(), torch.randn(776, 1544, device=DEV).half()
-    c = torch.empty(1000, 1544, device=DEV, dtype=torch.half)
-    for cfg in mm.TMA_CONFIGS + mm.WS_CONFIGS:
-        v = check(c, lambda k=cfg: mm.matmul_tma(a, b, c, k), a.double() @ b.double(), mm.REFERENCE, "fp16")
-        assert v["passed"], (label(cfg), v)
+MATMUL_GPU_SHAPES = [(1000, 777, 1537), (4001, 4103, 4104), (8, 4096, 14336), (13, 14336, 4096), (32, 5003, 4104),
+                     (64, 8191, 8192), (1, 4096, 4096), (333, 65, 20000)]
+
+
+@pytest.mark.parametrize("shape", MATMUL_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matmul_irregular_and_skinny_shapes_on_gpu(shape):
+    """Every candidate the rule gives (split-K ones included) at shapes no tile fits, tall-skinny
+    ones and a few-tile long-K one; triton_tma where the rows are 16-byte multiples."""
+    m, n, k = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    a, b = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(k, n, device=DEV).bfloat16()
+    c = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    for impl, tma in ((mm.matmul, False), (mm.matmul_tma, True)):
+        if tma and not mm.tma_ok(a, b, c):
+            continue
+        for cfg in mm.candidates(m, n, k, 2, sms, tma=tma):
+            v = check(c, lambda q=cfg, impl=impl: impl(a, b, c, q), ref, mm.REFERENCE, "bf16")
+            assert v["passed"], (impl.__name__, label(cfg), v)
+    assert mm.matmul(a, b).equal(mm.matmul(a, b))             # split-K sums in a fixed order
 
 
 @pytest.mark.parametrize("dtype, d", [(torch.bfloat16, 128), (torch.bfloat16, 64), (torch.float16, 128),

@@ -199,6 +199,54 @@ if INTERPRETED:
             BM=32, BN=32, BK=32), ref, mm.REFERENCE, "fp16")
         assert good["passed"] and not bad["passed"], (good, bad)
 
+    SPLIT_CASES = [(13, 77, 300), (8, 130, 1000), (70, 45, 77), (129, 257, 200), (1, 33, 65)]
+
+    @pytest.mark.parametrize("shape", SPLIT_CASES)
+    @pytest.mark.parametrize("cfg", [mm._cfg(16, 32, 32, 4, 1, split_k=3), mm._cfg(32, 64, 64, 4, 1, split_k=1),
+                                     mm._cfg(16, 64, 32, 4, 1, split_k=7)], ids=["split3", "nosplit", "split7"])
+    @in_child
+    def test_matmul_split_k_and_edge_tiles_on_irregular_shapes(shape, cfg):
+        """Interior tiles (unmasked loop), edge tiles (masked), the K tail, split-K runs (some
+        empty: split 7 of a short K) and the fixed-order sum, against float64."""
+        m, n, k = shape
+        a, b, c = torch.randn(m, k).half(), torch.randn(k, n).half(), torch.empty(m, n, dtype=torch.half)
+        v = check(c, lambda: mm.matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "fp16")
+        assert v["passed"], v
+        again = mm.matmul(a, b, None, cfg)
+        assert torch.equal(again, c)                   # the split sum is deterministic
+
+    @in_child
+    def test_matmul_rule_config_on_a_tall_skinny_shape():
+        cfg = mm.config_for(13, 300, 2048, 2, sms=4)
+        assert cfg["BLOCK_M"] == 16 and cfg["SPLIT_K"] > 1, cfg
+        a, b, c = torch.randn(13, 2048).half(), torch.randn(2048, 300).half(), torch.empty(13, 300, dtype=torch.half)
+        v = check(c, lambda: mm.matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "fp16")
+        assert v["passed"], v
+
+    @in_child
+    def test_tma_persistent_matmul_with_split_k():
+        m, n, k = 24, 264, 136                          # rows 16-byte aligned, 3 runs of K
+        a, b, c = torch.randn(m, k).half(), torch.randn(k, n).half(), torch.empty(m, n, dtype=torch.half)
+        cfg = {**mm.INTERPRETER_TMA_CONFIG, "BLOCK_M": 16, "SPLIT_K": 3}
+        v = check(c, lambda: mm.matmul_tma(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "fp16")
+        assert v["passed"], v
+
+    @in_child
+    def test_matmul_checker_rejects_a_split_k_sum_that_drops_a_run():
+        m, n, k = 13, 77, 300
+        a, b, c = torch.randn(m, k).half(), torch.randn(k, n).half(), torch.empty(m, n, dtype=torch.half)
+        cfg = mm._cfg(16, 32, 32, 4, 1, split_k=3)
+
+        def drops_the_last_run():
+            parts = torch.empty(3, m, n)
+            mm.matmul_kernel[(3 * 3, 3)](a, b, c, parts, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                         c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8,
+                                         SPLIT_K=3, A_ALIGN=4, B_ALIGN=1, C_ALIGN=1)
+            mm._sum_splits(parts, c, 2)                # sums runs 0 and 1 only
+        ref = a.double() @ b.double()
+        assert check(c, lambda: mm.matmul(a, b, c, cfg), ref, mm.REFERENCE, "fp16")["passed"]
+        assert not check(c, drops_the_last_run, ref, mm.REFERENCE, "fp16")["passed"]
+
     # -------------------------------------------------------------------------- attention forward
     def _qkv(b, h, n, d, dtype):
         return tuple(torch.randn(b, h, n, d).to(dtype) for _ in range(3))
@@ -288,8 +336,10 @@ if INTERPRETED:
             if r["variant"] == "triton":
                 assert r["prediction"]["launches"] == (2 if r["metrics"]["kernel"] == "softmax_split_kernel" else 1)
         assert res.summary["tuning"] and all("pct_of_copy_effective" in r["metrics"] for r in res.rows if r["variant"] != "copy")
-        res = mm.run(spec_ctx(), {"sizes": [200], "dtypes": ["fp16"], "warp_specialize": True})
-        assert [r["status"] for r in res.rows] == ["ok"] * 3 and "pct_of_library" in res.rows[-1]["metrics"]
+        res = mm.run(spec_ctx(), {"sizes": [200], "dtypes": ["fp16"], "warp_specialize": True, "shapes": "13x72x136,9x40x30"})
+        assert [r["status"] for r in res.rows] == ["ok"] * 8 + ["skipped"], [(r["variant"], r["reason"]) for r in res.rows]
+        assert "pct_of_library" in res.rows[2]["metrics"] and res.rows[3]["params"] == {"m": 13, "n": 72, "k": 136, "dtype": "fp16"}
+        assert "K = 30 and N = 40" in res.rows[-1]["reason"]
         res = fa.run(spec_ctx(), {"seed_sizes": [96], "seed_batch": 1, "seed_heads": 2, "seed_head_dim": 32, "sizes": [96],
                                   "dtypes": ["fp16"], "head_dims": [32], "causal": [True], "tokens": 96, "model_dim": 64,
                                   "warp_specialize": False})

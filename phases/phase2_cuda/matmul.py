@@ -1,10 +1,15 @@
 """Exercise 2.2: the matmul ladder in CUDA C, rung by rung, against cuBLAS in the same run.
 
     lab run phase2.matmul [--variant tiled] [--param sizes=[1024,2048,4096,8192]]
+    lab run phase2.matmul --variant wgmma_tma_ws --param sizes=[8192] --param shapes=13x4096x14336,5000x6001x4104
     python -m phases.phase2_cuda.matmul          # alone: an irregular shape, a small timing table
 
+`shapes` (MxNxK,...) times the rungs and cuBLAS at your own products too, after the N x N x N
+sizes (the TMA rungs need K a multiple of 8: at another K their row says so and is skipped).
+
 C = A @ B for any M, N, K, one kernel per rung (rungs.py lists them; the README says what each
-changes and why it is faster). Baselines, same inputs and same run: `cublas_fp32` (TF32 off, the
+changes and why it is faster), plus a fixed-order sum of partial products where a wgmma rung
+splits K (tall-skinny and few-tile products). Baselines, same inputs and same run: `cublas_fp32` (TF32 off, the
 fp32 rungs' arithmetic), `cublas_bf16`, and `cublas_bf16_nt` (B column-major, the storage the
 wgmma rungs read); each rung's `pct_of_library` is its TFLOP/s over its baseline's, and
 `over_base` what it bought over the rung it builds on (analysis.ladder_steps).
@@ -31,13 +36,14 @@ from common.exercise import (
     reference_check,
     row,
 )
+from common.matmul_shapes import Shapes, parse_shapes
 from common.params import Int
 from common.standalone import run_alone
 
 from . import build
 from ._args import INT32_MAX, need_contiguous, need_dtype
 from .analysis import ladder_steps
-from .rungs import BASELINES, RUNGS, VARIANTS
+from .rungs import BASELINES, NOMINAL_SMS, RUNGS, VARIANTS, rung_launches, tma_split_k, ws_split_k
 
 F32, BF16 = torch.float32, torch.bfloat16
 TORCH = {"fp32": F32, "bf16": BF16}
@@ -62,22 +68,29 @@ def operands_of(variant: str) -> tuple[str, str, str]:
     return rung.precision, rung.b_layout, rung.out_precision
 
 
-def matmul_work(variant: str, m: int, n: int, k: int) -> Work:
+def matmul_work(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> Work:
     """C = A @ B, A m x k, B k x n. FLOPs 2mnk (a multiply and an add per term, the usual count).
     Fewest bytes: A and B read once at their itemsize, C written once at its own (mma_bf16 writes
-    fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call: every rung's
-    launcher starts exactly one, and cuBLAS is taken to start one as well."""
+    fp32): (mk + kn) x in + mn x out; for N^3, N^2 x (2 in + out). One kernel per call, except
+    where a wgmma rung splits K on a GPU of `sms` SMs (then its partial sums' kernel too) or
+    copies A and B first (rungs.rung_launches); cuBLAS is taken to start one."""
     prec, _, out = operands_of(variant)
+    launches = rung_launches(variant, m, n, k, sms) if variant in RUNGS else 1
     return Work(f"{variant} {m}x{n}x{k}", 2 * m * n * k,
-                (m * k + k * n) * BYTES_PER_ELEMENT[prec] + m * n * BYTES_PER_ELEMENT[out], prec, launches=1)
+                (m * k + k * n) * BYTES_PER_ELEMENT[prec] + m * n * BYTES_PER_ELEMENT[out], prec, launches=launches)
+
+
+def timed_shapes(params) -> list[tuple[int, int, int]]:
+    """The products run() times, in order: each N of `sizes` as N x N x N, then `shapes`."""
+    return [(n, n, n) for n in params["sizes"]] + (parse_shapes(params["shapes"]) if params.get("shapes") else [])
 
 
 def work(params) -> list[Work]:
-    """Every row run() times with these parameters, in its order: per N the three cuBLAS baselines,
-    then each rung (naive only up to naive_max_n). A rung this GPU cannot run (the wgmma rungs off
-    sm_90) is listed anyway: which GPU it runs on is known only then."""
-    return [matmul_work(v, n, n, n) for n in params["sizes"] for v in (*BASELINES, *VARIANTS)
-            if not (v == "naive" and n > params["naive_max_n"])]
+    """Every row run() times with these parameters, in its order: per shape the three cuBLAS
+    baselines, then each rung (naive only while max(M, N, K) <= naive_max_n). A rung this GPU cannot
+    run (the wgmma rungs off sm_90) is listed anyway: which GPU it runs on is known only then."""
+    return [matmul_work(v, m, n, k) for m, n, k in timed_shapes(params) for v in (*BASELINES, *VARIANTS)
+            if not (v == "naive" and max(m, n, k) > params["naive_max_n"])]
 
 
 _SIG = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -202,32 +215,38 @@ MAX_N = 46340                      # the largest N with N x N < 2^31 elements (t
 
 
 def footprint_bytes(p: dict) -> int:
-    """fp32/bf16 operands, outputs and float64 references at the largest size, plus a check's temporaries."""
-    n2 = max(n * n for n in p["sizes"])
-    held = (2 * 4 + 3 * 2 + 4 + 2) * n2            # a32, b32; a16, b16, b16 column-major; fp32 and bf16 C
-    refs = 2 * 8 * n2                              # the fp32 and the bf16 float64 products
-    check = 3 * 2 * n2 + 3 * 8 * min(n2, CHECK_CHUNK)   # a bf16 rung's rounded copies, one float64 chunk
-    sweep = held + refs + max(check, 2 * 8 * n2)   # or: the float64 A and B a reference is built from
+    """fp32/bf16 operands, outputs and float64 references at the largest product, plus a check's temporaries."""
+    def at(m: int, n: int, k: int) -> int:
+        ins, mn = m * k + k * n, m * n
+        held = (4 + 2) * ins + 2 * k * n + (4 + 2) * mn    # fp32 and bf16 A, B; B column-major; fp32 and bf16 C
+        refs = 2 * 8 * mn                                  # the fp32 and the bf16 float64 products
+        check = 3 * 2 * mn + 3 * 8 * min(mn, CHECK_CHUNK)  # a bf16 rung's rounded copies, one float64 chunk
+        split = max(ws_split_k(m, n, k, NOMINAL_SMS), tma_split_k(m, n, k, NOMINAL_SMS))
+        kernels = 4 * split * m * n * (split > 1) + 2 * (m + n) * (k + 63)   # split-K sums; pitch128's copies
+        return held + refs + max(check, 8 * ins) + kernels   # or: the float64 A and B a reference is built from
+    sweep = max(at(*shape) for shape in timed_shapes(p))
     m, n, k = p["irregular_shape"]                 # fp32 operands and trimmed copies, bf16 copies, float64
     irregular = 24 * (m * k + k * n) + 12 * m * n + 3 * 8 * min(m * n, CHECK_CHUNK)   # A, B, C and reference
     return max(sweep, irregular)
 
 
-def one_size(ctx, n: int, wanted: list[str], irregular: dict, naive_max_n: int) -> list[dict]:
-    """The baselines the wanted rungs need, then each rung, at one N x N x N; rows in ladder order."""
-    a32, b32 = operands(n, n, n, ctx.device, seed=n)
+def one_shape(ctx, shape: tuple, wanted: list[str], irregular: dict, naive_max_n: int) -> list[dict]:
+    """The baselines the wanted rungs need, then each rung, at one M x N x K; rows in ladder order."""
+    m, n, k = shape
+    a32, b32 = operands(m, n, k, ctx.device, seed=n if m == n == k else (m * 131 + n) * 131 + k)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
     inputs = {("fp32", "row"): (a32, b32), ("bf16", "row"): (a16, b16), ("bf16", "col"): (a16, column_major(b16))}
-    outs = {"fp32": torch.empty(n, n, device=ctx.device), "bf16": torch.empty(n, n, device=ctx.device, dtype=BF16)}
+    outs = {"fp32": torch.empty(m, n, device=ctx.device), "bf16": torch.empty(m, n, device=ctx.device, dtype=BF16)}
     libraries = {RUNGS[v].library for v in wanted} | {b for b in BASELINES if ctx.wants(b)}
     refs = {p: (a32.double() @ b32.double()) if p == "fp32" else (a16.double() @ b16.double())
             for p in sorted({BASELINE_OPERANDS[b][0] for b in libraries})}
     here = {}
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else NOMINAL_SMS
 
     def timed(v: str, fn, check) -> dict:
-        w = matmul_work(v, n, n, n)
+        w = matmul_work(v, m, n, k, sms)
         prec, b_layout, _ = operands_of(v)
-        return measure(ctx, v, {"m": n, "n": n, "k": n, "dtype": prec, "b_layout": b_layout}, fn=fn, check=check,
+        return measure(ctx, v, {"m": m, "n": n, "k": k, "dtype": prec, "b_layout": b_layout}, fn=fn, check=check,
                        flops=w.flops, bytes_moved=w.bytes, dtype=w.dtype, launches=w.launches)
 
     for base in BASELINES:
@@ -243,10 +262,11 @@ def one_size(ctx, n: int, wanted: list[str], irregular: dict, naive_max_n: int) 
                                                      prec))
     for v in wanted:
         rung = RUNGS[v]
-        if v == "naive" and n > naive_max_n:
+        if v == "naive" and max(m, n, k) > naive_max_n:
             continue
-        size = {"m": n, "n": n, "k": n, "dtype": rung.precision, "b_layout": rung.b_layout}
-        why_not = runnable(v, ctx.device)
+        size = {"m": m, "n": n, "k": k, "dtype": rung.precision, "b_layout": rung.b_layout}
+        why_not = runnable(v, ctx.device) or (
+            f"needs K to be a multiple of {rung.k_multiple} (16-byte rows for TMA); K = {k}" if k % rung.k_multiple else None)
         if why_not:
             here[v] = row(v, size, "skipped", why_not)
             continue
@@ -276,11 +296,14 @@ def run(ctx, params):
                                 "shape": [m_i, n_i, k_v]}
         del ia, ib
         rows = []
-        for n in ctx.track(params["sizes"], "matmul sizes"):
-            rows += one_size(ctx, n, wanted, irregular, params["naive_max_n"])
-    steps = ladder_steps([(r["variant"], r["params"]["n"], r["metrics"].get("tflops")) for r in rows if r["status"] == "ok"])
+        for shape in ctx.track(timed_shapes(params), "matmul shapes"):
+            rows += one_shape(ctx, tuple(shape), wanted, irregular, params["naive_max_n"])
+
+    def key(r: dict) -> tuple:
+        return r["params"]["m"], r["params"]["n"], r["params"]["k"]
+    steps = ladder_steps([(r["variant"], key(r), r["metrics"].get("tflops")) for r in rows if r["status"] == "ok"])
     for r in rows:
-        base, factor = steps.get((r["variant"], r["params"]["n"]), (None, None))
+        base, factor = steps.get((r["variant"], key(r)), (None, None))
         if factor is not None:
             r["metrics"]["base_rung"], r["metrics"]["over_base"] = base, factor
     resources = {}
@@ -298,7 +321,8 @@ EXERCISE = Exercise(
     params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
             "naive_max_n": Int(8192, min=0, unit="largest N the naive rung is timed at"),
             "irregular_shape": Int([1000, 777, 555], min=1, max=INT32_MAX, length=3,
-                                   unit="M, N, K of the bounds check (checked, not timed)")},
+                                   unit="M, N, K of the bounds check (checked, not timed)"),
+            "shapes": Shapes()},
     cpu_params={}, quick_params={"sizes": [256], "irregular_shape": [100, 77, 55]},
     variants=(*VARIANTS, *BASELINES), footprint_bytes=footprint_bytes, work=work)
 

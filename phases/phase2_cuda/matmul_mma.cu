@@ -163,6 +163,10 @@ extern "C" int launch_matmul_mma_bf16(const __nv_bfloat16* A, const __nv_bfloat1
 //   Otherwise the same kernel body loads with bounds-checked 2-byte global loads into the same
 //   swizzled layout (matmul_mma_bf16_pipelined_scalar: correct, not fast). The epilogue is
 //   bounds-checked and stores bf16x2 pairs when C and N allow 4-byte stores.
+// - Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles over a long K), the
+//   launcher splits K by a rule of the shape and SM count (lab_mma_pipelined_split_k): grid y =
+//   runs of K, fp32 partial sums to a pool workspace, matmul_mma_sum_splits adds them in a fixed
+//   order. Warps whose 64 rows all lie past M copy and wait but issue no mma.
 //
 // Why this instruction caps out on Hopper (the point of the rung next to cuBLAS): the dense bf16
 // peak is 4096 FLOP per clock per SM, so each of an SM's 4 schedulers would have to issue one
@@ -245,7 +249,7 @@ template <bool VEC>
 __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__ A,
                                                const __nv_bfloat16* __restrict__ B,
                                                __nv_bfloat16* __restrict__ C, int M, int N, int K,
-                                               int pack, int stages) {
+                                               int pack, int stages, float* __restrict__ W) {
     extern __shared__ __align__(128) unsigned char mmp_smem[];
     const uint32_t smem0 = smem_u32(mmp_smem);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -269,8 +273,13 @@ __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__
     const int b_row = tid / (BN / 8), b_chunk = tid % (BN / 8);
     const uint32_t a_soff = a_row * A_ROW_BYTES + ((a_chunk ^ (a_row & 7)) << 4);
     const uint32_t b_soff = A_STAGE_BYTES + b_row * B_ROW_BYTES + ((b_chunk ^ (b_row & 7)) << 4);
+    // Split-K (W != nullptr): block row y takes the k-tiles [k_lo, k_hi) of run y of gridDim.y and
+    // writes fp32 partial sums to W[y] (the launcher keeps runs >= 4 k-tiles each).
+    const int KT_ALL = (K + BK - 1) / BK;
+    const int k_lo = (int)((long long)blockIdx.y * KT_ALL / gridDim.y);
+    const int k_hi = (int)((long long)(blockIdx.y + 1) * KT_ALL / gridDim.y);
     const int a_gm = m0 + a_row, b_gn = n0 + b_chunk * 8;
-    int a_gk = a_chunk * 8, b_gk = b_row;                   // k of this thread's chunks, next tile
+    int a_gk = a_chunk * 8 + k_lo * BK, b_gk = b_row + k_lo * BK;   // k of this thread's chunks, next tile
     const size_t a_pass = (size_t)A_ROWS_PER_PASS * K, b_pass = (size_t)B_ROWS_PER_PASS * N;
     const unsigned short* a_src = Ag + (size_t)a_gm * K + a_gk;   // may point past A: only
     const unsigned short* b_src = Bg + (size_t)b_gk * N + b_gn;   // dereferenced where in range
@@ -355,7 +364,8 @@ __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__
     uint32_t af[2][MI][4], bf[2][NI][2];
 
     // Prologue: tiles 0 .. stages-2 in flight, one commit group each (empty past the last tile).
-    const int KT = (K + BK - 1) / BK;
+    const int KT = k_hi - k_lo;                             // this block's k-tiles
+    const bool idle = m0 + wm >= M;                         // none of this warp's 64 rows is in C
     for (int s = 0; s < stages - 1; ++s) {
         if (s < KT) load_tile(s);
         if constexpr (VEC) cp_async_commit();
@@ -388,6 +398,7 @@ __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__
                 if constexpr (VEC) cp_async_commit();
                 write_slot = (write_slot + 1 == stages) ? 0 : write_slot + 1;
             }
+            if (idle) continue;                             // copies and barriers only
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -409,8 +420,18 @@ __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__
             for (int h = 0; h < 2; ++h) {
                 const int gm = m0 + wm + mi * 16 + g + 8 * h, gn = n0 + wn + ni * 8 + 2 * t;
                 if (gm >= M) continue;
-                __nv_bfloat16* p = C + (size_t)gm * N + gn;
                 const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
+                if (W != nullptr) {                         // a run of K: fp32 partial sums
+                    float* q = W + ((size_t)blockIdx.y * M + gm) * N + gn;
+                    if (N % 2 == 0 && gn + 1 < N) {
+                        *reinterpret_cast<float2*>(q) = make_float2(x, y);
+                    } else {
+                        if (gn < N) q[0] = x;
+                        if (gn + 1 < N) q[1] = y;
+                    }
+                    continue;
+                }
+                __nv_bfloat16* p = C + (size_t)gm * N + gn;
                 if (pack && gn + 1 < N) {
                     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
                 } else {
@@ -423,14 +444,46 @@ __device__ __forceinline__ void pipelined_body(const __nv_bfloat16* __restrict__
 
 extern "C" __global__ void __launch_bounds__(mmp::THREADS, 1)
 matmul_mma_bf16_pipelined(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
-                          __nv_bfloat16* __restrict__ C, int M, int N, int K, int pack, int stages) {
-    mmp::pipelined_body<true>(A, B, C, M, N, K, pack, stages);
+                          __nv_bfloat16* __restrict__ C, int M, int N, int K, int pack, int stages,
+                          float* __restrict__ W) {
+    mmp::pipelined_body<true>(A, B, C, M, N, K, pack, stages, W);
 }
 
 extern "C" __global__ void __launch_bounds__(mmp::THREADS, 1)
 matmul_mma_bf16_pipelined_scalar(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
-                                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int pack, int stages) {
-    mmp::pipelined_body<false>(A, B, C, M, N, K, pack, stages);
+                                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int pack, int stages,
+                                 float* __restrict__ W) {
+    mmp::pipelined_body<false>(A, B, C, M, N, K, pack, stages, W);
+}
+
+// Split-K's second kernel: C = sum over runs s = 0, 1, ... of W[s] (fp32), in that order (the same
+// bits every run, unlike atomics), rounded once to bf16. One thread per element, grid-stride.
+extern "C" __global__ void __launch_bounds__(256)
+matmul_mma_sum_splits(const float* __restrict__ W, __nv_bfloat16* __restrict__ C, int M, int N, int splits) {
+    const size_t total = static_cast<size_t>(M) * N;
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        float sum = 0.f;
+        for (int s = 0; s < splits; ++s) sum += W[s * total + i];
+        C[i] = __float2bfloat16_rn(sum);
+    }
+}
+
+// The split of K, as matmul_wgmma.cu's split_k_rule for this rung's 128 x 256 tiles and one CTA
+// per SM (rungs.split_k mirrors it; a CPU test compares them): 1 when the tiles fill the SMs, else
+// enough runs to cover them once, at most 16, each >= 4 k-tiles of 64, the fp32 partial sums
+// within a quarter of A's and B's bytes.
+extern "C" int lab_mma_pipelined_split_k(int M, int N, int K, int sms) {
+    if (M <= 0 || N <= 0 || K <= 0 || sms <= 0) return 1;
+    const long long tiles = (long long)((M + mmp::BM - 1) / mmp::BM) * ((N + mmp::BN - 1) / mmp::BN);
+    if (tiles >= sms) return 1;
+    const long long KT = (K + mmp::BK - 1) / mmp::BK;
+    long long split = (sms + tiles - 1) / tiles;
+    split = split < 16 ? split : 16;
+    split = split < KT / 4 ? split : KT / 4;
+    const long long by_traffic = ((long long)M * K + (long long)K * N) * 2 / (32LL * M * N);
+    split = split < by_traffic ? split : by_traffic;
+    return split > 1 ? (int)split : 1;
 }
 
 // stages: 2..4, or 0 for the deepest ring this GPU's per-block shared memory allows (4 x 48 KB
@@ -468,8 +521,44 @@ extern "C" int launch_matmul_mma_bf16_pipelined_stages(const __nv_bfloat16* A, c
         if (cached) attr_set[vec][dev] = 1;
     }
     const long long blocks = (long long)((M + mmp::BM - 1) / mmp::BM) * ((N + mmp::BN - 1) / mmp::BN);
-    kernel<<<(unsigned)blocks, mmp::THREADS, smem, stream>>>(A, B, C, M, N, K, pack, stages);
-    return (int)cudaGetLastError();
+    if (K <= 0) return (int)cudaMemsetAsync(C, 0, (size_t)M * N * sizeof(__nv_bfloat16), stream);
+    static int sm_cache[MAX_DEVICES];
+    int sms = cached ? sm_cache[dev] : 0;
+    if (sms == 0) {
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess) { cudaGetLastError(); return (int)e; }
+        if (cached) sm_cache[dev] = sms;
+    }
+    const int splits = lab_mma_pipelined_split_k(M, N, K, sms);
+    float* W = nullptr;
+    if (splits > 1) {
+        // Workspace from the device's default pool, which keeps what it has (set once; torch
+        // allocates from its own caching allocator, not this pool).
+        static int pool_kept[MAX_DEVICES];
+        if (!cached || !pool_kept[dev]) {
+            cudaMemPool_t pool;
+            uint64_t keep_all = ~0ull;
+            e = cudaDeviceGetDefaultMemPool(&pool, dev);
+            if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+            if (e != cudaSuccess) { cudaGetLastError(); return (int)e; }
+            if (cached) pool_kept[dev] = 1;
+        }
+        e = cudaMallocAsync(reinterpret_cast<void**>(&W), (size_t)splits * M * N * sizeof(float), stream);
+        if (e != cudaSuccess) { cudaGetLastError(); return (int)e; }
+    }
+    kernel<<<dim3((unsigned)blocks, (unsigned)splits), mmp::THREADS, smem, stream>>>(A, B, C, M, N, K, pack, stages, W);
+    e = cudaGetLastError();
+    if (splits > 1) {
+        if (e == cudaSuccess) {
+            const long long sum_blocks = ((long long)M * N + 255) / 256;
+            matmul_mma_sum_splits<<<(unsigned)(sum_blocks < 8LL * sms ? sum_blocks : 8LL * sms), 256, 0, stream>>>(
+                W, C, M, N, splits);
+            e = cudaGetLastError();
+        }
+        cudaError_t f = cudaFreeAsync(W, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    return (int)e;
 }
 
 extern "C" int launch_matmul_mma_bf16_pipelined(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,

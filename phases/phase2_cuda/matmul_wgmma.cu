@@ -8,11 +8,17 @@
 //   wgmma_tma     one CTA (2 warpgroups, 256 threads) per 128 x 128 tile of C, BK = 64, a 3-stage
 //                 ring of 128B-swizzled TMA tiles with full/empty mbarriers; thread 0 also issues
 //                 the copies. Each warpgroup does m64n128k16 wgmma on its 64 rows. 2 CTAs per SM.
+//                 Split-K as below (grid y = runs of K) when the tiles leave CTA slots empty.
 //   wgmma_tma_ws  warp-specialized and persistent: grid = #SMs, each CTA walks 128 x 256 tiles in
 //                 a grouped (L2-friendly) order. Warpgroup 0 is the producer (one thread issues
 //                 TMA, setmaxnreg down to 40 registers); warpgroups 1 and 2 are consumers (up to
 //                 232 registers), each m64n256k16 on 64 rows of the tile, keeping one wgmma batch
-//                 in flight. 4 stages x 48 KB of shared memory; no clusters.
+//                 in flight. 4 stages x 48 KB of shared memory; no clusters. Its work units are
+//                 (tile, run of K): when the tiles leave SMs idle (tall-skinny M <= 64, few tiles)
+//                 K is split by a rule of the shape and SM count (lab_wgmma_ws_split_k), fp32
+//                 partial sums go to a workspace and matmul_sum_splits adds them in a fixed order
+//                 (deterministic); a consumer warpgroup whose 64 rows all lie past M issues no
+//                 wgmma (it only releases the stages), so M <= 64 costs one warpgroup's math.
 //   (experimental, not rungs: wgmma_tma_ws_cluster, B multicast to clusters of 2 CTAs; and
 //   wgmma_tma_ws_tma_store, the same as wgmma_tma_ws with its epilogue staged through shared memory and
 //   written by TMA stores.)
@@ -248,9 +254,34 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* __restrict__ C, int M,
 #define T1_SMEM_BYTES (1024 + T1_STAGES * T1_STAGE_BYTES + 2 * T1_STAGES * 8)   // 1024: alignment slack
 #define T1_GROUP_M 8
 
+// Split-K: run `split` of `splits` takes the k-tiles [k_lo, k_hi) of KT (a unit of wgmma_tma_ws is
+// a tile and a run; wgmma_tma's block y is the run). The launchers keep splits <= KT / 4, so every
+// run has k-tiles.
+__device__ __forceinline__ void split_range(int split, int splits, int KT, int& k_lo, int& k_hi) {
+    k_lo = (int)((long long)split * KT / splits);
+    k_hi = (int)((long long)(split + 1) * KT / splits);
+}
+
+// Two adjacent fp32 partial sums (row, col), (row, col + 1) of run `split` into the workspace
+// (splits x M x N fp32), bounds-checked; `vec2`: N even, so the pair is one aligned 8-byte store.
+__device__ __forceinline__ void store_partial_pair(float* __restrict__ W, int M, int N, int split, int row, int col,
+                                                   float v0, float v1, int vec2) {
+    if (row >= M) return;
+    const size_t off = (static_cast<size_t>(split) * M + row) * N + col;
+    if (vec2 && col + 1 < N) {
+        *reinterpret_cast<float2*>(W + off) = make_float2(v0, v1);
+    } else {
+        if (col < N) W[off] = v0;
+        if (col + 1 < N) W[off + 1] = v1;
+    }
+}
+
+// Split-K (W != nullptr, gridDim.y = splits > 1): block (x, y) computes tile x over run y of K and
+// writes fp32 partial sums to W[y]; matmul_sum_splits adds them. A warpgroup whose 64 rows all lie
+// past M issues no wgmma (it still waits for and releases each stage).
 extern "C" __global__ void __launch_bounds__(T1_THREADS, 2)
 matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+                 __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2, float* __restrict__ W) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = base + T1_STAGES * T1_STAGE_BYTES;   // full[s] at full0 + 8 s
@@ -260,7 +291,9 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
     const int wg = warp / 4, wl = warp % 4;                     // warpgroup, warp within it
     int tm, tn;
     tile_coords(blockIdx.x, cdiv(M, T1_BM), cdiv(N, T1_BN), T1_GROUP_M, tm, tn);
-    const int KT = cdiv(K, WG_BK);
+    int k_lo, k_hi;
+    split_range(blockIdx.y, gridDim.y, cdiv(K, WG_BK), k_lo, k_hi);
+    const bool idle = tm * T1_BM + wg * 64 >= M;                // none of this warpgroup's rows is in C
 
     if (tid == 0) {
         for (int s = 0; s < T1_STAGES; ++s) {
@@ -274,8 +307,8 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
     if (tid == 0) {
         tma_prefetch_map(&tmA);
         tma_prefetch_map(&tmB);
-        for (int kt = 0; kt < T1_STAGES && kt < KT; ++kt) {
-            const uint32_t sa = base + kt * T1_STAGE_BYTES, bar = full0 + 8 * kt;
+        for (int kt = k_lo; kt < k_lo + T1_STAGES && kt < k_hi; ++kt) {
+            const uint32_t sa = base + (kt - k_lo) * T1_STAGE_BYTES, bar = full0 + 8 * (kt - k_lo);
             mbar_arrive_expect_tx(bar, T1_STAGE_BYTES);
             tma_load_2d(sa, &tmA, bar, kt * WG_BK, tm * T1_BM);
             tma_load_2d(sa + T1_A_BYTES, &tmB, bar, kt * WG_BK, tn * T1_BN);
@@ -289,20 +322,22 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
 
     int s = 0;
     uint32_t phase = 0;
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = k_lo; kt < k_hi; ++kt) {
         const uint32_t sa = base + s * T1_STAGE_BYTES;
         mbar_wait(full0 + 8 * s, phase);
         __syncwarp();
-        wgmma_fence();
-        const uint64_t da = desc_k_major_sw128(sa + wg * 64 * WG_ROW_BYTES);
-        const uint64_t db = desc_k_major_sw128(sa + T1_A_BYTES);
+        if (!idle) {
+            wgmma_fence();
+            const uint64_t da = desc_k_major_sw128(sa + wg * 64 * WG_ROW_BYTES);
+            const uint64_t db = desc_k_major_sw128(sa + T1_A_BYTES);
 #pragma unroll
-        for (int k = 0; k < WG_BK / 16; ++k)
-            wgmma_m64n128k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
-        wgmma_commit();
-        wgmma_wait<0>();
+            for (int k = 0; k < WG_BK / 16; ++k)
+                wgmma_m64n128k16(acc, da + 2 * k, db + 2 * k, ((kt - k_lo) | k) != 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
         if (lane == 0) mbar_arrive(empty0 + 8 * s);
-        if (tid == 0 && kt + T1_STAGES < KT) {
+        if (tid == 0 && kt + T1_STAGES < k_hi) {
             // Refill this stage with k-tile kt + STAGES once every warp has released it.
             const uint32_t bar = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase);
@@ -313,14 +348,24 @@ matmul_wgmma_tma(const __grid_constant__ CUtensorMap tmA, const __grid_constant_
         __syncwarp();
         if (++s == T1_STAGES) { s = 0; phase ^= 1; }
     }
+    if (idle) return;
     fence_accumulators(acc);
 
     const int row = tm * T1_BM + wg * 64 + wl * 16 + lane / 4;
     const int col = tn * T1_BN + 2 * (lane % 4);
+    if (W == nullptr) {
 #pragma unroll
-    for (int j = 0; j < T1_BN / 8; ++j) {
-        store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
-        store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+        for (int j = 0; j < T1_BN / 8; ++j) {
+            store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+            store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+        }
+    } else {
+        const int even = (N % 2) == 0;
+#pragma unroll
+        for (int j = 0; j < T1_BN / 8; ++j) {
+            store_partial_pair(W, M, N, blockIdx.y, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], even);
+            store_partial_pair(W, M, N, blockIdx.y, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], even);
+        }
     }
 }
 
@@ -361,18 +406,20 @@ __device__ __forceinline__ void ws_init_barriers(uint32_t full0, uint32_t empty0
     __syncthreads();                              // the barriers exist before anyone waits on them
 }
 
-// Producer (one thread): for every tile this CTA owns, every k-tile of A and B into the ring.
+// Producer (one thread): for every unit (tile, run of K) this CTA owns, its k-tiles of A and B
+// into the ring.
 __device__ __forceinline__ void ws_produce(const CUtensorMap* tmA, const CUtensorMap* tmB, uint32_t base,
                                            uint32_t full0, uint32_t empty0, int tiles_m, int tiles_n,
-                                           int num_tiles, int KT) {
+                                           int num_tiles, int KT, int splits = 1) {
     tma_prefetch_map(tmA);
     tma_prefetch_map(tmB);
     int s = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-        for (int kt = 0; kt < KT; ++kt) {
+    for (int u = blockIdx.x; u < num_tiles * splits; u += gridDim.x) {
+        int tm, tn, k_lo, k_hi;
+        tile_coords(u / splits, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+        split_range(u % splits, splits, KT, k_lo, k_hi);
+        for (int kt = k_lo; kt < k_hi; ++kt) {
             const uint32_t sa = base + s * WS_STAGE_BYTES, bar = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase ^ 1);          // consumers released this stage
             mbar_arrive_expect_tx(bar, WS_STAGE_BYTES);
@@ -392,16 +439,30 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
         :: "r"(bar), "r"(rank) : "memory");
 }
 
-// Consumer warpgroup cw, one tile: all k-tiles into acc, one wgmma batch kept in flight, each stage
-// released as soon as the batch reading it is done. (s, phase) carry the ring position across tiles.
+// Consumer warpgroup cw, one tile: k-tiles [k_lo, k_hi) into acc, one wgmma batch kept in flight,
+// each stage released as soon as the batch reading it is done. (s, phase) carry the ring position
+// across tiles. `idle`: this warpgroup's 64 rows all lie past M (a tile of a short product): it
+// only waits for each stage and releases it, issuing no wgmma (acc is left as it was).
 // With PEER (the cluster kernel), a stage is also released in CTA `peer`, whose producer multicast
 // into it.
 template <bool PEER = false>
 __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base, uint32_t full0, uint32_t empty0,
-                                                int cw, int lane, int KT, int& s, uint32_t& phase,
-                                                uint32_t peer = 0) {
+                                                int cw, int lane, int k_lo, int k_hi, int& s, uint32_t& phase,
+                                                uint32_t peer = 0, bool idle = false) {
+    if (idle) {
+        for (int kt = k_lo; kt < k_hi; ++kt) {
+            mbar_wait(full0 + 8 * s, phase);
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(empty0 + 8 * s);
+                if constexpr (PEER) mbar_arrive_cluster(empty0 + 8 * s, peer);
+            }
+            if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+        }
+        return;
+    }
     int prev = 0;
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = k_lo; kt < k_hi; ++kt) {
         const uint32_t sa = base + s * WS_STAGE_BYTES;
         mbar_wait(full0 + 8 * s, phase);          // TMA has landed this stage
         __syncwarp();
@@ -410,9 +471,9 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
         const uint64_t db = desc_k_major_sw128(sa + WS_A_BYTES);
 #pragma unroll
         for (int k = 0; k < WG_BK / 16; ++k)
-            wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, (kt | k) != 0);
+            wgmma_m64n256k16(acc, da + 2 * k, db + 2 * k, ((kt - k_lo) | k) != 0);
         wgmma_commit();
-        if (kt > 0) {
+        if (kt > k_lo) {
             wgmma_wait<1>();                      // the previous stage's batch is done
             if (lane == 0) {
                 mbar_arrive(empty0 + 8 * prev);
@@ -432,7 +493,8 @@ __device__ __forceinline__ void ws_consume_tile(float (&acc)[128], uint32_t base
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                    __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2) {
+                    __nv_bfloat16* __restrict__ C, int M, int N, int K, int vec2, float* __restrict__ W,
+                    int splits) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = base + WS_STAGES * WS_STAGE_BYTES;
@@ -448,7 +510,7 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     if (wg == 0) {
         // Producer warpgroup: give registers back, one thread issues every copy.
         setmaxnreg_dec40();
-        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT);
+        if (tid == 0) ws_produce(&tmA, &tmB, base, full0, empty0, tiles_m, tiles_n, num_tiles, KT, splits);
     } else {
         setmaxnreg_inc232();
         const int cw = wg - 1;                    // consumer 0 or 1: rows 64 cw .. 64 cw + 63 of the tile
@@ -457,19 +519,45 @@ matmul_wgmma_tma_ws(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         for (int i = 0; i < 128; ++i) acc[i] = 0.f;
         int s = 0;
         uint32_t phase = 0;
-        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-            int tm, tn;
-            tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
+        for (int u = blockIdx.x; u < num_tiles * splits; u += gridDim.x) {
+            int tm, tn, k_lo, k_hi;
+            tile_coords(u / splits, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
+            const int split = u % splits;
+            split_range(split, splits, KT, k_lo, k_hi);
+            const bool idle = tm * WS_BM + cw * 64 >= M;      // none of this warpgroup's rows is in C
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, k_lo, k_hi, s, phase, 0, idle);
+            if (idle) continue;
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
+            if (splits == 1) {
 #pragma unroll
-            for (int j = 0; j < WS_BN / 8; ++j) {
-                store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
-                store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+                for (int j = 0; j < WS_BN / 8; ++j) {
+                    store_pair(C, M, N, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], vec2);
+                    store_pair(C, M, N, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], vec2);
+                }
+            } else {
+                const int even = (N % 2) == 0;
+#pragma unroll
+                for (int j = 0; j < WS_BN / 8; ++j) {
+                    store_partial_pair(W, M, N, split, row, col + 8 * j, acc[4 * j], acc[4 * j + 1], even);
+                    store_partial_pair(W, M, N, split, row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3], even);
+                }
             }
         }
+    }
+}
+
+// Split-K's second kernel: C = sum over runs s = 0, 1, ... of W[s] (fp32), in that order (the same
+// bits every run, unlike atomics), rounded once to bf16. One thread per element, grid-stride.
+extern "C" __global__ void __launch_bounds__(256)
+matmul_sum_splits(const float* __restrict__ W, __nv_bfloat16* __restrict__ C, int M, int N, int splits) {
+    const size_t total = static_cast<size_t>(M) * N;
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        float sum = 0.f;
+        for (int s = 0; s < splits; ++s) sum += W[s * total + i];
+        C[i] = __float2bfloat16_rn(sum);
     }
 }
 
@@ -612,7 +700,7 @@ matmul_wgmma_tma_ws_cluster(const __grid_constant__ CUtensorMap tmA, const __gri
             int tm2, tn;
             tile_coords(t, pairs_m, tiles_n, WS_GROUP_M / 2, tm2, tn);
             const int tm = 2 * tm2 + (int)rank;
-            ws_consume_tile<true>(acc, base, full0, empty0, cw, lane, KT, s, phase, peer);
+            ws_consume_tile<true>(acc, base, full0, empty0, cw, lane, 0, KT, s, phase, peer);
 
             const int row = tm * WS_BM + cw * 64 + wl * 16 + lane / 4;
             const int col = tn * WS_BN + 2 * (lane % 4);
@@ -712,7 +800,7 @@ matmul_wgmma_tma_ws_tma_store(const __grid_constant__ CUtensorMap tmA, const __g
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
             int tm, tn;
             tile_coords(t, tiles_m, tiles_n, WS_GROUP_M, tm, tn);
-            ws_consume_tile(acc, base, full0, empty0, cw, lane, KT, s, phase);
+            ws_consume_tile(acc, base, full0, empty0, cw, lane, 0, KT, s, phase);
 
             // Epilogue through shared memory (see above). Thread (g = lane / 4, q = lane % 4) holds,
             // for 8-column chunk j, columns 8j + 2q, 8j + 2q + 1 of warp rows g (acc[4j], acc[4j+1])
@@ -765,11 +853,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // A rows x K bf16 row-major matrix (K contiguous) as a 2-D tensor map: dimension 0 = K (the
 // contiguous one), dimension 1 = rows, row pitch K * 2 bytes; boxes of 64 (K) x box_rows, 128-byte
 // swizzle, out-of-range elements read as zero.
-static cudaError_t make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows) {
+static cudaError_t make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows, int pitch) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     if (encode == nullptr) return cudaErrorNotSupported;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(__nv_bfloat16)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(pitch) * sizeof(__nv_bfloat16)};
     const cuuint32_t box[2] = {WG_BK, static_cast<cuuint32_t>(box_rows)};
     const cuuint32_t elem_strides[2] = {1, 1};
     CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box,
@@ -794,22 +882,134 @@ static cudaError_t allow_smem(const void* kernel, int bytes, bool (&done)[WG_MAX
 // The checks and tensor maps both launchers share; *skip is set when there is nothing to launch.
 static cudaError_t prepare(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
                            int a_box, int b_box, CUtensorMap* mA, CUtensorMap* mB, int* vec2, bool* skip,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, int pitch = 0) {
     *skip = true;
     if (M < 0 || N < 0 || K < 0 || K % 8 != 0) return cudaErrorInvalidValue;
     if (M == 0 || N == 0) return cudaSuccess;
     if (K == 0) return cudaMemsetAsync(C, 0, static_cast<size_t>(M) * N * sizeof(__nv_bfloat16), stream);
     if (reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0)
         return cudaErrorInvalidValue;
-    cudaError_t e = make_map(mA, A, M, K, a_box);
+    if (pitch == 0) pitch = K;                    // elements from one row to the next (A's and B's)
+    cudaError_t e = make_map(mA, A, M, K, a_box, pitch);
     if (e != cudaSuccess) return e;
-    e = make_map(mB, B, N, K, b_box);
+    e = make_map(mB, B, N, K, b_box, pitch);
     if (e != cudaSuccess) return e;
     *vec2 = (N % 2 == 0) && (reinterpret_cast<uintptr_t>(C) % 4 == 0);
     *skip = false;
     return cudaSuccess;
 }
 
+// The split of K, a rule of the shape, the tile and the number of CTAs the GPU holds at once
+// (`slots`), no table of sizes: 1 when the tiles fill every slot; otherwise enough runs of K that
+// tiles x runs covers the slots once, at most 16, each run at least 4 k-tiles (64 wide), and the
+// fp32 partial sums (written, then read back: 8 bytes per element of C per run) within a quarter
+// of the bytes of A and B, so a split never moves more than it hides. Tall-skinny products
+// (M <= 64: one tile row, few tiles) split; large ones never do. Exported per rung so the Python
+// side (rungs.split_k) and the tests read the same rule.
+static int split_k_rule(int M, int N, int K, int slots, int bm, int bn) {
+    if (M <= 0 || N <= 0 || K <= 0 || slots <= 0) return 1;
+    const long long tiles = (long long)((M + bm - 1) / bm) * ((N + bn - 1) / bn);
+    if (tiles >= slots) return 1;
+    const long long KT = (K + WG_BK - 1) / WG_BK;
+    long long split = (slots + tiles - 1) / tiles;
+    split = split < 16 ? split : 16;
+    split = split < KT / 4 ? split : KT / 4;
+    const long long by_traffic = ((long long)M * K + (long long)K * N) * 2 / (32LL * M * N);
+    split = split < by_traffic ? split : by_traffic;
+    return split > 1 ? (int)split : 1;
+}
+// wgmma_tma_ws: one persistent CTA per SM, 128 x 256 tiles.
+extern "C" int lab_wgmma_ws_split_k(int M, int N, int K, int sms) { return split_k_rule(M, N, K, sms, WS_BM, WS_BN); }
+// wgmma_tma: two CTAs per SM, 128 x 128 tiles.
+extern "C" int lab_wgmma_tma_split_k(int M, int N, int K, int sms) {
+    return split_k_rule(M, N, K, 2 * sms, T1_BM, T1_BN);
+}
+
+static cudaError_t sm_count_of(int dev, int* sms) {
+    static int cache[WG_MAX_DEVICES] = {};
+    *sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? cache[dev] : 0;
+    if (*sms > 0) return cudaSuccess;
+    cudaError_t e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess && dev >= 0 && dev < WG_MAX_DEVICES) cache[dev] = *sms;
+    return e;
+}
+
+// Split-K's workspace comes from the device's default memory pool (cudaMallocAsync / cudaFreeAsync
+// on the launch stream: no device-wide sync). Once per device the pool is told to keep what it has
+// (release threshold: unlimited), so later calls reuse the memory instead of mapping it again.
+// torch does not allocate from this pool (it has its own caching allocator).
+static cudaError_t keep_pool_memory(int dev) {
+    static bool done[WG_MAX_DEVICES] = {};
+    if (dev >= 0 && dev < WG_MAX_DEVICES && done[dev]) return cudaSuccess;
+    cudaMemPool_t pool;
+    cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, dev);
+    if (e != cudaSuccess) return e;
+    uint64_t keep_all = ~0ull;
+    e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    if (e == cudaSuccess && dev >= 0 && dev < WG_MAX_DEVICES) done[dev] = true;
+    return e;
+}
+
+static cudaError_t launch_sum_splits(const float* W, __nv_bfloat16* C, int M, int N, int splits, int sms,
+                                     cudaStream_t stream) {
+    const long long blocks = ((long long)M * N + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 8LL * sms ? blocks : 8LL * sms);
+    matmul_sum_splits<<<grid, 256, 0, stream>>>(W, C, M, N, splits);
+    return cudaGetLastError();
+}
+
+// One persistent CTA per SM (fewer when there are fewer units of work). With a split of K, the
+// partial sums go to a stream-ordered workspace that matmul_sum_splits reduces into C, then it
+// is freed on the same stream.
+// `runs_summed_short` (only for the checker's own test, launch_matmul_wgmma_tma_ws_drop_last_run):
+// how many runs of K the sum leaves out.
+static int launch_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K,
+                     cudaStream_t stream, int runs_summed_short, int pitch = 0) {
+    CUtensorMap mA, mB;
+    int vec2 = 0;
+    bool skip = true;
+    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream, pitch);
+    if (e != cudaSuccess || skip) return (int)e;
+    int dev = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
+    static bool smem_done[WG_MAX_DEVICES] = {};
+    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws, WS_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
+    int sms = 0;
+    if ((e = sm_count_of(dev, &sms)) != cudaSuccess) return (int)e;
+    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
+    if (tiles > 0x7FFFFFFFLL / 16) return (int)cudaErrorInvalidValue;
+    const int splits = lab_wgmma_ws_split_k(M, N, K, sms);
+    float* W = nullptr;
+    if (splits > 1 && (e = keep_pool_memory(dev)) != cudaSuccess) return (int)e;
+    if (splits > 1 && (e = cudaMallocAsync(reinterpret_cast<void**>(&W),
+                                           static_cast<size_t>(splits) * M * N * sizeof(float), stream)) != cudaSuccess)
+        return (int)e;
+    const long long units = tiles * splits;
+    const unsigned grid = (unsigned)(units < sms ? units : sms);
+    matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2, W, splits);
+    e = cudaGetLastError();
+    if (splits > 1) {
+        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits - runs_summed_short, sms, stream);
+        cudaError_t f = cudaFreeAsync(W, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    return (int)e;
+}
+
+extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
+                                          int M, int N, int K, cudaStream_t stream) {
+    return launch_ws(A, B, C, M, N, K, stream, 0);
+}
+
+// Deliberately wrong, for the tests only (rung broken_wgmma_drop_last_run): the split-K sum leaves
+// out the last run of K, so a checker that passes it is not checking split shapes.
+extern "C" int launch_matmul_wgmma_tma_ws_drop_last_run(const __nv_bfloat16* A, const __nv_bfloat16* B,
+                                                        __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    return launch_ws(A, B, C, M, N, K, stream, 1);
+}
+
+// One CTA per 128 x 128 tile (two per SM), times the runs of K when the rule splits it: grid
+// (tiles, splits), the partial sums reduced by matmul_sum_splits as for wgmma_tma_ws.
 extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                        int M, int N, int K, cudaStream_t stream) {
     CUtensorMap mA, mB;
@@ -823,32 +1023,65 @@ extern "C" int launch_matmul_wgmma_tma(const __nv_bfloat16* A, const __nv_bfloat
     if ((e = allow_smem((const void*)matmul_wgmma_tma, T1_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
     const long long tiles = (long long)((M + T1_BM - 1) / T1_BM) * ((N + T1_BN - 1) / T1_BN);
     if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
-    matmul_wgmma_tma<<<(unsigned)tiles, T1_THREADS, T1_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
-    return (int)cudaGetLastError();
+    int sms = 0;
+    if ((e = sm_count_of(dev, &sms)) != cudaSuccess) return (int)e;
+    const int splits = lab_wgmma_tma_split_k(M, N, K, sms);
+    float* W = nullptr;
+    if (splits > 1 && (e = keep_pool_memory(dev)) != cudaSuccess) return (int)e;
+    if (splits > 1 && (e = cudaMallocAsync(reinterpret_cast<void**>(&W),
+                                           static_cast<size_t>(splits) * M * N * sizeof(float), stream)) != cudaSuccess)
+        return (int)e;
+    matmul_wgmma_tma<<<dim3((unsigned)tiles, (unsigned)splits), T1_THREADS, T1_SMEM_BYTES, stream>>>(mA, mB, C, M, N,
+                                                                                                     K, vec2, W);
+    e = cudaGetLastError();
+    if (splits > 1) {
+        if (e == cudaSuccess) e = launch_sum_splits(W, C, M, N, splits, sms, stream);
+        cudaError_t f = cudaFreeAsync(W, stream);
+        if (e == cudaSuccess) e = f;
+    }
+    return (int)e;
 }
 
-extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
-                                          int M, int N, int K, cudaStream_t stream) {
-    CUtensorMap mA, mB;
-    int vec2 = 0;
-    bool skip = true;
-    cudaError_t e = prepare(A, B, C, M, N, K, WS_BM, WS_BN, &mA, &mB, &vec2, &skip, stream);
-    if (e != cudaSuccess || skip) return (int)e;
+// Experimental side branch (rung wgmma_tma_ws_pitch128, compared with wgmma_tma_ws): a question
+// for the GPU, not a known win. With K % 64 != 0 every row of A and B starts off a 128-byte
+// boundary, so each 128-byte TMA box row spans two L2 lines. This copies A and B (pool memory,
+// cudaMemcpy2DAsync) into rows of Kp = K rounded up to 64 elements, then runs wgmma_tma_ws on the
+// copies through tensor maps of K columns and pitch Kp (TMA still zero-fills past K): two extra
+// passes over A and B, (M + N) K x 2 bytes read and written, bought back only if unaligned rows
+// cost the main loop more. With K % 64 == 0 it is wgmma_tma_ws.
+extern "C" int launch_matmul_wgmma_tma_ws_pitch128(const __nv_bfloat16* A, const __nv_bfloat16* B,
+                                                   __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    if (K % 64 == 0 || K % 8 != 0 || M <= 0 || N <= 0 || K <= 0) return launch_ws(A, B, C, M, N, K, stream, 0);
+    const int Kp = (K + 63) / 64 * 64;
     int dev = 0;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return (int)e;
-    static bool smem_done[WG_MAX_DEVICES] = {};
-    if ((e = allow_smem((const void*)matmul_wgmma_tma_ws, WS_SMEM_BYTES, smem_done, dev)) != cudaSuccess) return (int)e;
-    static int sm_count[WG_MAX_DEVICES] = {};
-    int sms = (dev >= 0 && dev < WG_MAX_DEVICES) ? sm_count[dev] : 0;
-    if (sms == 0) {
-        if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
-        if (dev >= 0 && dev < WG_MAX_DEVICES) sm_count[dev] = sms;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = keep_pool_memory(dev);
+    if (e != cudaSuccess) return (int)e;
+    const size_t row_bytes = static_cast<size_t>(K) * sizeof(__nv_bfloat16), pitch_bytes = static_cast<size_t>(Kp) * 2;
+    __nv_bfloat16 *Ap = nullptr, *Bp = nullptr;
+    if ((e = cudaMallocAsync(reinterpret_cast<void**>(&Ap), pitch_bytes * M, stream)) != cudaSuccess) return (int)e;
+    if ((e = cudaMallocAsync(reinterpret_cast<void**>(&Bp), pitch_bytes * N, stream)) == cudaSuccess &&
+        (e = cudaMemcpy2DAsync(Ap, pitch_bytes, A, row_bytes, row_bytes, M, cudaMemcpyDeviceToDevice, stream)) ==
+            cudaSuccess &&
+        (e = cudaMemcpy2DAsync(Bp, pitch_bytes, B, row_bytes, row_bytes, N, cudaMemcpyDeviceToDevice, stream)) ==
+            cudaSuccess)
+        e = (cudaError_t)launch_ws(Ap, Bp, C, M, N, K, stream, 0, Kp);
+    if (Bp != nullptr) {
+        cudaError_t f = cudaFreeAsync(Bp, stream);
+        if (e == cudaSuccess) e = f;
     }
-    const long long tiles = (long long)((M + WS_BM - 1) / WS_BM) * ((N + WS_BN - 1) / WS_BN);
-    if (tiles > 0x7FFFFFFFLL) return (int)cudaErrorInvalidValue;
-    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    matmul_wgmma_tma_ws<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(mA, mB, C, M, N, K, vec2);
-    return (int)cudaGetLastError();
+    cudaError_t f = cudaFreeAsync(Ap, stream);
+    return (int)(e == cudaSuccess ? f : e);
+}
+
+// wgmma_tma_ws's split on the current device (1 when the device cannot be read: the launch then
+// reports the error). wgmma_tma_ws_cluster and wgmma_tma_ws_tma_store hand a product the rule
+// splits over to wgmma_tma_ws: what they change (B multicast, the TMA-store epilogue) is about a
+// large product's steady state, and the split path stores fp32 partial sums, not C.
+static int ws_splits_here(int M, int N, int K) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || sm_count_of(dev, &sms) != cudaSuccess) return 1;
+    return lab_wgmma_ws_split_k(M, N, K, sms);
 }
 
 // Experimental (not a rung): wgmma_tma_ws with clusters of 2 CTAs and B multicast, see above. The
@@ -856,6 +1089,7 @@ extern "C" int launch_matmul_wgmma_tma_ws(const __nv_bfloat16* A, const __nv_bfl
 // of free SMs leaves one idle), at most one per 256 x 256 region of C.
 extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const __nv_bfloat16* B,
                                                   __nv_bfloat16* C, int M, int N, int K, cudaStream_t stream) {
+    if (ws_splits_here(M, N, K) > 1) return launch_ws(A, B, C, M, N, K, stream, 0);
     CUtensorMap mA, mB;
     int vec2 = 0;
     bool skip = true;
@@ -903,8 +1137,8 @@ extern "C" int launch_matmul_wgmma_tma_ws_cluster(const __nv_bfloat16* A, const 
 // this launches wgmma_tma_ws instead (same mainloop, register epilogue).
 extern "C" int launch_matmul_wgmma_tma_ws_tma_store(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
                                               int M, int N, int K, cudaStream_t stream) {
-    if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0)
-        return launch_matmul_wgmma_tma_ws(A, B, C, M, N, K, stream);
+    if (N % 8 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0 || ws_splits_here(M, N, K) > 1)
+        return launch_ws(A, B, C, M, N, K, stream, 0);
     CUtensorMap mA, mB, mC;
     int vec2 = 0;
     bool skip = true;

@@ -45,8 +45,16 @@ RUNGS = {
     "wgmma_tma_ws": _wgmma("wgmma_tma_ws"),
     "wgmma_tma_ws_tma_store": _wgmma("wgmma_tma_ws_tma_store"),     # the epilogue through TMA stores
     "wgmma_tma_ws_cluster": _wgmma("wgmma_tma_ws_cluster", base="wgmma_tma_ws"),   # a side branch
+    # Another side branch, an experiment: with K % 64 != 0, A and B copied to 128-byte-aligned rows first.
+    "wgmma_tma_ws_pitch128": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_pitch128", "matmul_wgmma_tma_ws",
+                                  "bf16", "bf16", "cublas_bf16_nt", b_layout="col", k_multiple=8,
+                                  min_capability=(9, 0), arch_specific=True, base="wgmma_tma_ws"),
     # A deliberately wrong kernel, for the tests only: it skips the last K % 16 terms.
     "broken_skip_k_tail": _fp32("launch_matmul_tiled_skip_k_tail", "matmul_tiled", test_only=True),
+    # Another, for the split-K path: wgmma_tma_ws whose sum of partial products drops the last run of K.
+    "broken_wgmma_drop_last_run": Rung("matmul_wgmma.cu", "launch_matmul_wgmma_tma_ws_drop_last_run",
+                                       "matmul_wgmma_tma_ws", "bf16", "bf16", "cublas_bf16_nt", b_layout="col",
+                                       k_multiple=8, min_capability=(9, 0), arch_specific=True, test_only=True),
 }
 VARIANTS = tuple(k for k, r in RUNGS.items() if not r.test_only)
 # cuBLAS through torch, same inputs, same run: fp32 with TF32 off (the same arithmetic as the fp32
@@ -55,3 +63,52 @@ BASELINES = ("cublas_fp32", "cublas_bf16", "cublas_bf16_nt")
 FP32_RUNGS = tuple(v for v in VARIANTS if RUNGS[v].precision == "fp32")
 MMA_RUNGS = tuple(v for v in VARIANTS if RUNGS[v].source == "matmul_mma.cu")
 WGMMA_RUNGS = tuple(v for v in VARIANTS if RUNGS[v].source == "matmul_wgmma.cu")
+
+
+NOMINAL_SMS = 132                  # H100 / H200 SXM: what a count made without a GPU at hand assumes
+
+
+def split_k(m: int, n: int, k: int, slots: int, bm: int, bn: int) -> int:
+    """The split of K of the wgmma rungs: split_k_rule in matmul_wgmma.cu, mirrored here
+    (torch-free) for the launch counts; a GPU test checks that the two agree. 1 when the bm x bn
+    tiles fill the `slots` (CTAs the GPU holds at once), else enough runs of K to cover them
+    once, at most 16, each at least 4 k-tiles of 64, the fp32 partial sums within a quarter of
+    A's and B's bytes."""
+    if min(m, n, k, slots) <= 0:
+        return 1
+    tiles = -(-m // bm) * -(-n // bn)
+    if tiles >= slots:
+        return 1
+    split = min(-(-slots // tiles), 16, -(-k // 64) // 4, (m * k + k * n) * 2 // (32 * m * n))
+    return max(1, split)
+
+
+def ws_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """wgmma_tma_ws (lab_wgmma_ws_split_k): one persistent CTA per SM, 128 x 256 tiles."""
+    return split_k(m, n, k, sms, 128, 256)
+
+
+def tma_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """wgmma_tma (lab_wgmma_tma_split_k): two CTAs per SM, 128 x 128 tiles."""
+    return split_k(m, n, k, 2 * sms, 128, 128)
+
+
+def mma_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """mma_bf16_pipelined (lab_mma_pipelined_split_k): one CTA per SM, 128 x 256 tiles."""
+    return split_k(m, n, k, sms, 128, 256)
+
+
+def rung_launches(variant: str, m: int, n: int, k: int, sms: int = NOMINAL_SMS) -> int:
+    """Kernels one call of a rung starts: two (the product, then the sum of its partial products)
+    where mma_bf16_pipelined, wgmma_tma or wgmma_tma_ws splits K; wgmma_tma_ws_tma_store and wgmma_tma_ws_cluster hand
+    such a product over to wgmma_tma_ws, so the same holds for them; wgmma_tma_ws_pitch128 adds its
+    two copies of A and B when K % 64 != 0."""
+    if variant == "wgmma_tma":
+        return 2 if tma_split_k(m, n, k, sms) > 1 else 1
+    if variant == "mma_bf16_pipelined":
+        return 2 if mma_split_k(m, n, k, sms) > 1 else 1
+    if variant in ("wgmma_tma_ws", "wgmma_tma_ws_tma_store", "wgmma_tma_ws_cluster"):
+        return 2 if ws_split_k(m, n, k, sms) > 1 else 1
+    if variant == "wgmma_tma_ws_pitch128":            # + the two pitched copies when K % 64 != 0
+        return (2 if ws_split_k(m, n, k, sms) > 1 else 1) + (2 if k % 64 and k % 8 == 0 else 0)
+    return 1

@@ -51,11 +51,14 @@ def cases(only: str | None = None, quick: bool = False):
             x = e(2**27 // n, n)
             out += [(f"softmax cols={n} {sm.label(c)}", lambda c=c, x=x: sm.softmax(x, x, c)) for c in first(sm.candidates(n))]
     if only in (None, "matmul"):
-        for dt in (torch.bfloat16,):
-            a = e(8192, 8192, dtype=dt)
-            out += [(f"matmul {dt} {mm.label(c)}", lambda c=c, a=a: mm.matmul(a, a, a, c)) for c in first(mm.CONFIGS)]
-            out += [(f"matmul_tma {dt} {mm.label(c)}", lambda c=c, a=a: mm.matmul_tma(a, a, a, c))
-                    for c in first(mm.TMA_CONFIGS) + first(mm.WS_CONFIGS)]
+        for m, n, k in ((8192, 8192, 8192), (13, 4096, 14336)) if quick else \
+                ((8192, 8192, 8192), (1024, 1024, 1024), (13, 4096, 14336), (64, 8192, 8192), (5000, 6000, 4104)):
+            a, b, c_ = e(m, k, dtype=torch.bfloat16), e(k, n, dtype=torch.bfloat16), e(m, n, dtype=torch.bfloat16)
+            for tma, impl in ((False, mm.matmul), (True, mm.matmul_tma)):
+                cands = mm.candidates(m, n, k, 2, 132, tma=tma)
+                cands = cands[:1] + [c for c in cands[1:] if c.get("ws")][:1] if quick else cands
+                out += [(f"{impl.__name__} {m}x{n}x{k} {mm.label(c)}", lambda c=c, a=a, b=b, c_=c_, impl=impl:
+                         impl(a, b, c_, c)) for c in cands]
     if only in (None, "flash_attention"):
         from . import flash_attention as fa
         for dt in (torch.bfloat16, torch.float32):

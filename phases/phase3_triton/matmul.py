@@ -1,6 +1,10 @@
-"""Exercise 3.3: a tiled, autotuned Triton matmul against cuBLAS, fp16 and bf16, N = 1024 to 8192.
+"""Exercise 3.3: a tiled Triton matmul, configs by rule of the shape and GPU, against cuBLAS.
 
     lab run phase3.matmul [--param sizes=[8192] --param dtypes=[bf16]]
+    lab run phase3.matmul --param sizes=[8192] --param shapes=13x4096x14336,5000x6001x4104
+
+`shapes` (MxNxK,...) times both kernels and cuBLAS at your own products too, after the N x N x N
+sizes (triton_tma needs N and K multiples of 8 at 2 bytes: at others its row says so).
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
 right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
@@ -12,12 +16,20 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
 * TMA and persistence (`triton_tma`): hardware tile copies from a descriptor, bounds-checked, no
   address math or masks; one program per SM loops over tiles, overlapping a tile's epilogue with
   the next tile's loads.
-Both kernels are autotuned in the run (_support.tune); the record keeps every candidate's time.
+* Edges: a tile wholly inside C runs an unmasked loop; only the last tile row and column mask
+  their loads, and the K tail is one masked step after the loop (TMA zero-fills instead).
+* Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles), K is cut into runs
+  whose fp32 partial sums a second kernel adds in a fixed order (deterministic, no atomics).
+The config is a rule of (M, N, K, element size, SM count, shared memory): `config_for`; the run
+times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (_support.tune;
+`--param tune=false`: the rule's pick alone);
+the record keeps every candidate's time and the rule's pick.
 """
 import torch
 
 from common.checks import CHECK_CHUNK, TORCH_DTYPES
 from common.exercise import Exercise, Needs, Result, Work, measure, reference_check
+from common.matmul_shapes import Shapes, parse_shapes
 from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 from common.triton_shim import ensure_allocator, interpreting, require, sm_count, tl, triton
@@ -28,6 +40,7 @@ from . import counts
 
 
 # ------------------------------------------------------------------------------ kernels
+EDGE_STAGES: tl.constexpr = tl.constexpr(2)   # pipeline depth of matmul_kernel's masked edge-column loop
 @triton.jit
 def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M tile rows go down one column band together before moving right."""
@@ -40,46 +53,91 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
-                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  EVEN_MN: tl.constexpr, EVEN_K: tl.constexpr):
-    """One BLOCK_M x BLOCK_N tile of C per program. EVEN_* drop the masks when the tiles divide
-    the matrix exactly (every benchmark size); otherwise the edges and the K tail are masked."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_MN and EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - k * BLOCK_K                        # the K tail: zeros add nothing to the dot
-            a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    c = acc.to(c_ptr.dtype.element_ty)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    if EVEN_MN:
-        tl.store(c_ptrs, c)
-    else:
-        tl.store(c_ptrs, c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+def k_tile_range(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Split `split` of SPLIT_K takes k-tiles [lo, hi) of cdiv(K, BLOCK_K), in equal runs (the
+    last runs may be short or empty: lo == hi)."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    lo = tl.minimum(split * per_split, k_tiles)
+    return lo, tl.minimum(lo + per_split, k_tiles)
 
 
 @triton.jit
-def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of C and one of SPLIT_K runs of K per program (grid: tiles x
+    SPLIT_K). No mask in the main loop of a tile wholly inside C: rows of A past M are clamped to
+    row M - 1 (A is contiguous along K, so its loads stay vectorized; those rows of C are not
+    stored), and a tile whose columns reach past N (the last tile column) takes a second, masked
+    copy of the loop, pipelined less deeply (EDGE_STAGES) so the two fit the shared memory. The
+    last partial k-tile (K % BLOCK_K) is one masked step after the loop. SPLIT_K > 1 writes fp32
+    partial sums to part[split] (summed in a fixed order by sum_splits_kernel: deterministic).
+    *_ALIGN: the power of two (<= 16) each row stride is a multiple of: Triton infers it only for
+    strides divisible by 16, so K = 4104 would otherwise lose A's vector loads (alignment()).
+    """
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    split = tl.program_id(1)
+    lo, hi = k_tile_range(split, K, BLOCK_K, SPLIT_K)
+    full_hi = tl.minimum(hi, K // BLOCK_K)             # k-tiles with no K tail in them
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows_a = tl.minimum(offs_m, M - 1)
+    a_rows = tl.multiple_of(rows_a * stride_am, A_ALIGN)
+    b_rows = tl.multiple_of((lo * BLOCK_K + offs_k) * stride_bk, B_ALIGN)
+    a_ptrs = a_ptr + a_rows[:, None] + (lo * BLOCK_K + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + b_rows[:, None] + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
+    in_m = offs_m[:, None] < M
+    in_n = offs_n[None, :] < N
+    if (pid_n + 1) * BLOCK_N <= N:
+        for _ in range(lo, full_hi):                   # every column inside C: no masks at all
+            acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    else:
+        for _ in tl.range(lo, full_hi, num_stages=EDGE_STAGES):   # the last tile column: B's columns masked
+            acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs, mask=in_n, other=0.0), acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    if (full_hi < hi) & (lo < hi):                     # the K tail, in the run that holds it
+        k_left = K - full_hi * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n, other=0.0)
+        acc = tl.dot(a, b, acc)
+    if SPLIT_K == 1:
+        c_ptrs = c_ptr + tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
+    else:
+        p_ptrs = part_ptr + tl.multiple_of((split * M + offs_m) * N, C_ALIGN)[:, None] + offs_n[None, :]
+        tl.store(p_ptrs, acc, mask=in_m & in_n)
+
+
+@triton.jit
+def sum_splits_kernel(part_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """C = sum over s of part[s] (fp32, M x N each), added in the order s = 0, 1, ...: the same
+    bits every run, unlike atomics."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < M * N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        total += tl.load(part_ptr + s * M * N + offs, mask=inside, other=0.0)
+    rows, cols = offs // N, offs % N
+    tl.store(c_ptr + rows * stride_cm + cols * stride_cn, total.to(c_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      NUM_PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                      SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
                       FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Persistent: program p computes tiles p, p + NUM_PROGRAMS, ... Loads and stores go through
-    TMA descriptors built on the device; out-of-range rows and columns read as zeros and are not
-    written, so no masks. SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
+    """Persistent: program p computes work units p, p + NUM_PROGRAMS, ..., a unit being one tile
+    and one of SPLIT_K runs of K. Loads and stores go through TMA descriptors built on the device;
+    out-of-range rows, columns and K read as zeros and are not written, so no masks. SPLIT_K > 1
+    stores fp32 partial sums to part[split] (masked stores), summed by sum_splits_kernel.
+    SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
     if SPLIT_EPILOGUE:
@@ -88,18 +146,24 @@ def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS,
+    for unit in tl.range(tl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, NUM_PROGRAMS,
                          flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(unit // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        split = unit % SPLIT_K
+        lo, hi = k_tile_range(split, K, BLOCK_K, SPLIT_K)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in range(lo, hi):
             a = a_desc.load([off_m, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, off_n])
             acc = tl.dot(a, b, acc)
-        if SPLIT_EPILOGUE:
+        if SPLIT_K > 1:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        elif SPLIT_EPILOGUE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             c0, c1 = tl.split(halves)
             c_desc.store([off_m, off_n], c0.to(c_desc.dtype))
@@ -108,39 +172,141 @@ def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
-# ------------------------------------------------------------------------------ configs and wrappers
-def _cfg(bm, bn, bk, warps, stages, **extra):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
-            "num_stages": stages, **extra}
+# ------------------------------------------------------------------------------ configs: a rule, not a table
+SMEM_BYTES_DEFAULT = 227 * 1024        # Hopper's per-block limit; the interpreter and CPU compile checks use it
+MAX_SPLIT_K = 16
+MIN_K_TILES_PER_SPLIT = 4              # fewer and the partial sums' traffic outweighs what the split buys
 
 
-# Hopper-friendly tiles: 128-row tiles for the 4-warp wgmma groups, BLOCK_K 64 (128 bytes of
-# fp16/bf16: one TMA/swizzle line), 3-4 stages so loads run ahead of the tensor cores.
-CONFIGS = [_cfg(128, 256, 64, 8, 3), _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 64, 4, 4), _cfg(64, 128, 64, 4, 4)]
-TMA_CONFIGS = [_cfg(128, 256, 64, 8, 3, split=True, flatten=True, ws=False),
-               _cfg(128, 128, 64, 8, 4, split=False, flatten=True, ws=False)]
-# Hopper warp specialization: with num_warps=4 Triton 3.6 builds one producer warp group (TMA
-# loads) and two consumer warp groups (wgmma), 12 warps in all. It does not apply to a flattened
-# loop nest, and the split epilogue makes the compiler fail, hence these settings.
-WS_CONFIGS = [_cfg(128, 256, 64, 4, 3, split=False, flatten=False, ws=True),
-              _cfg(128, 128, 64, 4, 4, split=False, flatten=False, ws=True)]
+def _cfg(bm, bn, bk, warps, stages, split_k=1, group_m=8, **extra):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m, "SPLIT_K": split_k,
+            "num_warps": warps, "num_stages": stages, **extra}
+
+
+def split_k_for(M: int, N: int, K: int, itemsize: int, tiles: int, k_tiles: int, sms: int) -> int:
+    """How many runs to cut K into so that tiles x split fills the SMs (tall-skinny products,
+    few-tile products); 1 when the tiles alone fill them. Each run keeps at least
+    MIN_K_TILES_PER_SPLIT k-tiles, and the fp32 partial sums (written and read back: 8 bytes per
+    element of C per split) stay within a quarter of the bytes of A and B, so a split never costs
+    more traffic than it hides (N = 1024 squares are not split; 13 x 4096 x 14336 is)."""
+    if tiles >= sms:
+        return 1
+    want = -(-sms // tiles)                            # ceil: one wave over every SM
+    by_traffic = (M * K + K * N) * itemsize // (4 * 8 * M * N)
+    return max(1, min(want, MAX_SPLIT_K, k_tiles // MIN_K_TILES_PER_SPLIT, by_traffic))
+
+
+def stages_for(bm: int, bn: int, bk: int, itemsize: int, smem_bytes: int, most: int = 5) -> int:
+    """As many pipeline stages of (A BM x BK + B BK x BN) as the shared memory holds, leaving room
+    for the epilogue's staging of C (BM x BN at the output's itemsize), between 2 and `most`.
+    (matmul_kernel's edge-column loop reuses the main loop's buffers: compile_check shows it.)"""
+    stage = (bm * bk + bk * bn) * itemsize
+    fit = (smem_bytes - bm * bn * itemsize) // stage
+    return int(max(2, min(most, fit)))
+
+
+def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int = SMEM_BYTES_DEFAULT,
+               tma: bool = False) -> dict:
+    """The config the rule picks for C = A @ B (M x K times K x N) on a GPU with `sms` SMs:
+    - M <= 64 (tall-skinny, bound by reading B): BLOCK_M = M rounded up to a power of two (at
+      least 16, tl.dot's minimum), BLOCK_N 128 (64 when even that leaves SMs idle), BLOCK_K 128
+      so each load is long, 4 warps;
+    - otherwise 128 x 256 tiles (8 warps, two wgmma warpgroups) when they fill the SMs at least
+      twice over, else 128 x 128, BLOCK_K 64 (128 bytes: one swizzle line);
+    then split-K when the tiles still leave SMs idle, stages from the shared memory left.
+    Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config."""
+    if M <= 64:
+        bm = max(16, 1 << (M - 1).bit_length())
+        bn = 128 if -(-N // 128) * 2 >= sms or N <= 64 else 64
+        bk = 128 if K >= 128 else 64
+        warps = 4
+    else:
+        bm = 128
+        bn = 256 if -(-M // 128) * -(-N // 256) >= 2 * sms else 128
+        bk = 64
+        warps = 8
+    tiles = -(-M // bm) * -(-N // bn)
+    split = split_k_for(M, N, K, itemsize, tiles, -(-K // bk), sms)
+    stages = stages_for(bm, bn, bk, itemsize, smem_bytes, most=4 if bn == 256 else 5)
+    cfg = _cfg(bm, bn, bk, warps, stages, split)
+    if tma:
+        cfg.update(split=bn == 256, flatten=True, ws=False)
+    return cfg
+
+
+def candidates(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int = SMEM_BYTES_DEFAULT,
+               tma: bool = False, warp_specialize: bool = True) -> list[dict]:
+    """The rule's pick first, then its neighbours the tuner may prefer on this GPU: one stage less,
+    and for the TMA kernel the warp-specialized form (4 warps: one producer, two consumer groups;
+    Triton builds it only for an unflattened loop and a single epilogue store). No duplicates."""
+    pick = config_for(M, N, K, itemsize, sms, smem_bytes, tma)
+    out = [pick, {**pick, "num_stages": max(2, pick["num_stages"] - 1)}]
+    if tma and warp_specialize and pick["BLOCK_M"] >= 64:
+        out.append({**pick, "num_warps": 4, "split": False, "flatten": False, "ws": True})
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+# The interpreter runs numpy per program: small tiles keep the CPU tests quick (the rule's own
+# picks are tested too, on shapes small enough for them).
 INTERPRETER_CONFIG = _cfg(64, 64, 32, 4, 1)
 INTERPRETER_TMA_CONFIG = _cfg(32, 32, 32, 4, 1, split=True, flatten=True, ws=False)
 
 
+def alignment(stride: int) -> int:
+    """The largest power of two <= 16 that divides a row stride (in elements): what the kernel may
+    promise Triton about row starts (the base pointers' 16-byte alignment Triton checks itself)."""
+    return min(16, stride & -stride) if stride > 0 else 1
+
+
+def _parts(M: int, N: int, split_k: int, device) -> torch.Tensor:
+    """fp32 partial sums, one M x N slab per split (a dummy when there is no split)."""
+    return torch.empty((split_k, M, N) if split_k > 1 else (1,), device=device, dtype=torch.float32)
+
+
+def _sum_splits(parts: torch.Tensor, out: torch.Tensor, split_k: int) -> None:
+    M, N = out.shape
+    block = 1024
+    sum_splits_kernel[(triton.cdiv(M * N, block),)](parts, out, M, N, out.stride(0), out.stride(1),
+                                                    SPLIT_K=split_k, BLOCK=block)
+
+
+def launches(cfg: dict) -> int:
+    """Kernels one call starts: the matmul, and the sum of the partial products when K is split."""
+    return 1 if cfg.get("SPLIT_K", 1) == 1 else 2
+
+
+def default_config(a: torch.Tensor, b: torch.Tensor, tma: bool = False) -> dict:
+    """The rule's config for these operands on their device (small fixed tiles in the interpreter)."""
+    if interpreting():
+        return INTERPRETER_TMA_CONFIG if tma else INTERPRETER_CONFIG
+    props = torch.cuda.get_device_properties(a.device)
+    smem = getattr(props, "shared_memory_per_block_optin", SMEM_BYTES_DEFAULT)
+    return config_for(a.shape[0], b.shape[1], a.shape[1], a.element_size(), sm_count(a.device), smem, tma)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
-    """C = A @ B for 2-D tensors of one dtype (any strides), accumulated in fp32."""
+    """C = A @ B for 2-D tensors of one dtype (any strides), accumulated in fp32. `config` defaults
+    to the rule's pick for this shape and GPU (config_for)."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
-    cfg = config or (INTERPRETER_CONFIG if interpreting() else CONFIGS[0])
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-    matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+    cfg = config or default_config(a, b)
+    split_k = cfg.get("SPLIT_K", 1)
+    parts = _parts(M, N, split_k, a.device)
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
+    matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                         out.stride(0), out.stride(1),
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-                        EVEN_MN=M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0, EVEN_K=K % cfg["BLOCK_K"] == 0,
+                        SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)), B_ALIGN=alignment(b.stride(0)),
+                        C_ALIGN=alignment(out.stride(0) if split_k == 1 else N),
                         **launch_options(cfg))
+    if split_k > 1:
+        _sum_splits(parts, out, split_k)
     return out
 
 
@@ -151,21 +317,27 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
 
 
 def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
-    """C = A @ B through TMA descriptors in a persistent kernel (row-major, 16-byte aligned rows)."""
+    """C = A @ B through TMA descriptors in a persistent kernel (row-major, 16-byte aligned rows).
+    `config` defaults to the rule's pick (config_for(..., tma=True))."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     if not tma_ok(a, b, out):
         raise ValueError("matmul_tma needs contiguous row-major tensors whose rows are multiples of 16 bytes")
-    cfg = config or (INTERPRETER_TMA_CONFIG if interpreting() else TMA_CONFIGS[0])
+    cfg = config or default_config(a, b, tma=True)
     ensure_allocator(a.device)
-    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    programs = min(sm_count(a.device), tiles)
-    matmul_tma_kernel[(programs,)](a, b, out, M, N, K,
+    split_k = cfg.get("SPLIT_K", 1)
+    parts = _parts(M, N, split_k, a.device)
+    units = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) * split_k
+    programs = min(sm_count(a.device), units)
+    matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K,
                                    BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                                   GROUP_M=cfg["GROUP_M"], NUM_PROGRAMS=programs, SPLIT_EPILOGUE=cfg["split"],
-                                   FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"], **launch_options(cfg))
+                                   GROUP_M=cfg["GROUP_M"], SPLIT_K=split_k, NUM_PROGRAMS=programs,
+                                   SPLIT_EPILOGUE=cfg["split"], FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"],
+                                   **launch_options(cfg))
+    if split_k > 1:
+        _sum_splits(parts, out, split_k)
     return out
 
 
@@ -174,13 +346,37 @@ REFERENCE = "float64 matmul of the same inputs"
 
 
 VARIANTS = ("cublas", "triton", "triton_tma")
+NOMINAL_SMS = 132                  # H100 / H200 SXM: what work() (no GPU at hand) assumes for the split-K rule
+
+
+def timed_shapes(params) -> list[tuple[int, int, int]]:
+    """The products run() times, in order: each N of `sizes` as N x N x N, then `shapes`."""
+    return [(n, n, n) for n in params["sizes"]] + (parse_shapes(params["shapes"]) if params.get("shapes") else [])
+
+
+def shape_label(m: int, n: int, k: int) -> str:
+    return f"n={n}" if m == n == k else f"{m}x{n}x{k}"
+
+
+def shape_params(m: int, n: int, k: int, dtype: str) -> dict:
+    """A row's params: {"n", "dtype"} at N x N x N (the report's tables), M, N and K at a user's shape."""
+    return {"n": n, "dtype": dtype} if m == n == k else {"m": m, "n": n, "k": k, "dtype": dtype}
 
 
 def work(params) -> list[Work]:
-    """Every row run() times: per dtype and N, cuBLAS and the two Triton kernels, one problem each."""
-    return [Work(f"{variant} {dtype} n={n}", c.flops, c.bytes, c.dtype, launches=c.launches)
-            for dtype in params["dtypes"] for n in params["sizes"] for c in [counts.matmul_count(n, n, n, dtype)]
-            for variant in VARIANTS]
+    """Every row run() times: per dtype and shape, cuBLAS and the two Triton kernels, one problem
+    each. A Triton row is two launches where the rule splits K (on a 132-SM GPU: the row itself
+    records what ran on the GPU it ran on)."""
+    out = []
+    for dtype in params["dtypes"]:
+        for m, n, k in timed_shapes(params):
+            c = counts.matmul_count(m, n, k, dtype)
+            for variant in VARIANTS:
+                kernels = 1 if variant == "cublas" else launches(
+                    config_for(m, n, k, TORCH_DTYPES[dtype].itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
+                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes, c.dtype,
+                                launches=kernels))
+    return out
 
 
 # ------------------------------------------------------------------------------ the exercise
@@ -188,25 +384,31 @@ MAX_N = 46340                      # N x N < 2^31: matmul_kernel's offsets (row 
 
 
 def footprint_bytes(p: dict) -> int:
-    """A, B, C and the float64 reference at the largest size, plus the reference's float64 inputs or a check chunk."""
-    n2 = max(p["sizes"]) ** 2
+    """A, B, C and the float64 reference at the largest product, plus the reference's float64
+    inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N)."""
     itemsize = max(TORCH_DTYPES[d].itemsize for d in p["dtypes"])
-    return 3 * itemsize * n2 + 8 * n2 + max(2 * 8 * n2, 3 * 8 * min(n2, CHECK_CHUNK))
+
+    def at(m: int, n: int, k: int) -> int:
+        ins, mn = m * k + k * n, m * n
+        parts = 4 * MAX_SPLIT_K * mn if m * n < NOMINAL_SMS * 128 * 256 else 0
+        return itemsize * (ins + mn) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
+    return max(at(*shape) for shape in timed_shapes(p))
 
 
 def run(ctx, params):
     rows, tuning = [], {}
-    work = [(n, d) for d in params["dtypes"] for n in params["sizes"]]
-    for n, dtype in ctx.track(work, "matmul sizes"):
+    sms = sm_count(ctx.device) if ctx.device.type == "cuda" else 4
+    work = [(shape, d) for d in params["dtypes"] for shape in timed_shapes(params)]
+    for (m, n, k), dtype in ctx.track(work, "matmul shapes"):
         t = TORCH_DTYPES[dtype]
-        g = torch.Generator(device=ctx.device).manual_seed(n)
-        a = torch.randn(n, n, device=ctx.device, generator=g).to(t)
-        b = torch.randn(n, n, device=ctx.device, generator=g).to(t)
-        c = torch.empty(n, n, device=ctx.device, dtype=t)
+        g = torch.Generator(device=ctx.device).manual_seed(n if m == n == k else (m * 131 + n) * 131 + k)
+        a = torch.randn(m, k, device=ctx.device, generator=g).to(t)
+        b = torch.randn(k, n, device=ctx.device, generator=g).to(t)
+        c = torch.empty(m, n, device=ctx.device, dtype=t)
         ref = a.double() @ b.double()
-        size = {"n": n, "dtype": dtype}
-        mc = counts.matmul_count(n, n, n, dtype)      # one problem, one kernel per call, whatever the variant
-        cost = {"flops": mc.flops, "bytes_moved": mc.bytes, "dtype": mc.dtype, "launches": mc.launches}
+        size = shape_params(m, n, k, dtype)
+        mc = counts.matmul_count(m, n, k, dtype)      # one problem; cuBLAS is taken to start one kernel
+        cost = {"flops": mc.flops, "bytes_moved": mc.bytes, "dtype": mc.dtype}
         here = []
 
         def check(fill):
@@ -215,24 +417,36 @@ def run(ctx, params):
         if ctx.wants("cublas"):
             here.append(attempt("cublas", size, lambda: measure(
                 ctx, "cublas", size, fn=lambda: torch.matmul(a, b, out=c),
-                check=check(lambda: torch.matmul(a, b, out=c)), **cost)))
-        tma_cands = TMA_CONFIGS + (WS_CONFIGS if params.get("warp_specialize", True) else [])
-        for variant, impl, cands in (("triton", matmul, [INTERPRETER_CONFIG] if interpreting() else CONFIGS),
-                                     ("triton_tma", matmul_tma, [INTERPRETER_TMA_CONFIG] if interpreting() else tma_cands)):
+                check=check(lambda: torch.matmul(a, b, out=c)), launches=mc.launches, **cost)))
+        rule = {"itemsize": t.itemsize, "sms": sms}
+        if not interpreting() and ctx.device.type == "cuda":
+            props = torch.cuda.get_device_properties(ctx.device)
+            rule["smem_bytes"] = getattr(props, "shared_memory_per_block_optin", SMEM_BYTES_DEFAULT)
+        plain = [INTERPRETER_CONFIG] if interpreting() else candidates(m, n, k, **rule)
+        tma = [INTERPRETER_TMA_CONFIG] if interpreting() else candidates(
+            m, n, k, **rule, tma=True, warp_specialize=params.get("warp_specialize", True))
+        if not params.get("tune", True):              # the rule's pick alone (its fallbacks kept if it fails)
+            plain, tma = plain[:1], tma[:1]
+        for variant, impl, cands in (("triton", matmul, plain), ("triton_tma", matmul_tma, tma)):
             if not ctx.wants(variant):
                 continue
             if variant == "triton_tma" and ctx.is_rocm:
                 here.append(skipped(variant, size, "TMA descriptors are NVIDIA Hopper hardware; this is a ROCm GPU"))
                 continue
+            if variant == "triton_tma" and not tma_ok(a, b, c):
+                here.append(skipped(variant, size, f"TMA needs rows of a multiple of 16 bytes: K = {k} and N = {n} "
+                                                   f"must be multiples of {16 // t.itemsize}"))
+                continue
 
             def triton_row(variant=variant, impl=impl, cands=cands):
-                cfg, trials = tune(ctx, (variant, n, dtype, ctx.device.type), cands,
-                                   launch=lambda k: impl(a, b, c, k),
-                                   check=lambda k: check(lambda: impl(a, b, c, k))())
-                tuning[f"{variant} {dtype} {n}"] = tuning_summary(trials)
+                cfg, trials = tune(ctx, (variant, m, n, k, dtype, ctx.device.type), cands,
+                                   launch=lambda q: impl(a, b, c, q),
+                                   check=lambda q: check(lambda: impl(a, b, c, q))())
+                tuning[f"{variant} {dtype} {shape_label(m, n, k)}"] = tuning_summary(trials)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
-                            check=check(lambda: impl(a, b, c, cfg)), **cost)
+                            check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg), **cost)
                 r["metrics"]["config"] = label(cfg)
+                r["metrics"]["rule_config"] = label(cands[0])
                 return r
 
             here.append(attempt(variant, size, triton_row))
@@ -243,15 +457,18 @@ def run(ctx, params):
 
 
 EXERCISE = Exercise(
-    id="phase3.matmul", title="Tiled, autotuned Triton matmul (plain and TMA-persistent) vs cuBLAS, fp16 and bf16",
+    id="phase3.matmul", title="Tiled Triton matmul (plain and TMA-persistent), configs by rule, vs cuBLAS, fp16 and bf16",
     run=run, needs=Needs(cuda=True, modules=("triton",)),
     params={"sizes": Int([1024, 2048, 4096, 8192], min=1, max=MAX_N, unit="N of an N x N x N product", many=True),
             "dtypes": Choice(["bf16", "fp16"], ("bf16", "fp16"), many=True),
-            "warp_specialize": Bool(True, help="also tune the warp-specialized TMA configs")},
+            "warp_specialize": Bool(True, help="also tune the warp-specialized TMA configs"),
+            "tune": Bool(True, help="time the rule's neighbouring configs too and keep the fastest; "
+                                    "false: time the rule's pick alone"),
+            "shapes": Shapes()},
     cpu_params={"sizes": [256], "dtypes": ["fp16"]},
     quick_params={"sizes": [256], "dtypes": ["bf16"]},
     variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
 
 
 if __name__ == "__main__":
-    run_alone(EXERCISE, {"sizes": [200], "dtypes": ["fp16"]})
+    run_alone(EXERCISE, {"sizes": [200], "dtypes": ["fp16"], "shapes": "13x300x520,200x136x264"})
