@@ -13,31 +13,32 @@ CEILINGS = {"hbm_gbps": 1000.0, "l2_gbps": 2000.0, "matmul_tflops": {"bf16": 100
 def test_a_matmul_is_compute_bound_at_its_dtype_rate():
     k = Kernel("mm", MATMUL, flops=2e9, bytes=1e6)              # 2e9 / 1e14 = 0.02 ms; 1e6 / 1e12 = 0.001 ms
     r, fallbacks = wl.rates(CEILINGS)
-    assert wl.kernel_ms(k, r) == (pytest.approx(0.02), "compute")
+    assert wl.kernel_ms(k, r) == (pytest.approx(0.005 + 0.02), "compute")        # the 5 us floor, then the work
+    assert wl.kernel_ms(k, r, launch_adds=False) == (pytest.approx(0.02), "compute")
     assert fallbacks == []
 
 
 def test_elementwise_flops_run_at_the_fp32_rate_and_bytes_at_hbm_or_l2():
     r, _ = wl.rates(CEILINGS)
-    assert wl.kernel_ms(Kernel("ew", ELEMENTWISE, flops=1e9, bytes=1e3), r) == (pytest.approx(0.1), "compute")
-    assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8), r) == (pytest.approx(0.1), "memory")
-    assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8, in_l2=True), r)[0] == pytest.approx(0.05)
+    assert wl.kernel_ms(Kernel("ew", ELEMENTWISE, flops=1e9, bytes=1e3), r) == (pytest.approx(0.105), "compute")
+    assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8), r) == (pytest.approx(0.105), "memory")
+    assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8, in_l2=True), r)[0] == pytest.approx(0.055)
 
 
 def test_exponentials_add_to_the_products_unless_the_kernel_overlaps_them():
     r, _ = wl.rates(CEILINGS)
     serial = Kernel("attn", MATMUL, flops=1e9, bytes=1e3, exps=1e7)     # 0.01 ms of products, 0.01 ms of exps
-    assert wl.kernel_ms(serial, r)[0] == pytest.approx(0.02)
+    assert wl.kernel_ms(serial, r, launch_adds=False)[0] == pytest.approx(0.02)
     overlapped = Kernel("attn", MATMUL, flops=1e9, bytes=1e3, exps=2e7, overlap=True)
-    assert wl.kernel_ms(overlapped, r) == (pytest.approx(0.02), "exp")
+    assert wl.kernel_ms(overlapped, r, launch_adds=False) == (pytest.approx(0.02), "exp")
 
 
 def test_the_launch_floor_is_a_roof_per_launch_kind_and_count_multiplies():
     r, _ = wl.rates(CEILINGS)
     tiny = dict(kind=ELEMENTWISE, flops=1, bytes=8, count=10)
-    assert wl.kernel_ms(Kernel("t", **tiny), r) == (pytest.approx(0.05), "launch")
-    assert wl.kernel_ms(Kernel("t", **tiny, launch=TRITON), r)[0] == pytest.approx(0.08)
-    assert wl.kernel_ms(Kernel("t", **tiny, launch=GRAPH), r)[0] == pytest.approx(0.01)
+    assert wl.kernel_ms(Kernel("t", **tiny), r) == (pytest.approx(0.05, rel=1e-4), "launch")
+    assert wl.kernel_ms(Kernel("t", **tiny, launch=TRITON), r)[0] == pytest.approx(0.08, rel=1e-4)
+    assert wl.kernel_ms(Kernel("t", **tiny, launch=GRAPH), r)[0] == pytest.approx(0.01, rel=1e-4)
 
 
 def test_a_workload_is_the_sum_plus_host_with_the_top_kernels_and_one_roof_beside():
@@ -45,15 +46,17 @@ def test_a_workload_is_the_sum_plus_host_with_the_top_kernels_and_one_roof_besid
                           Kernel("tiny", ELEMENTWISE, 1, 8, count=4)),
                  host=(("synchronize", "sync_us", 1), ("bookkeeping", 0.001, 3)))
     p = wl.predict(w, CEILINGS, measured_ms=0.1)
-    # mm 0.02 + norm 2 x max(0.01 memory, 0.005 launch) + tiny 4 x 0.005 + host 0.01 + 0.003
-    assert p["predicted_ms"] == pytest.approx(0.02 + 0.02 + 0.02 + 0.013)
+    # mm 0.005 + 0.02; norm 2 x (0.005 + 0.01 memory); tiny 4 x 0.005; host 0.01 + 3 x 0.001
+    assert p["predicted_ms"] == pytest.approx(0.025 + 0.03 + 0.02 + 0.013, rel=1e-6)
     assert p["host_ms"] == pytest.approx(0.013)
-    assert [t["kernel"] for t in p["top"]] == ["mm", "norm", "tiny"]
-    assert p["top"][0]["share"] == pytest.approx(0.02 / 0.073)
+    assert [t["kernel"] for t in p["top"]] == ["norm", "mm", "tiny"]
+    assert p["top"][0]["share"] == pytest.approx(0.03 / 0.088, rel=1e-6)
+    # the floor as a third roof instead: mm 0.02, norm 2 x 0.01, tiny 4 x 0.005
+    assert wl.predict(w, CEILINGS, launch_adds=False)["predicted_ms"] == pytest.approx(0.073, rel=1e-6)
     assert p["launches"] == 7 and p["flops"] == pytest.approx(2e9 + 4) and p["bytes"] == pytest.approx(1e6 + 2e7 + 32)
     # one roof: 7 launches x 5 us + max((1e6 + 2e7 + 32) B / 1 TB/s, (2e9 + 4) / 100 TFLOP/s)
     assert p["one_roof_ms"] == pytest.approx(0.035 + 0.021, rel=1e-6)
-    assert p["measured_over_predicted"] == pytest.approx(0.1 / 0.073)
+    assert p["measured_over_predicted"] == pytest.approx(0.1 / 0.088, rel=1e-6)
 
 
 def test_unmeasured_ceilings_fall_back_to_stated_values():
@@ -69,7 +72,7 @@ def test_unmeasured_ceilings_fall_back_to_stated_values():
 def test_scaled_repeats_every_kernel_and_host_item():
     w = Workload("step", (Kernel("mm", MATMUL, 2e9, 1e6),), host=(("sync", "sync_us", 1),)).scaled(3)
     assert w.kernels[0].count == 3 and w.host == (("sync", "sync_us", 3),)
-    assert wl.predict(w, CEILINGS)["predicted_ms"] == pytest.approx(3 * 0.02 + 3 * 0.01)
+    assert wl.predict(w, CEILINGS)["predicted_ms"] == pytest.approx(3 * 0.025 + 3 * 0.01)
 
 
 @pytest.mark.parametrize("bad", [dict(kind="gemm"), dict(launch="cuda"), dict(flops=-1)])
@@ -82,3 +85,10 @@ def test_a_dtype_without_a_measured_rate_is_refused_by_name():
     r, _ = wl.rates(CEILINGS)
     with pytest.raises(ValueError, match="fp8"):
         wl.kernel_ms(Kernel("mm", MATMUL, 1e9, 1, dtype="fp8"), r)
+
+
+def test_timed_as_puts_every_kernel_in_a_graph_and_in_l2():
+    w = Workload("w", (Kernel("a", ELEMENTWISE, 0, 1e8), Kernel("b", ELEMENTWISE, 1, 8, launch=TRITON)))
+    t = w.timed_as(graph=True, in_l2=True)
+    assert [k.launch for k in t.kernels] == [GRAPH, GRAPH] and all(k.in_l2 for k in t.kernels)
+    assert wl.predict(t, CEILINGS)["predicted_ms"] == pytest.approx(0.001 + 0.05 + 0.001, rel=1e-4)
