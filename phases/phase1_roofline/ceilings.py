@@ -2,11 +2,13 @@
 
     lab run phase1.ceilings
 
-Five numbers, each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the
-HBM roof), copy bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level
-cache), the best sustained
-matmul rate per dtype (median over samples, best over sizes), and the latency floor: what the
-harness shows for an empty kernel, launched alone and replayed in a CUDA graph, and a synchronize.
+Each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the HBM roof), copy
+bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level cache), the best
+sustained matmul rate per dtype (median over samples, best over sizes), the latency floor: what the
+harness shows for an empty kernel, launched alone as a PyTorch op, as a Triton kernel and replayed
+in a CUDA graph, and a synchronize; and the special-function rate (exponentials per second: what
+attention's softmax spends between its two products; special_function.py). The last two are what
+the summed workload model (common/workload.py) needs beside the roofline's.
 The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
 record. Ceilings come only from here, never fitted to the rows they predict.
 """
@@ -22,6 +24,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .cache_sweep import graph_reps
+from . import special_function
 from .matmul_fp16 import matmul_row
 
 EXCLUDED = "calibration: this row measures a ceiling, so it cannot test the model built from it"
@@ -95,6 +98,7 @@ def run(ctx, params) -> Result:
     for dtype in ctx.track(dtypes, "matmul ceilings"):
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
     rows += _launch_rows(ctx)
+    rows += special_function.rows(ctx, params["exp_elements"])
     for r in rows:
         if r.get("prediction"):
             r["prediction"]["excluded"] = EXCLUDED
@@ -121,17 +125,21 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
         "launch_us": 1e3 * ok["launch"]["metrics"]["ms"] if "launch" in ok else None,
         "graph_launch_us": 1e3 * ok["graph_launch"]["metrics"]["ms"] if "graph_launch" in ok else None,
         "sync_us": 1e3 * ok["synchronize"]["metrics"]["ms"] if "synchronize" in ok else None,
+        "triton_launch_us": 1e3 * ok["triton_launch"]["metrics"]["ms"] if "triton_launch" in ok else None,
+        "exp_per_s": ok["exp"]["metrics"]["exp_per_s"] if "exp" in ok else None,
     }
 
 
 EXERCISE = Exercise(
-    id="phase1.ceilings", title="Ceilings measured on this machine: HBM and L2 copy, matmul per dtype, latency floor",
+    id="phase1.ceilings", title="Ceilings measured on this machine: HBM and L2 copy, matmul per dtype, latency floors, exp rate",
     run=run, params={"hbm_bytes": Int(2 * 2**30, min=2**20, unit="bytes, source plus destination"),
                      "l2_fraction": Float(0.5, min=0.05, max=1.0, unit="of the L2 size (working set of the L2 copy)"),
                      "matmul_sizes": Int([4096, 8192], min=16, max=65536, many=True, unit="N of an N x N x N product"),
-                     "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True)},
+                     "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True),
+                     "exp_elements": Int(2**24, min=1, unit=f"elements of the exp-rate kernel, "
+                                                             f"{special_function.REPS} exponentials each")},
     cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"]},
-    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"]},
+    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16},
     footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2))
 
 
