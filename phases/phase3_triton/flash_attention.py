@@ -27,6 +27,7 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 
 from . import counts
+from . import kernel_lists
 from ._support import (
     LOG2E_VALUE,
     attempt,
@@ -723,7 +724,7 @@ EXERCISE = Exercise(
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
                   "tokens": 2048, "model_dim": 256},
     variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes,
-    work=work)
+    work=work, workloads=lambda p: kernel_lists.forward_workloads(problems(p), variants_of))
 
 
 if __name__ == "__main__":

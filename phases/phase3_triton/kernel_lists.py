@@ -109,3 +109,19 @@ def workload_of(exercise: str, variant: str, params: dict, metrics: dict | None 
         return one_kernel(f"softmax {p['rows']}x{p['cols']}", c, variant, ELEMENTWISE, exps)
     kind = MATMUL if exercise == "phase3.matmul" else ELEMENTWISE
     return one_kernel(f"{exercise.split('.')[1]} {variant}", c, variant, kind)
+
+
+# ------------------------------------------------------------------------------ `lab predict`
+def _label(variant: str, p: dict) -> str:
+    return f"{variant} {p['dtype']} d={p['head_dim']} causal={p['causal']} n={p['n']} {p['batch']}x{p['heads']}"
+
+
+def forward_workloads(problems: list[dict], variants_of) -> list[tuple[str, Workload]]:
+    """flash_attention's rows: (label, workload) of every problem and variant it times."""
+    shape = ("batch", "heads", "n", "head_dim", "dtype", "causal")
+    return [(_label(v, p), attention_forward(v, *(p[k] for k in shape))) for p in problems for v in variants_of(p)]
+
+
+def backward_workloads(problems: list[dict], variants) -> list[tuple[str, Workload]]:
+    shape = ("batch", "heads", "n", "head_dim", "dtype", "causal")
+    return [(_label(v, p), attention_backward(v, *(p[k] for k in shape))) for p in problems for v in variants]

@@ -157,3 +157,24 @@ def _decode_attention(r: dict) -> Workload | None:
     main = Kernel("paged decode attention", ELEMENTWISE, flops, nbytes, None, exps=flops / (4 * hd), launch=TRITON)
     combine = Kernel("combine the splits", ELEMENTWISE, 0, 0, None, launch=TRITON, count=launches - 1)
     return Workload("paged decode attention", (main, combine) if launches > 1 else (main,))
+
+
+# ------------------------------------------------------------------------------ `lab predict`
+def decode_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_tokens: int,
+                     weight_bytes: float = BF16_BYTES, what: str = "") -> list[tuple[str, Workload]]:
+    context = mean_decode_context(prompt_tokens, output_tokens)
+    return [(f"{shape.name}{what} decode step at batch {b}", decode_step(shape, b, context, weight_bytes=weight_bytes))
+            for b in batches]
+
+
+def ttft_workloads(shape: LlamaShape, prompt_tokens: int, output_tokens: int) -> list[tuple[str, Workload]]:
+    """ttft_decode's two rows per model: the batch-1 decode step (TPOT) and the prefill (TTFT)."""
+    return [*decode_workloads(shape, [1], prompt_tokens, output_tokens),
+            (f"{shape.name} prefill of {prompt_tokens} tokens", prefill(shape, prompt_tokens))]
+
+
+def quant_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_tokens: int,
+                    group_size: int) -> list[tuple[str, Workload]]:
+    """quant_engine's bf16 and int4 decode steps (int8 has no kernel list here)."""
+    return [*decode_workloads(shape, batches, prompt_tokens, output_tokens, what=" bf16"),
+            *decode_workloads(shape, batches, prompt_tokens, output_tokens, int4_weight_bytes(group_size), " int4")]

@@ -29,6 +29,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from . import serving
+from . import kernel_lists
 from .analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
 from .engine.shapes import SHAPES
 from .model_choice import (
@@ -257,6 +258,8 @@ EXERCISE = Exercise(
     footprint_bytes=lambda p: min(weights_footprint_bytes(p, [m]) for m in p["models"]),
     cpu_footprint_bytes=lambda p: cpu_weights_footprint_bytes(p, p["models"]),    # no model skips on a CPU
     work=work,
+    workloads=lambda p: [w for m in p["models"]
+                         for w in kernel_lists.ttft_workloads(shape_of(p, m), p["prompt_tokens"], p["output_tokens"])],
 )
 
 if __name__ == "__main__":

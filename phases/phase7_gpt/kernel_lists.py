@@ -132,3 +132,9 @@ def row_workload(r: dict) -> Workload | None:
     compile_error = r.get("metrics.compile_error")
     compiled = bool(tc.get("compile")) and not (isinstance(compile_error, str) and compile_error)
     return training_step(cfg, tc["batch_size"], dtype, compiled=compiled, clip=bool(tc.get("grad_clip")))
+
+
+def training_workloads(runs) -> list[tuple[str, Workload]]:
+    """`lab predict`'s rows of a training exercise: (label, model config, train.TrainConfig) each."""
+    return [(label, training_step(cfg, tc.batch_size, "bf16", compiled=bool(tc.compile), clip=bool(tc.grad_clip)))
+            for label, cfg, tc in runs]
