@@ -7,6 +7,11 @@ same machine (never fitted to the rows they predict):
 
 * FLOPs go against the sustained matmul rate of their dtype (tensor-core kinds: MATMUL) or the
   CUDA-core rate (ELEMENTWISE: the fp32 rate with TF32 off, the SGEMM `phase1.ceilings` measures).
+  A skinny matmul (GEMV: a decode step's projections) is its own regime: it reads its weight once
+  at 1 FLOP per byte, and its bytes go at the GEMV bandwidth `phase1.ceilings` measures (a bf16
+  one-row product of a Llama-sized weight), which need not be the copy rate; its FLOPs at its
+  dtype's matmul rate (a few rows through cuBLAS) or, with no dtype, the CUDA-core rate (a one-row
+  Triton GEMV does not use the tensor cores).
 * exps (softmax's exponentials) go against the special-function rate. A kernel whose products and
   exponentials run in the same warps one after the other (FlashAttention-2's loop) adds the two
   (`overlap=False`); a warp-specialised kernel (FlashAttention-3's ping-pong) overlaps them (max).
@@ -34,9 +39,9 @@ from dataclasses import dataclass, field, replace
 
 from . import roofline
 
-MATMUL, ELEMENTWISE = "matmul", "elementwise"             # where a kernel's FLOPs run
+MATMUL, ELEMENTWISE, GEMV = "matmul", "elementwise", "gemv"   # where a kernel's FLOPs run, and GEMV's bytes
 TORCH, TRITON, GRAPH = "torch", "triton", "graph"          # how a kernel starts
-KINDS, LAUNCHES = (MATMUL, ELEMENTWISE), (TORCH, TRITON, GRAPH)
+KINDS, LAUNCHES = (MATMUL, ELEMENTWISE, GEMV), (TORCH, TRITON, GRAPH)
 SFU_PER_FP32_FLOP = 1 / 16      # exp2 results per fp32 FLOP per SM per clock: 16 / (128 FMA x 2), sm_80 / sm_90
 EXP_SPEC_SOURCE = ("spec sheet: fp32 peak / 16 (16 exp2 vs 128 fp32 FMA per SM per clock, CUDA C++ Programming "
                    "Guide throughput table); not measured on this machine yet")
@@ -108,24 +113,31 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
         triton_us = ceilings["launch_us"]
         fallbacks.append(f"Triton launch floor {triton_us:.3g} us: the PyTorch op's measured floor stands in "
                          "(phase1.ceilings has no triton_launch row on this machine yet)")
+    gemv_gbps = ceilings.get("gemv_gbps")
+    if not gemv_gbps:
+        gemv_gbps = ceilings["hbm_gbps"]
+        fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
+                         "no gemv row on this machine yet)")
     graph_us = ceilings.get("graph_launch_us") or ceilings["launch_us"]
     if not ceilings.get("graph_launch_us"):
         fallbacks.append("graph replay floor: the PyTorch op's measured floor stands in (no graph_launch row)")
     out = {"hbm_gbps": ceilings["hbm_gbps"], "l2_gbps": ceilings.get("l2_gbps") or ceilings["hbm_gbps"],
-           "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
+           "gemv_gbps": gemv_gbps, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
            "launch_us": {TORCH: ceilings["launch_us"], TRITON: triton_us, GRAPH: graph_us}}
     return out, fallbacks
 
 
 def kernel_terms(k: Kernel, r: dict) -> dict:
     """One launch's roofs in ms: compute (FLOPs and exps, added or overlapped), memory, launch."""
-    peak = r["matmul_tflops"].get(k.dtype if k.kind == MATMUL else "fp32") if k.flops else None
+    rate = k.dtype if k.kind == MATMUL or (k.kind == GEMV and k.dtype) else "fp32"
+    peak = r["matmul_tflops"].get(rate) if k.flops else None
     if k.flops and not peak:
-        raise ValueError(f"kernel {k.name!r}: no measured {k.dtype if k.kind == MATMUL else 'fp32'} rate")
+        raise ValueError(f"kernel {k.name!r}: no measured {rate} rate")
     products = roofline.compute_ms(k.flops, peak) if k.flops else 0.0
     exps = k.exps / r["exp_per_s"] * 1e3 if k.exps else 0.0
     compute = max(products, exps) if k.overlap else products + exps
-    memory = roofline.memory_ms(k.bytes, r["l2_gbps"] if k.in_l2 else r["hbm_gbps"]) if k.bytes else 0.0
+    bandwidth = r["l2_gbps"] if k.in_l2 else r["gemv_gbps"] if k.kind == GEMV else r["hbm_gbps"]
+    memory = roofline.memory_ms(k.bytes, bandwidth) if k.bytes else 0.0
     return {"compute": compute, "products": products, "exps": exps, "memory": memory,
             "launch": r["launch_us"][k.launch] / 1e3}
 

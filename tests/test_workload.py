@@ -5,7 +5,7 @@ from common import workload as wl
 from common.workload import ELEMENTWISE, GRAPH, MATMUL, TRITON, Kernel, Workload
 
 # Round ceilings, so every expected time below is mental arithmetic.
-CEILINGS = {"hbm_gbps": 1000.0, "l2_gbps": 2000.0, "matmul_tflops": {"bf16": 100.0, "fp32": 10.0},
+CEILINGS = {"hbm_gbps": 1000.0, "l2_gbps": 2000.0, "gemv_gbps": 800.0, "matmul_tflops": {"bf16": 100.0, "fp32": 10.0},
             "launch_us": 5.0, "graph_launch_us": 1.0, "triton_launch_us": 8.0, "sync_us": 10.0,
             "exp_per_s": 1e12, "l2_fit_bytes": 1e6, "record": "results/x.json"}
 
@@ -23,6 +23,14 @@ def test_elementwise_flops_run_at_the_fp32_rate_and_bytes_at_hbm_or_l2():
     assert wl.kernel_ms(Kernel("ew", ELEMENTWISE, flops=1e9, bytes=1e3), r) == (pytest.approx(0.105), "compute")
     assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8), r) == (pytest.approx(0.105), "memory")
     assert wl.kernel_ms(Kernel("rd", ELEMENTWISE, flops=0, bytes=1e8, in_l2=True), r)[0] == pytest.approx(0.055)
+
+
+def test_a_gemv_reads_its_weight_at_the_gemv_bandwidth():
+    r, _ = wl.rates(CEILINGS)
+    one_row = Kernel("gemv", wl.GEMV, flops=2e6, bytes=8e7, dtype=None)      # 8e7 B / 800 GB/s = 0.1 ms
+    assert wl.kernel_ms(one_row, r, launch_adds=False) == (pytest.approx(0.1), "memory")
+    batched = Kernel("skinny", wl.GEMV, flops=2e10, bytes=8e7, dtype="bf16")  # 2e10 / 100 TFLOP/s = 0.2 ms
+    assert wl.kernel_ms(batched, r, launch_adds=False) == (pytest.approx(0.2), "compute")
 
 
 def test_exponentials_add_to_the_products_unless_the_kernel_overlaps_them():
@@ -60,11 +68,12 @@ def test_a_workload_is_the_sum_plus_host_with_the_top_kernels_and_one_roof_besid
 
 
 def test_unmeasured_ceilings_fall_back_to_stated_values():
-    ceilings = {k: v for k, v in CEILINGS.items() if k not in ("exp_per_s", "triton_launch_us")}
+    ceilings = {k: v for k, v in CEILINGS.items() if k not in ("exp_per_s", "triton_launch_us", "gemv_gbps")}
     r, fallbacks = wl.rates(ceilings, spec_fp32_tflops=64.0)
     assert r["exp_per_s"] == pytest.approx(4e12)                 # 64 TFLOP/s / 16
-    assert r["launch_us"][TRITON] == 5.0
-    assert len(fallbacks) == 2 and "spec sheet" in fallbacks[0] and "PyTorch op" in fallbacks[1]
+    assert r["launch_us"][TRITON] == 5.0 and r["gemv_gbps"] == 1000.0
+    assert len(fallbacks) == 3 and "spec sheet" in fallbacks[0] and "PyTorch op" in fallbacks[1]
+    assert "HBM copy rate stands in" in fallbacks[2]
     with pytest.raises(ValueError, match="exp rate"):
         wl.rates(ceilings)
 

@@ -6,7 +6,8 @@ Each timed by the same harness as every exercise: copy bandwidth far beyond L2 (
 bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level cache), the best
 sustained matmul rate per dtype (median over samples, best over sizes), the latency floor: what the
 harness shows for an empty kernel, launched alone as a PyTorch op, as a Triton kernel and replayed
-in a CUDA graph, and a synchronize; and the special-function rate (exponentials per second: what
+in a CUDA graph, and a synchronize; a GEMV's sustained bandwidth (a skinny matmul, a decode step's
+regime); and the special-function rate (exponentials per second: what
 attention's softmax spends between its two products; special_function.py). The last two are what
 the summed workload model (common/workload.py) needs beside the roofline's.
 The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
@@ -56,6 +57,29 @@ def _matmul_row(ctx, dtype: str, n: int) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
+def _gemv_row(ctx, k: int, n: int) -> dict:
+    """A skinny matmul's sustained bandwidth: one row times an n x k weight (a batch-1 decode
+    projection's shape), bf16 on a GPU (fp32 on a CPU), the weight far larger than L2. A GEMV reads
+    its weight once and does 1 FLOP per byte, so it is memory-bound; whether it reaches the copy
+    rate is what this row measures (the summed model reads weights of decode steps at it)."""
+    dtype = "bf16" if ctx.is_cuda else "fp32"
+    t = TORCH_DTYPES[dtype]
+    g = torch.Generator(device=ctx.device).manual_seed(k + n)
+    x = torch.randn(1, k, device=ctx.device, generator=g).to(t)
+    w = torch.randn(n, k, device=ctx.device, generator=g).to(t)
+    y = torch.empty(1, n, device=ctx.device, dtype=t)
+
+    def gemv(x=x, w=w, y=y):
+        torch.matmul(x, w.t(), out=y)
+
+    check = reference_check(ctx, y, gemv, x.double() @ w.double().t(), "float64 product of the same inputs", dtype)
+    nbytes = (k * n + k + n) * t.itemsize
+    r = measure(ctx, "gemv", {"k": k, "n": n, "dtype": dtype, "working_set_bytes": nbytes}, fn=gemv, check=check,
+                flops=2 * k * n, bytes_moved=nbytes, dtype=dtype)
+    del x, w, y
+    return r
+
+
 def _launch_rows(ctx) -> list[dict]:
     x = torch.zeros(1, device=ctx.device)
 
@@ -97,6 +121,7 @@ def run(ctx, params) -> Result:
     dtypes = [d for d in params["dtypes"] if ctx.is_cuda or d in ("fp32",)]
     for dtype in ctx.track(dtypes, "matmul ceilings"):
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
+    rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_n"]))
     rows += _launch_rows(ctx)
     rows += special_function.rows(ctx, params["exp_elements"])
     for r in rows:
@@ -127,6 +152,7 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
         "sync_us": 1e3 * ok["synchronize"]["metrics"]["ms"] if "synchronize" in ok else None,
         "triton_launch_us": 1e3 * ok["triton_launch"]["metrics"]["ms"] if "triton_launch" in ok else None,
         "exp_per_s": ok["exp"]["metrics"]["exp_per_s"] if "exp" in ok else None,
+        "gemv_gbps": ok["gemv"]["metrics"]["gbps"] if "gemv" in ok else None,
     }
 
 
@@ -136,11 +162,15 @@ EXERCISE = Exercise(
                      "l2_fraction": Float(0.5, min=0.05, max=1.0, unit="of the L2 size (working set of the L2 copy)"),
                      "matmul_sizes": Int([4096, 8192], min=16, max=65536, many=True, unit="N of an N x N x N product"),
                      "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True),
+                     "gemv_k": Int(4096, min=1, unit="inputs of the GEMV row (Llama 3.1 8B's hidden size)"),
+                     "gemv_n": Int(28672, min=1, unit="outputs of the GEMV row (Llama 3.1 8B's gate_up)"),
                      "exp_elements": Int(2**24, min=1, unit=f"elements of the exp-rate kernel, "
                                                              f"{special_function.REPS} exponentials each")},
-    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"]},
-    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16},
-    footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2))
+    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"], "gemv_k": 1024, "gemv_n": 8192},
+    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16,
+                  "gemv_k": 256, "gemv_n": 1000},
+    footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2,
+                                  (4 + 8) * p["gemv_k"] * p["gemv_n"]))     # the weight and its float64 copy
 
 
 if __name__ == "__main__":

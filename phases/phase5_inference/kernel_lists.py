@@ -14,8 +14,9 @@ replayed from a CUDA graph:
            a SiLU-and-multiply kernel and a cuBLAS matmul above)
 
 plus the embedding gather, the final norm + LM head (+ half the argmax: one GEMV at B = 1) and the
-argmax kernel; greedy sampling is the argmax, inside the graph. A one-row GEMV runs on the CUDA
-cores (ELEMENTWISE's fp32 rate, not the tensor cores'); it is memory-bound at any rate.
+argmax kernel; greedy sampling is the argmax, inside the graph. The projections of a decode step
+are GEMVs (common/workload.py's GEMV kind: the weight at the measured GEMV bandwidth); a one-row
+GEMV runs on the CUDA cores, and is memory-bound at any rate.
 
 The host is on the critical path once a step: the engine copies the step's inputs to the device,
 launches the graph and waits for the sampled tokens (a synchronize) before it schedules the next
@@ -25,7 +26,7 @@ shows them).
 """
 import math
 
-from common.workload import ELEMENTWISE, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
+from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
 
 from .analysis import mean_decode_context
 from .engine.shapes import BF16_BYTES, LlamaShape, named
@@ -36,13 +37,15 @@ STEP_HOST = (("input copy to the device", "launch_us", 1), ("graph launch", "lau
 
 
 def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, launch: str, *, norm: bool = False,
-                silu: bool = False) -> list[Kernel]:
+                silu: bool = False, kind: str = GEMV) -> list[Kernel]:
     """One projection x @ W^T, W n_out x n_in of `wbytes` a weight: a fused GEMV at batch 1 (its
-    norm or SiLU-and-multiply inside), else the norm / SiLU kernel and a cuBLAS matmul."""
+    norm or SiLU-and-multiply inside), else the norm / SiLU kernel and a cuBLAS matmul (a decode
+    step's few rows: the GEMV regime, its weight read at the measured GEMV bandwidth; a prefill's:
+    MATMUL)."""
     act_in = n_in * (2 if silu else 1)
     mm_bytes = n_in * n_out * wbytes + batch * (act_in + n_out) * ACT
     if batch == 1:
-        return [Kernel(name + (" (+ RMSNorm)" if norm else " (+ SiLU * up)" if silu else ""), ELEMENTWISE,
+        return [Kernel(name + (" (+ RMSNorm)" if norm else " (+ SiLU * up)" if silu else ""), GEMV,
                        2 * n_in * n_out, mm_bytes, None, launch=launch)]
     pre = []
     if norm:
@@ -51,7 +54,7 @@ def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, lau
     if silu:
         pre = [Kernel(f"SiLU(gate) * up before {name}", ELEMENTWISE, 5 * batch * n_in, 3 * batch * n_in * ACT, None,
                       launch=launch)]
-    return pre + [Kernel(name, MATMUL, 2 * batch * n_in * n_out, mm_bytes, "bf16", launch=launch)]
+    return pre + [Kernel(name, kind, 2 * batch * n_in * n_out, mm_bytes, "bf16", launch=launch)]
 
 
 def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: float = BF16_BYTES,
@@ -94,17 +97,17 @@ def prefill(shape: LlamaShape, prompt_tokens: int) -> Workload:
     tiles = math.ceil(T / 128)
     scores = nh * T * T * (tiles + 1) / (2 * tiles)
     per_layer = [
-        *_projection("QKV", T, h, q + 2 * kv, BF16_BYTES, launch, norm=True),
+        *_projection("QKV", T, h, q + 2 * kv, BF16_BYTES, launch, norm=True, kind=MATMUL),
         Kernel("RoPE + K, V store", ELEMENTWISE, 3 * T * (q + kv), 2 * T * (q + 2 * kv) * ACT, None, launch=launch),
         Kernel(f"causal flash attention over {T} tokens", MATMUL, 4 * scores * s.head_dim, 2 * T * (q + kv) * ACT,
                "bf16", exps=scores, launch=launch),
-        *_projection("O", T, q, h, BF16_BYTES, launch),
-        *_projection("gate_up", T, h, 2 * i, BF16_BYTES, launch, norm=True),
-        *_projection("down", T, i, h, BF16_BYTES, launch, silu=True),
+        *_projection("O", T, q, h, BF16_BYTES, launch, kind=MATMUL),
+        *_projection("gate_up", T, h, 2 * i, BF16_BYTES, launch, norm=True, kind=MATMUL),
+        *_projection("down", T, i, h, BF16_BYTES, launch, silu=True, kind=MATMUL),
     ]
     kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * T * h * ACT, None, launch=launch),
                *[Kernel(k.name, k.kind, k.flops, k.bytes, k.dtype, k.exps, k.launch, count=L) for k in per_layer],
-               *_projection("LM head (last token)", 1, h, s.vocab_size, BF16_BYTES, launch, norm=True),
+               *_projection("LM head (last token)", 1, h, s.vocab_size, BF16_BYTES, launch, norm=True, kind=MATMUL),
                Kernel("argmax", ELEMENTWISE, s.vocab_size, s.vocab_size * 4, None, launch=launch)]
     return Workload(f"{s.name} prefill of {prompt_tokens} tokens ({T} computed)", tuple(kernels), STEP_HOST)
 
