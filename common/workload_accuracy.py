@@ -113,6 +113,37 @@ def misses(rows: pd.DataFrame, worst: int = 8) -> pd.DataFrame:
          "summed.measured_over_predicted", "summed.bound"]]
 
 
+def counted(view, phases: tuple[int, ...] | None = None) -> pd.DataFrame:
+    """accuracy.counted(view, phases) with `summed.*` columns: what a README table or goal reads
+    (cached on the frame, as accuracy.counted is)."""
+    from . import accuracy
+    cache = view.frame.__dict__.setdefault("_counted_summed", {})
+    if phases not in cache:
+        rows = accuracy.counted(view, phases)
+        cache[phases] = add_columns(rows, view.frame.records) if len(rows) else rows
+    return cache[phases]
+
+
+def goal_rows(view, phases: tuple[int, ...], label: str) -> pd.DataFrame:
+    """One row per GPU, shaped like accuracy.goal_rows (metrics.*), for a Goal over the summed
+    model: metrics.summed_abs_err_pct (the sum where a row has a kernel list, else its one-roof
+    prediction), metrics.one_roof_abs_err_pct beside it, metrics.rows, metrics.covered_rows."""
+    rows = counted(view, phases)
+    if not len(rows):
+        return pd.DataFrame()
+    out = []
+    for hw, mine in rows.groupby("hardware", sort=True):
+        one = mine["calibrated.measured_over_predicted"].astype(float)
+        after = mine["summed.measured_over_predicted"].where(mine["summed.measured_over_predicted"].notna(), one)
+        after = after.astype(float)
+        out.append({"hardware": hw, "hardware_name": mine.iloc[0]["hardware_name"], "status": "ok", "variant": label,
+                    "metrics.rows": len(mine), "metrics.covered_rows": int(mine["summed.measured_over_predicted"].notna().sum()),
+                    "metrics.summed_abs_err_pct": 100 * (after - 1).abs().median(),
+                    "metrics.one_roof_abs_err_pct": 100 * (one - 1).abs().median(),
+                    "metrics.summed_worst_ratio": float(after.map(lambda x: max(x, 1 / x)).max())})
+    return pd.DataFrame(out)
+
+
 def counted_rows(results: str | None = None, launch_adds: bool = True) -> tuple[pd.DataFrame, list[dict]]:
     """The accuracy's counted rows of the committed records, with `summed.*` columns."""
     from . import accuracy, render

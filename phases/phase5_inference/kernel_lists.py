@@ -118,7 +118,8 @@ def int4_weight_bytes(group_size: int) -> float:
 
 
 # ------------------------------------------------------------------------------ recorded rows
-EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention")
+EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
+             "phase5.quant_kernels")
 
 
 def _v(r: dict, key: str, default=None):
@@ -132,6 +133,8 @@ def row_workload(r: dict) -> Workload | None:
     try:
         if ex == "phase5.decode_attention":
             return _decode_attention(r)
+        if ex == "phase5.quant_kernels":
+            return _stored_gemv(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except Exception:                        # a checkpoint's shape, a missing field: not modelled here
@@ -181,3 +184,16 @@ def quant_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_token
     """quant_engine's bf16 and int4 decode steps (int8 has no kernel list here)."""
     return [*decode_workloads(shape, batches, prompt_tokens, output_tokens, what=" bf16"),
             *decode_workloads(shape, batches, prompt_tokens, output_tokens, int4_weight_bytes(group_size), " int4")]
+
+
+def _stored_gemv(r: dict) -> Workload | None:
+    """One quant_kernels call (a projection of a few rows in a weight format), from the row's own
+    stored counts: its weight and scales read at the GEMV bandwidth, the rest of its launches (a
+    dequantize, a cast) at their floor."""
+    flops, nbytes = _v(r, "prediction.flops"), _v(r, "prediction.bytes")
+    launches = int(_v(r, "prediction.launches", 1))
+    if not flops or not nbytes:
+        return None
+    main = Kernel(f"{r['variant']} projection", GEMV, flops, nbytes, "bf16", launch=TORCH)
+    rest = Kernel("its other launches", ELEMENTWISE, 0, 0, None, launch=TORCH, count=launches - 1)
+    return Workload(f"{r['variant']} projection", (main, rest) if launches > 1 else (main,))
