@@ -45,12 +45,19 @@ def params_of(r: dict) -> dict:
 
 
 def summed(r: dict, records: list[dict], build=None, specs=None, launch_adds: bool = True) -> dict | None:
-    """The summed prediction block of one frame row (a dict), or None (no kernel list, no ceilings)."""
+    """The summed prediction block of one frame row (a dict), or None (no kernel list, no ceilings):
+    the one the row stored at run time (`prediction.summed`), else computed now from its params."""
+    if launch_adds and isinstance(r.get("prediction.summed"), dict):
+        return r["prediction.summed"]
     build = build or builders().get(r["exercise"])
     measured = _value(r, "prediction.measured_ms") or _value(r, "metrics.ms")
     ceilings = ceilings_for(records, r["hardware"], _value(r, "started"))
-    if build is None or not ceilings or not measured:
-        return None
+    return predicted(r, build, ceilings, specs, measured, launch_adds) if build and ceilings and measured else None
+
+
+def predicted(r: dict, build, ceilings: dict, specs, measured: float | None, launch_adds: bool = True) -> dict | None:
+    """The summed prediction of a row (frame form: "params.n", "timing.graph_reps", ...) from these
+    ceilings, or None when its builder has no workload for it."""
     w = build(r)
     if w is None:
         return None
@@ -59,6 +66,29 @@ def summed(r: dict, records: list[dict], build=None, specs=None, launch_adds: bo
     spec = (specs if specs is not None else load_hardware()).get(r["hardware"])
     fp32 = spec.peak("fp32").value if spec else None
     return workload.predict(w, ceilings, fp32, measured, launch_adds=launch_adds)
+
+
+def attach(exercise_id: str, rows: list[dict], ceilings: dict | None, spec) -> None:
+    """At run time (common/runner.py): `prediction.summed` on every ok row of an exercise with a
+    kernel list, from this machine's ceilings record; nothing when there is none (the report then
+    computes it from the row's params, as it does the calibrated one). A GPU only: the exp rate's
+    fallback is a GPU's spec sheet."""
+    build = builders().get(exercise_id)
+    if build is None or not ceilings or spec is None:
+        return
+    for row in rows:
+        if row.get("status") != "ok" or not isinstance(row.get("prediction"), dict):
+            continue
+        flat = {"exercise": exercise_id, "variant": row["variant"], "hardware": spec.key}
+        for block in ("params", "metrics", "prediction", "timing"):
+            flat.update({f"{block}.{k}": v for k, v in (row.get(block) or {}).items()})
+        measured = _value(flat, "prediction.measured_ms") or _value(flat, "metrics.ms")
+        try:
+            block = predicted(flat, build, ceilings, {spec.key: spec}, measured)
+        except (KeyError, ValueError, TypeError):
+            block = None                       # a row its kernel list cannot read: the report says none either
+        if block is not None:
+            row["prediction"]["summed"] = {**block, "computed": "at run time"}
 
 
 def as_timed(w: workload.Workload, r: dict, ceilings: dict) -> workload.Workload:

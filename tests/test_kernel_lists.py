@@ -130,3 +130,23 @@ def test_the_committed_records_give_summed_figures_per_phase():
     assert (p3["summed_err"] < p3["one_roof_err"]).all()          # the exponentials are what one roof misses
     top = rows[rows["summed.top"].notna()].iloc[0]["summed.top"]
     assert 1 <= len(top) <= 3 and all(0 <= t["share"] <= 1 for t in top)
+
+
+def test_a_gpu_run_attaches_the_summed_prediction_to_each_ok_row():
+    from common.hardware import load_hardware
+    spec = load_hardware()["h100_sxm"]
+    rows = [{"variant": "sdpa_cudnn", "status": "ok",
+             "params": {"batch": 1, "heads": 2, "n": 256, "head_dim": 64, "dtype": "bf16", "causal": False},
+             "metrics": {"ms": 1.0}, "timing": {"method": "cuda events", "flush_l2": True},
+             "prediction": {"measured_ms": 1.0}},
+            {"variant": "triton", "status": "failed", "params": {}, "metrics": {}, "prediction": None}]
+    acc.attach("phase3.flash_attention", rows, CEILINGS, spec)
+    s = rows[0]["prediction"]["summed"]
+    flops, exps = 4 * 2 * 256**2 * 64, 2 * 256**2
+    assert s["computed"] == "at run time" and len(s["fallbacks"]) == 2           # Triton floor and GEMV rate: stated
+    assert s["predicted_ms"] == pytest.approx(0.005 + flops / 100e12 * 1e3 + exps / 1e12 * 1e3)
+    assert rows[1]["prediction"] is None
+    # the report reads the stored block rather than recomputing it
+    frame_row = {"exercise": "phase3.flash_attention", "prediction.summed": s}
+    assert acc.summed(frame_row, []) is s
+    acc.attach("phase1.elementwise", rows, CEILINGS, spec)             # no kernel list: nothing added
