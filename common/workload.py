@@ -83,7 +83,8 @@ class Workload:
 
     def scaled(self, times: int, name: str | None = None) -> "Workload":
         """The same workload run `times` times back to back (a request's decode steps)."""
-        return Workload(name or f"{times} x {self.name}", tuple(replace(k, count=k.count * times) for k in self.kernels),
+        return Workload(name or f"{times} x {self.name}",
+                        tuple(replace(k, count=k.count * times) for k in self.kernels),
                         tuple((what, v, n * times) for what, v, n in self.host), self.notes)
 
     def timed_as(self, *, graph: bool = False, in_l2: bool = False) -> "Workload":
@@ -174,7 +175,8 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
     one = roofline.calibrated(t["flops"], t["bytes"], main, ceilings, measured_ms, launches=t["launches"])
     return {"model": "summed roofline: each kernel its launch floor " + ("+" if launch_adds else "or")
                      + " max(compute + exp, memory), plus host",
-            "workload": w.name, "predicted_ms": predicted, "bound": max(by_bound, key=by_bound.get) if by_bound else None,
+            "workload": w.name, "predicted_ms": predicted,
+            "bound": max(by_bound, key=by_bound.get) if by_bound else None,
             "by_bound_ms": by_bound, "host_ms": host_ms, "kernels": len(w.kernels), **t,
             "top": [{"kernel": n, "ms": ms, "share": ms / predicted if predicted else None, "bound": b}
                     for n, ms, b in ranked[:top]],

@@ -167,7 +167,8 @@ def goal_rows(view, phases: tuple[int, ...], label: str) -> pd.DataFrame:
         after = mine["summed.measured_over_predicted"].where(mine["summed.measured_over_predicted"].notna(), one)
         after = after.astype(float)
         out.append({"hardware": hw, "hardware_name": mine.iloc[0]["hardware_name"], "status": "ok", "variant": label,
-                    "metrics.rows": len(mine), "metrics.covered_rows": int(mine["summed.measured_over_predicted"].notna().sum()),
+                    "metrics.rows": len(mine),
+                    "metrics.covered_rows": int(mine["summed.measured_over_predicted"].notna().sum()),
                     "metrics.summed_abs_err_pct": 100 * (after - 1).abs().median(),
                     "metrics.one_roof_abs_err_pct": 100 * (one - 1).abs().median(),
                     "metrics.summed_worst_ratio": float(after.map(lambda x: max(x, 1 / x)).max())})

@@ -114,7 +114,8 @@ def test_a_recorded_row_is_predicted_from_the_ceilings_recorded_before_it():
     assert p["predicted_ms"] == pytest.approx(0.005 + flops / 100e12 * 1e3 + exps / 1e12 * 1e3)
     assert p["measured_over_predicted"] == pytest.approx(1.0 / p["predicted_ms"])
     graphed = acc.summed({**row, "timing.graph_reps": 1}, [ceilings], p3.row_workload, specs={})
-    assert graphed["predicted_ms"] == pytest.approx(p["predicted_ms"] - 0.005 + 0.001 + 0.005)   # graph floor + its launch
+    # in a graph of one call: the kernel at the graph floor, plus the graph's own launch
+    assert graphed["predicted_ms"] == pytest.approx(p["predicted_ms"] - 0.005 + 0.001 + 0.005)
 
 
 def test_the_committed_records_give_summed_figures_per_phase():

@@ -170,7 +170,7 @@ EXERCISE = Exercise(
     quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16,
                   "gemv_k": 256, "gemv_n": 1000},
     footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2,
-                                  (4 + 8) * p["gemv_k"] * p["gemv_n"]))     # the weight and its float64 copy
+                                  (4 + 8) * p["gemv_k"] * p["gemv_n"]))     # the GEMV weight, its float64 copy
 
 
 if __name__ == "__main__":

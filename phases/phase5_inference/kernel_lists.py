@@ -26,6 +26,7 @@ shows them).
 """
 import math
 
+from common.errors import LabError
 from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
 
 from .analysis import mean_decode_context
@@ -70,7 +71,8 @@ def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: 
         Kernel("RoPE + K, V store", ELEMENTWISE, 3 * B * (q + kv), 2 * B * (q + 2 * kv) * ACT, None, launch=launch),
         Kernel(f"decode attention over {C:.0f} tokens", ELEMENTWISE, 4 * B * q * C,
                B * (2 * C * kv + 2 * q) * ACT, None, exps=B * s.num_attention_heads * C, launch=launch),
-        *([Kernel("combine the splits", ELEMENTWISE, 0, B * q * (splits + 1) * 4, None, launch=launch)] if splits > 1 else []),
+        *([Kernel("combine the splits", ELEMENTWISE, 0, B * q * (splits + 1) * 4, None, launch=launch)]
+          if splits > 1 else []),
         *_projection("O", B, q, h, weight_bytes, launch),
         *_projection("gate_up", B, h, 2 * i, weight_bytes, launch, norm=True),
         *_projection("down", B, i, h, weight_bytes, launch, silu=True),
@@ -137,7 +139,7 @@ def row_workload(r: dict) -> Workload | None:
             return _stored_gemv(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
-    except Exception:                        # a checkpoint's shape, a missing field: not modelled here
+    except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
         return None
     context = mean_decode_context(prompt, output)
     if ex == "phase5.batching" and r["variant"] == "lab-engine":
@@ -146,8 +148,10 @@ def row_workload(r: dict) -> Workload | None:
         return prefill(shape, prompt) if _v(r, "params.stage") == "prefill" else decode_step(shape, 1, context)
     if ex == "phase5.quant_engine":
         fmt = _v(r, "params.format")
-        wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size"))) if fmt == "int4" else None
-        return None if wb is None else decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
+        if fmt not in ("bf16", "int4"):
+            return None                      # int8's path has no kernel list here
+        wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size")))
+        return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
     return None
 
 

@@ -84,7 +84,8 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
     backward = [
         matmul("QKV (backward)", N, d, 3 * d, backward=True),
         matmul("attention output projection (backward)", N, d, d, backward=True),
-        matmul("MLP up (backward)", N, d, 4 * d, backward=True), matmul("MLP down (backward)", N, 4 * d, d, backward=True),
+        matmul("MLP up (backward)", N, d, 4 * d, backward=True),
+        matmul("MLP down (backward)", N, 4 * d, d, backward=True),
         Kernel("causal flash attention (backward)", MATMUL, 10 * scores * hd, 8 * N * d * a, mm, exps=scores,
                launch=TORCH, count=L),
         elementwise("LayerNorm (backward)", N * d * (4 + 2 * a + 4), 10 * N * d, count=2 * L),
