@@ -22,6 +22,10 @@ same machine (never fitted to the rows they predict):
   makes the floor a third roof instead (max): the choice for kernels whose launches hide under the
   previous kernel's work; on the committed phase 3 records the added floor is the closer one (the
   accuracy figures give both: common/workload_accuracy.py).
+* an op of an eager training step (AUTOGRAD) also costs the host its dispatch under autograd: the
+  forward op, its graph node, its backward op. While that exceeds the kernel, the GPU waits for the
+  host, so such a kernel takes max(host time per autograd op, launch floor + its work); the host
+  time is what `phase1.ceilings` measures for a chain of tiny autograd ops.
 
 A workload's prediction is the sum over its kernels, plus host time where the host is on the
 critical path (a synchronize per step, a copy the next step waits for): `host` lists those, each
@@ -40,8 +44,8 @@ from dataclasses import dataclass, field, replace
 from . import roofline
 
 MATMUL, ELEMENTWISE, GEMV = "matmul", "elementwise", "gemv"   # where a kernel's FLOPs run, and GEMV's bytes
-TORCH, TRITON, GRAPH = "torch", "triton", "graph"          # how a kernel starts
-KINDS, LAUNCHES = (MATMUL, ELEMENTWISE, GEMV), (TORCH, TRITON, GRAPH)
+TORCH, TRITON, GRAPH, AUTOGRAD = "torch", "triton", "graph", "autograd"   # how a kernel starts
+KINDS, LAUNCHES = (MATMUL, ELEMENTWISE, GEMV), (TORCH, TRITON, GRAPH, AUTOGRAD)
 SFU_PER_FP32_FLOP = 1 / 16      # exp2 results per fp32 FLOP per SM per clock: 16 / (128 FMA x 2), sm_80 / sm_90
 EXP_SPEC_SOURCE = ("spec sheet: fp32 peak / 16 (16 exp2 vs 128 fp32 FMA per SM per clock, CUDA C++ Programming "
                    "Guide throughput table); not measured on this machine yet")
@@ -119,12 +123,18 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
         gemv_gbps = ceilings["hbm_gbps"]
         fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
                          "no gemv row on this machine yet)")
+    autograd_us = ceilings.get("autograd_op_us")
+    if not autograd_us:
+        autograd_us = ceilings["launch_us"]
+        fallbacks.append(f"autograd op host time {autograd_us:.3g} us: the PyTorch op's measured floor stands in "
+                         "(phase1.ceilings has no autograd_op row on this machine yet)")
     graph_us = ceilings.get("graph_launch_us") or ceilings["launch_us"]
     if not ceilings.get("graph_launch_us"):
         fallbacks.append("graph replay floor: the PyTorch op's measured floor stands in (no graph_launch row)")
     out = {"hbm_gbps": ceilings["hbm_gbps"], "l2_gbps": ceilings.get("l2_gbps") or ceilings["hbm_gbps"],
            "gemv_gbps": gemv_gbps, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
-           "launch_us": {TORCH: ceilings["launch_us"], TRITON: triton_us, GRAPH: graph_us}}
+           "launch_us": {TORCH: ceilings["launch_us"], TRITON: triton_us, GRAPH: graph_us, AUTOGRAD: ceilings["launch_us"]},
+           "autograd_op_us": autograd_us}
     return out, fallbacks
 
 
@@ -144,13 +154,16 @@ def kernel_terms(k: Kernel, r: dict) -> dict:
 
 
 def kernel_ms(k: Kernel, r: dict, launch_adds: bool = True) -> tuple[float, str]:
-    """(ms of all `count` launches, the largest term: compute, exp, memory or launch)."""
+    """(ms of all `count` launches, the largest term: compute, exp, memory, launch, or host)."""
     t = kernel_terms(k, r)
     roofs = {"compute" if t["products"] >= t["exps"] else "exp": t["compute"], "memory": t["memory"],
              "launch": t["launch"]}
     bound = max(roofs, key=roofs.get)
     work = max(t["compute"], t["memory"])
-    return k.count * (t["launch"] + work if launch_adds else max(t["launch"], work)), bound
+    one = t["launch"] + work if launch_adds else max(t["launch"], work)
+    if k.launch == AUTOGRAD and r["autograd_op_us"] / 1e3 > one:
+        one, bound = r["autograd_op_us"] / 1e3, "host"
+    return k.count * one, bound
 
 
 def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, measured_ms: float | None = None,

@@ -62,3 +62,15 @@ def test_the_exp_chain_kernel_is_correct_under_the_interpreter():
     proc = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_the_autograd_op_row_measures_a_host_time_per_op_on_a_cpu():
+    from phases.phase1_roofline.ceilings import _autograd_row
+    ctx = Context(torch.device("cpu"), None, "cpu")
+    r = _autograd_row(ctx)
+    assert r["status"] == "ok" and r["check"]["passed"]
+    assert r["metrics"]["long_chain_ms"] > r["metrics"]["short_chain_ms"]     # 128 more ops take longer
+    assert r["metrics"]["op_us"] == pytest.approx(1e3 * r["metrics"]["ms"]) and r["metrics"]["op_us"] > 0
+    assert r["prediction"]["excluded"]
+    rows = [_ok("hbm_copy", {"gbps": 3000.0}), r]
+    assert ceilings_of(rows, None, 0.5)["autograd_op_us"] == r["metrics"]["op_us"]

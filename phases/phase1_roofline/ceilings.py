@@ -7,9 +7,10 @@ bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-leve
 sustained matmul rate per dtype (median over samples, best over sizes), the latency floor: what the
 harness shows for an empty kernel, launched alone as a PyTorch op, as a Triton kernel and replayed
 in a CUDA graph, and a synchronize; a GEMV's sustained bandwidth (a skinny matmul, a decode step's
-regime); and the special-function rate (exponentials per second: what
-attention's softmax spends between its two products; special_function.py). The last two are what
-the summed workload model (common/workload.py) needs beside the roofline's.
+regime); the host's time per op of an eager autograd step; and the special-function rate
+(exponentials per second: what attention's softmax spends between its two products;
+special_function.py). The Triton floor and the last three are what the summed workload model
+(common/workload.py) needs beside the roofline's.
 The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
 record. Ceilings come only from here, never fitted to the rows they predict.
 """
@@ -80,6 +81,44 @@ def _gemv_row(ctx, k: int, n: int) -> dict:
     return r
 
 
+AUTOGRAD_CHAINS = (16, 80)       # multiplies in the short and the long chain: the slope is per op
+
+
+def _autograd_row(ctx) -> dict:
+    """The host's time per op of an eager training step: a chain of n tiny multiplies under
+    autograd, forward and backward (2 n ops: each multiply and its MulBackward), timed for two
+    lengths; the slope between them is one op's cost, the fixed part (the sum, the seed, the
+    engine's start) cancelled. Its kernels are ~empty, so the GPU waits on the host throughout."""
+    x = torch.rand(256, device=ctx.device, requires_grad=True)
+
+    def chain(n):
+        def fn(x=x):
+            x.grad = None
+            y = x
+            for _ in range(n):
+                y = y * 1.0001
+            y.sum().backward()
+        return fn
+
+    short, long = AUTOGRAD_CHAINS
+    chain(long)()
+    ctx.synchronize()
+    want = 1.0001 ** long
+    err = float((x.grad - want).abs().max() / want)
+    check = {"passed": err < 1e-5, "reason": None if err < 1e-5 else f"gradient off by {err:.2e} (relative)",
+             "reference": f"d/dx of x * 1.0001^{long} summed: 1.0001^{long} everywhere", "max_rel_error": err}
+    params = {"kernel": f"x * 1.0001, {short} and {long} times, then sum().backward()", "chains": list(AUTOGRAD_CHAINS)}
+    if not check["passed"]:
+        return row("autograd_op", params, "failed", check["reason"], check=check)
+    t_short, t_long = ctx.time(chain(short), flush_l2=False), ctx.time(chain(long), flush_l2=False)
+    op_ms = (t_long.median_ms - t_short.median_ms) / (2 * (long - short))
+    return row("autograd_op", params, check=check, timing=t_long,
+               metrics={"ms": op_ms, "op_us": 1e3 * op_ms, "short_chain_ms": t_short.median_ms,
+                        "long_chain_ms": t_long.median_ms},
+               prediction={"excluded": EXCLUDED, "predicted_ms": None, "bound": None, "measured_over_predicted": None,
+                           "model": "none: a floor, not a prediction"})
+
+
 def _launch_rows(ctx) -> list[dict]:
     x = torch.zeros(1, device=ctx.device)
 
@@ -123,6 +162,7 @@ def run(ctx, params) -> Result:
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
     rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_n"]))
     rows += _launch_rows(ctx)
+    rows.append(_autograd_row(ctx))
     rows += special_function.rows(ctx, params["exp_elements"])
     for r in rows:
         if r.get("prediction"):
@@ -153,6 +193,7 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
         "triton_launch_us": 1e3 * ok["triton_launch"]["metrics"]["ms"] if "triton_launch" in ok else None,
         "exp_per_s": ok["exp"]["metrics"]["exp_per_s"] if "exp" in ok else None,
         "gemv_gbps": ok["gemv"]["metrics"]["gbps"] if "gemv" in ok else None,
+        "autograd_op_us": ok["autograd_op"]["metrics"]["op_us"] if "autograd_op" in ok else None,
     }
 
 

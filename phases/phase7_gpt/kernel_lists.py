@@ -20,13 +20,15 @@ Optimizer (training steps only): the gradient norm reads every fp32 gradient, cl
 them, fused AdamW reads weight, gradient and two moments and writes three (cost.step_bytes).
 
 Every other kernel cost.step_kernels counts (embedding gathers and scatters, foreach launches,
-bookkeeping) is a launch floor with no work. Eager ops start as PyTorch ops; under torch.compile
-the fused element-wise kernels are Triton launches (the byte counts stay the eager ones: an upper
-bound for what Inductor fuses). A training step reads its loss once (one synchronize).
+bookkeeping) is a launch floor with no work. Eager, the model's ops are dispatched one by one by
+the host under autograd (common/workload.py's AUTOGRAD: a kernel shorter than the host's time per
+op waits for it); the optimizer's are plain PyTorch ops. Under torch.compile the fused element-wise
+kernels are Triton launches (the byte counts stay the eager ones except the cross-entropy's: an
+upper bound for what Inductor fuses). A training step reads its loss once (one synchronize).
 """
 import math
 
-from common.workload import ELEMENTWISE, MATMUL, TORCH, TRITON, Kernel, Workload
+from common.workload import AUTOGRAD, ELEMENTWISE, MATMUL, TORCH, TRITON, Kernel, Workload
 
 from .cost import GPTConfig, activation_bytes, param_formula, step_kernels
 
@@ -38,7 +40,8 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
     T, d, L, H, V = cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.padded_vocab
     N, a = batch * T, activation_bytes(dtype)
     mm = "bf16" if a == 2 else "fp32"
-    ew = TRITON if compiled else TORCH
+    ew = TRITON if compiled else AUTOGRAD        # eager: each op dispatched by the host under autograd
+    mm_launch = TORCH if compiled else AUTOGRAD
     nb = math.ceil(T / TILE)
     scores = batch * H * T * T * (nb + 1) / (2 * nb)
     hd = d // H
@@ -47,7 +50,7 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
         """(m x k) @ (k x n); backward: dX and dW, twice the FLOPs, read the output's gradient too."""
         f = 2 * m * k * n * (2 if backward else 1)
         b = (m * k + k * n + m * n) * a * (2 if backward else 1)
-        return Kernel(name, MATMUL, f, b, mm, count=count)
+        return Kernel(name, MATMUL, f, b, mm, launch=mm_launch, count=count)
 
     def elementwise(name, nbytes, flops=0.0, count=L, exps=0.0):
         return Kernel(name, ELEMENTWISE, flops, nbytes, None, exps=exps, launch=ew, count=count)
@@ -60,7 +63,7 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
         matmul("QKV", N, d, 3 * d), matmul("attention output projection", N, d, d),
         matmul("MLP up", N, d, 4 * d), matmul("MLP down", N, 4 * d, d),
         Kernel("causal flash attention (forward)", MATMUL, 4 * scores * hd, 4 * N * d * a, mm, exps=scores,
-               launch=TORCH, count=L),
+               launch=mm_launch, count=L),
         elementwise("GELU", 2 * N * 4 * d * a, 8 * N * 4 * d),
         elementwise("residual add", 3 * N * d * 4, N * d, count=2 * L),
     ]
@@ -87,7 +90,7 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
         matmul("MLP up (backward)", N, d, 4 * d, backward=True),
         matmul("MLP down (backward)", N, 4 * d, d, backward=True),
         Kernel("causal flash attention (backward)", MATMUL, 10 * scores * hd, 8 * N * d * a, mm, exps=scores,
-               launch=TORCH, count=L),
+               launch=mm_launch, count=L),
         elementwise("LayerNorm (backward)", N * d * (4 + 2 * a + 4), 10 * N * d, count=2 * L),
         elementwise("GELU (backward)", 3 * N * 4 * d * a, 10 * N * 4 * d),
         elementwise("gradient casts to fp32", w_block * 6 / 4, count=4 * L),
@@ -99,16 +102,17 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
         elementwise("LM head gradient cast", V * d * 6, count=1),
     ]
     kernels = forward + head + backward
-    if optimizer:
+    if optimizer:                            # outside autograd: plain PyTorch ops
         p = param_formula(cfg)["total"]
-        kernels += [elementwise("gradient norm (foreach)", 4 * p, 2 * p, count=1)]
+        kernels += [Kernel("gradient norm (foreach)", ELEMENTWISE, 2 * p, 4 * p, None)]
         if clip:
-            kernels += [elementwise("clip: gradients rescaled (foreach)", 8 * p, p, count=1)]
-        kernels += [elementwise("fused AdamW", 28 * p, 12 * p, count=1)]
+            kernels += [Kernel("clip: gradients rescaled (foreach)", ELEMENTWISE, p, 8 * p, None)]
+        kernels += [Kernel("fused AdamW", ELEMENTWISE, 12 * p, 28 * p, None)]
     counted = step_kernels(cfg, N, compiled=compiled, optimizer=optimizer, clip=clip, attention=attention, data=data)
     rest = counted["total"] - sum(k.count for k in kernels)
     if rest > 0:
-        kernels.append(elementwise("other kernels (embedding, foreach launches, bookkeeping)", 0, count=rest))
+        kernels.append(Kernel("other kernels (embedding, foreach launches, bookkeeping)", ELEMENTWISE, 0, 0, None,
+                              launch=TRITON if compiled else TORCH, count=rest))
     return Workload(f"GPT {L}x{d} training step, {batch} x {T} tokens" if optimizer else
                     f"GPT {L}x{d} forward + backward, {batch} x {T} tokens", tuple(kernels),
                     host=(("loss read back (synchronize)", "sync_us", 1),) if optimizer else ())
