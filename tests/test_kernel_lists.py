@@ -73,6 +73,7 @@ def test_a_batched_decode_step_splits_norms_and_silu_from_cublas_and_counts_expo
     assert w.totals()["exps"] == 4 * s.num_attention_heads * 100 * s.num_hidden_layers
     int4 = p5.decode_step(s, 1, 100.0, weight_bytes=p5.int4_weight_bytes(128))
     assert int4.totals()["bytes"] < p5.decode_step(s, 1, 100.0).totals()["bytes"]
+    assert int4.totals()["launches"] == 9 * s.num_hidden_layers + 3        # a quantized weight: its norm unfused
 
 
 def test_prefill_pads_to_its_graph_bucket_and_phase5_rows_map_to_steps():

@@ -38,14 +38,17 @@ STEP_HOST = (("input copy to the device", "launch_us", 1), ("graph launch", "lau
 
 
 def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, launch: str, *, norm: bool = False,
-                silu: bool = False, kind: str = GEMV) -> list[Kernel]:
+                silu: bool = False, kind: str = GEMV, fused: bool | None = None) -> list[Kernel]:
     """One projection x @ W^T, W n_out x n_in of `wbytes` a weight: a fused GEMV at batch 1 (its
     norm or SiLU-and-multiply inside), else the norm / SiLU kernel and a cuBLAS matmul (a decode
     step's few rows: the GEMV regime, its weight read at the measured GEMV bandwidth; a prefill's:
-    MATMUL)."""
+    MATMUL). `fused` None: fused exactly at batch 1 with bf16 weights (a quantized weight runs its
+    own kernel after a separate norm or SiLU kernel: fused_ops._gemv_fits)."""
     act_in = n_in * (2 if silu else 1)
     mm_bytes = n_in * n_out * wbytes + batch * (act_in + n_out) * ACT
-    if batch == 1:
+    if fused is None:
+        fused = batch == 1 and wbytes == BF16_BYTES
+    if fused:
         return [Kernel(name + (" (+ RMSNorm)" if norm else " (+ SiLU * up)" if silu else ""), GEMV,
                        2 * n_in * n_out, mm_bytes, None, launch=launch)]
     pre = []
@@ -55,7 +58,7 @@ def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, lau
     if silu:
         pre = [Kernel(f"SiLU(gate) * up before {name}", ELEMENTWISE, 5 * batch * n_in, 3 * batch * n_in * ACT, None,
                       launch=launch)]
-    return pre + [Kernel(name, kind, 2 * batch * n_in * n_out, mm_bytes, "bf16", launch=launch)]
+    return pre + [Kernel(name, kind, 2 * batch * n_in * n_out, mm_bytes, "bf16" if batch > 1 else None, launch=launch)]
 
 
 def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: float = BF16_BYTES,
