@@ -23,7 +23,7 @@ from .calibration import ceilings_for
 from .hardware import load_hardware
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("predicted_ms", "measured_over_predicted", "bound", "top", "fallbacks", "ceilings_record")
+COLUMNS = ("predicted_ms", "measured_over_predicted", "bound", "top", "launches", "fallbacks", "ceilings_record")
 
 
 def builders() -> dict:
