@@ -162,7 +162,8 @@ def run(ctx, params) -> Result:
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
     rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_n"]))
     rows += _launch_rows(ctx)
-    rows.append(_autograd_row(ctx))
+    if ctx.is_cuda:                      # a floor, like the synchronize row: what a GPU step waits on
+        rows.append(_autograd_row(ctx))
     rows += special_function.rows(ctx, params["exp_elements"])
     for r in rows:
         if r.get("prediction"):
