@@ -35,7 +35,9 @@ added: `roofline.calibrated`) stays beside it, the seed's claim tested.
 A ceiling not measured on this machine yet falls back to a stated value, and the prediction says
 which in `fallbacks`: the exp rate to the spec sheet's (fp32 peak / 16: 16 exponentials against 128
 fp32 FMAs per SM per clock on compute capability 8.x and 9.0, CUDA C++ Programming Guide's
-arithmetic-instruction throughput table), a Triton kernel's launch floor to the PyTorch op's.
+arithmetic-instruction throughput table; FlashAttention-3's paper quotes 3.9 TFLOPS of special
+functions on an H100 SXM5), a Triton kernel's launch floor and the host time of an autograd op to
+the PyTorch op's floor, the GEMV bandwidth to the HBM copy rate.
 
 Torch-free: `lab predict` and the report use it without a GPU. Units in the names: ms, us, bytes.
 """
