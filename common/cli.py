@@ -361,7 +361,32 @@ def cmd_predict_exercise(args) -> int:
     console.print(table)
     if ceilings:
         console.print(f"calibrated from {ceilings['record']}")
+    if ex.workloads is not None:
+        _print_summed(ex, params, ceilings, None if on_cpu else spec)
     return 0
+
+
+def _print_summed(ex, params: dict, ceilings: dict | None, spec) -> None:
+    """The summed prediction of each row (common/workload.py) and the kernels it thinks dominate."""
+    from . import workload
+    if not ceilings or spec is None:
+        why = "none for this GPU yet" if spec else "a CPU has no spec sheet for the exp rate"
+        console.print(f"summed prediction: needs a GPU's phase1.ceilings record ({why}); "
+                      "pass --hardware h200_sxm or h100_sxm")
+        return
+    table = Table(title=f"{ex.id}: summed prediction (each kernel's calibrated roofline, plus host), before running")
+    for col in ("row", "kernels", "launches", "summed ms", "one roof of its totals ms", "bound", "top kernels (share)"):
+        table.add_column(col, justify="right" if "ms" in col or col in ("kernels", "launches") else "left")
+    fallbacks = []
+    for label, w in ex.workloads(params):
+        p = workload.predict(w, ceilings, spec.peak("fp32").value)
+        fallbacks += [f for f in p["fallbacks"] if f not in fallbacks]
+        top = ", ".join(f"{t['kernel']} {100 * t['share']:.0f}%" for t in p["top"])
+        table.add_row(label, str(p["kernels"]), str(p["launches"]), _fmt(p["predicted_ms"]), _fmt(p["one_roof_ms"]),
+                      p["bound"] or "-", top)
+    console.print(table)
+    for f in fallbacks:
+        console.print(f"fallback: {f}", markup=False, highlight=False, soft_wrap=True)
 
 
 def cmd_predict(args) -> int:

@@ -87,6 +87,7 @@ class Exercise:
     footprint_bytes: Callable[[dict], float] | None = None
     cpu_footprint_bytes: Callable[[dict], float] | None = None   # on a CPU, where it differs (fp32 weights)
     work: Callable[[dict], list[Work]] | None = None
+    workloads: Callable[[dict], list] | None = None   # [(label, common.workload.Workload)]: the summed prediction
     skips: Callable[["Context", dict], str | None] | None = None  # why run() would skip here with these params
     schema: dict = field(default_factory=dict, compare=False)
 

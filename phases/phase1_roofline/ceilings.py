@@ -2,11 +2,15 @@
 
     lab run phase1.ceilings
 
-Five numbers, each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the
-HBM roof), copy bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level
-cache), the best sustained
-matmul rate per dtype (median over samples, best over sizes), and the latency floor: what the
-harness shows for an empty kernel, launched alone and replayed in a CUDA graph, and a synchronize.
+Each timed by the same harness as every exercise: copy bandwidth far beyond L2 (the HBM roof), copy
+bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-level cache), the best
+sustained matmul rate per dtype (median over samples, best over sizes), the latency floor: what the
+harness shows for an empty kernel, launched alone as a PyTorch op, as a Triton kernel and replayed
+in a CUDA graph, and a synchronize; a GEMV's sustained bandwidth (a skinny matmul, a decode step's
+regime); the host's time per op of an eager autograd step; and the special-function rate
+(exponentials per second: what attention's softmax spends between its two products;
+special_function.py). The Triton floor and the last three are what the summed workload model
+(common/workload.py) needs beside the roofline's.
 The summary holds them as `ceilings`; every later timed row's `prediction.calibrated` names this
 record. Ceilings come only from here, never fitted to the rows they predict.
 """
@@ -22,6 +26,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .cache_sweep import graph_reps
+from . import special_function
 from .matmul_fp16 import matmul_row
 
 EXCLUDED = "calibration: this row measures a ceiling, so it cannot test the model built from it"
@@ -51,6 +56,67 @@ def _matmul_row(ctx, dtype: str, n: int) -> dict:
         return matmul_row(ctx, n, dtype)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
+def _gemv_row(ctx, k: int, n: int) -> dict:
+    """A skinny matmul's sustained bandwidth: one row times an n x k weight (a batch-1 decode
+    projection's shape), bf16 on a GPU (fp32 on a CPU), the weight far larger than L2. A GEMV reads
+    its weight once and does 1 FLOP per byte, so it is memory-bound; whether it reaches the copy
+    rate is what this row measures (the summed model reads weights of decode steps at it)."""
+    dtype = "bf16" if ctx.is_cuda else "fp32"
+    t = TORCH_DTYPES[dtype]
+    g = torch.Generator(device=ctx.device).manual_seed(k + n)
+    x = torch.randn(1, k, device=ctx.device, generator=g).to(t)
+    w = torch.randn(n, k, device=ctx.device, generator=g).to(t)
+    y = torch.empty(1, n, device=ctx.device, dtype=t)
+
+    def gemv(x=x, w=w, y=y):
+        torch.matmul(x, w.t(), out=y)
+
+    check = reference_check(ctx, y, gemv, x.double() @ w.double().t(), "float64 product of the same inputs", dtype)
+    nbytes = (k * n + k + n) * t.itemsize
+    r = measure(ctx, "gemv", {"k": k, "n": n, "dtype": dtype, "working_set_bytes": nbytes}, fn=gemv, check=check,
+                flops=2 * k * n, bytes_moved=nbytes, dtype=dtype)
+    del x, w, y
+    return r
+
+
+AUTOGRAD_CHAINS = (16, 80)       # multiplies in the short and the long chain: the slope is per op
+
+
+def _autograd_row(ctx) -> dict:
+    """The host's time per op of an eager training step: a chain of n tiny multiplies under
+    autograd, forward and backward (2 n ops: each multiply and its MulBackward), timed for two
+    lengths; the slope between them is one op's cost, the fixed part (the sum, the seed, the
+    engine's start) cancelled. Its kernels are ~empty, so the GPU waits on the host throughout."""
+    x = torch.rand(256, device=ctx.device, requires_grad=True)
+
+    def chain(n):
+        def fn(x=x):
+            x.grad = None
+            y = x
+            for _ in range(n):
+                y = y * 1.0001
+            y.sum().backward()
+        return fn
+
+    short, long = AUTOGRAD_CHAINS
+    chain(long)()
+    ctx.synchronize()
+    want = 1.0001 ** long
+    err = float((x.grad - want).abs().max() / want)
+    check = {"passed": err < 1e-5, "reason": None if err < 1e-5 else f"gradient off by {err:.2e} (relative)",
+             "reference": f"d/dx of x * 1.0001^{long} summed: 1.0001^{long} everywhere", "max_rel_error": err}
+    params = {"kernel": f"x * 1.0001, {short} and {long} times, then sum().backward()", "chains": list(AUTOGRAD_CHAINS)}
+    if not check["passed"]:
+        return row("autograd_op", params, "failed", check["reason"], check=check)
+    t_short, t_long = ctx.time(chain(short), flush_l2=False), ctx.time(chain(long), flush_l2=False)
+    op_ms = (t_long.median_ms - t_short.median_ms) / (2 * (long - short))
+    return row("autograd_op", params, check=check, timing=t_long,
+               metrics={"ms": op_ms, "op_us": 1e3 * op_ms, "short_chain_ms": t_short.median_ms,
+                        "long_chain_ms": t_long.median_ms},
+               prediction={"excluded": EXCLUDED, "predicted_ms": None, "bound": None, "measured_over_predicted": None,
+                           "model": "none: a floor, not a prediction"})
 
 
 def _launch_rows(ctx) -> list[dict]:
@@ -94,7 +160,11 @@ def run(ctx, params) -> Result:
     dtypes = [d for d in params["dtypes"] if ctx.is_cuda or d in ("fp32",)]
     for dtype in ctx.track(dtypes, "matmul ceilings"):
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
+    rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_n"]))
     rows += _launch_rows(ctx)
+    if ctx.is_cuda:                      # a floor, like the synchronize row: what a GPU step waits on
+        rows.append(_autograd_row(ctx))
+    rows += special_function.rows(ctx, params["exp_elements"])
     for r in rows:
         if r.get("prediction"):
             r["prediction"]["excluded"] = EXCLUDED
@@ -121,18 +191,28 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
         "launch_us": 1e3 * ok["launch"]["metrics"]["ms"] if "launch" in ok else None,
         "graph_launch_us": 1e3 * ok["graph_launch"]["metrics"]["ms"] if "graph_launch" in ok else None,
         "sync_us": 1e3 * ok["synchronize"]["metrics"]["ms"] if "synchronize" in ok else None,
+        "triton_launch_us": 1e3 * ok["triton_launch"]["metrics"]["ms"] if "triton_launch" in ok else None,
+        "exp_per_s": ok["exp"]["metrics"]["exp_per_s"] if "exp" in ok else None,
+        "gemv_gbps": ok["gemv"]["metrics"]["gbps"] if "gemv" in ok else None,
+        "autograd_op_us": ok["autograd_op"]["metrics"]["op_us"] if "autograd_op" in ok else None,
     }
 
 
 EXERCISE = Exercise(
-    id="phase1.ceilings", title="Ceilings measured on this machine: HBM and L2 copy, matmul per dtype, latency floor",
+    id="phase1.ceilings", title="Ceilings measured on this machine: HBM and L2 copy, matmul per dtype, latency floors, exp rate",
     run=run, params={"hbm_bytes": Int(2 * 2**30, min=2**20, unit="bytes, source plus destination"),
                      "l2_fraction": Float(0.5, min=0.05, max=1.0, unit="of the L2 size (working set of the L2 copy)"),
                      "matmul_sizes": Int([4096, 8192], min=16, max=65536, many=True, unit="N of an N x N x N product"),
-                     "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True)},
-    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"]},
-    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"]},
-    footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2))
+                     "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True),
+                     "gemv_k": Int(4096, min=1, unit="inputs of the GEMV row (Llama 3.1 8B's hidden size)"),
+                     "gemv_n": Int(28672, min=1, unit="outputs of the GEMV row (Llama 3.1 8B's gate_up)"),
+                     "exp_elements": Int(2**24, min=1, unit=f"elements of the exp-rate kernel, "
+                                                             f"{special_function.REPS} exponentials each")},
+    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"], "gemv_k": 1024, "gemv_n": 8192},
+    quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16,
+                  "gemv_k": 256, "gemv_n": 1000},
+    footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2,
+                                  (4 + 8) * p["gemv_k"] * p["gemv_n"]))     # the GEMV weight, its float64 copy
 
 
 if __name__ == "__main__":

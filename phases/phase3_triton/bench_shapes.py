@@ -140,7 +140,7 @@ def attention_line(r: dict) -> str:
 def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS) -> list[dict]:
     """One row per width: copy, torch.softmax and ours (plan()'s config, checked then timed)."""
     from . import softmax as sm
-    from ._support import sm_count
+    from common.triton_shim import sm_count
     out = []
     for n in widths:
         m = max(1, elements // n)

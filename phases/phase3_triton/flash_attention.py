@@ -33,6 +33,7 @@ from common.triton_tuner import label, launch_options, tune, tuning_summary
 from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
+from . import kernel_lists
 
 
 # ------------------------------------------------------------------------------ forward kernel
@@ -916,7 +917,7 @@ EXERCISE = Exercise(
     quick_params={"seed_sizes": [200], "sizes": [1024], "dtypes": ["bf16"], "head_dims": [128], "causal": [True],
                   "tokens": 2048, "model_dim": 256},
     variants=("naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "triton"), footprint_bytes=footprint_bytes,
-    work=work)
+    work=work, workloads=lambda p: kernel_lists.forward_workloads(problems(p), variants_of))
 
 
 if __name__ == "__main__":

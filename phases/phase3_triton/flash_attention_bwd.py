@@ -31,6 +31,7 @@ from common.triton_tuner import label, tune, tuning_summary
 from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
+from . import kernel_lists
 from . import flash_attention as fa
 
 
@@ -234,7 +235,8 @@ EXERCISE = Exercise(
     cpu_params={"sizes": [256], "dtypes": ["fp16"], "head_dims": [64], "causal": [True], "tokens": 256,
                 "model_dim": 128},
     quick_params={"sizes": [1024], "head_dims": [128], "causal": [True], "tokens": 2048, "model_dim": 256},
-    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work,
+    workloads=lambda p: kernel_lists.backward_workloads(problems(p), VARIANTS))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
 * Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles), K is cut into runs
   whose fp32 partial sums a second kernel adds in a fixed order (deterministic, no atomics).
 The config is a rule of (M, N, K, element size, SM count, shared memory): `config_for`; the run
-times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (_support.tune;
+times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (common.triton_tuner.tune;
 `--param tune=false`: the rule's pick alone);
 the record keeps every candidate's time and the rule's pick.
 """

@@ -21,6 +21,7 @@ from common.timing import summarize
 from .benchmark import serving
 from .predictions.analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
 from .predictions.prediction import summed_prediction
+from .predictions import kernel_lists
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -162,6 +163,8 @@ EXERCISE = Exercise(
     footprint_bytes=lambda p: 0 if p["base_url"] else weights_footprint_bytes(p),
     cpu_footprint_bytes=lambda p: 0 if p["base_url"] else cpu_weights_footprint_bytes(p),
     work=work,
+    workloads=lambda p: kernel_lists.decode_workloads(shape_of(p), p["concurrency"], p["prompt_tokens"],
+                                                      p["output_tokens"]),
 )
 
 if __name__ == "__main__":

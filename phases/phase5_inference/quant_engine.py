@@ -40,6 +40,7 @@ from common.timing import summarize
 
 from .predictions import quant_analysis as qa
 from .predictions.analysis import mean_decode_context
+from .predictions import kernel_lists
 from .engine.quantize import GROUP_SIZES
 from .models.model_choice import COMMON, engine_settings, release_memory, shape_of, weights_footprint_bytes
 from .predictions.prediction import summed_prediction
@@ -222,7 +223,9 @@ EXERCISE = Exercise(
             "group_size": Int(128, choices=GROUP_SIZES, unit="int4 inputs per (scale, zero)")},
     cpu_params={"model": "tiny", "output_tokens": 6, "runs": 1, "concurrency": [3]},
     quick_params={"output_tokens": 16, "runs": 1, "concurrency": [8]},
-    footprint_bytes=lambda p: weights_footprint_bytes(p) * 1.6, work=work)
+    footprint_bytes=lambda p: weights_footprint_bytes(p) * 1.6, work=work,
+    workloads=lambda p: kernel_lists.quant_workloads(shape_of(p), [1, *p["concurrency"]], p["prompt_tokens"],
+                                                     p["output_tokens"], p["group_size"]))
 
 
 if __name__ == "__main__":

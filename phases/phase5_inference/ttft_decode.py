@@ -31,6 +31,7 @@ from common.timing import summarize
 from .benchmark import serving
 from .predictions.analysis import decode_parts, decode_step_bytes, mean_decode_context, prefill_bytes, prefill_flops
 from .engine import SHAPES
+from .predictions import kernel_lists
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -257,6 +258,8 @@ EXERCISE = Exercise(
     footprint_bytes=lambda p: min(weights_footprint_bytes(p, [m]) for m in p["models"]),
     cpu_footprint_bytes=lambda p: cpu_weights_footprint_bytes(p, p["models"]),    # no model skips on a CPU
     work=work,
+    workloads=lambda p: [w for m in p["models"]
+                         for w in kernel_lists.ttft_workloads(shape_of(p, m), p["prompt_tokens"], p["output_tokens"])],
 )
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from common.params import Bool, Float, Int
 from common.standalone import run_alone
 
 from . import seed
+from . import kernel_lists
 from .analysis import outcome
 from .gpt import GPT
 from .model import Shape, training_bytes
@@ -107,7 +108,8 @@ EXERCISE = Exercise(
     quick_params={"model": {"n_layer": 3, "n_head": 1, "n_embd": 8}, "block_size": 16, "batch_size": 4,
                   "max_iters": 8, "warmup_full": 4, "warmup_short": 1, "eval_every": 4, "eval_tokens": 128,
                   "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2},
-    variants=tuple(CONFIGS), footprint_bytes=footprint_bytes, work=work)
+    variants=tuple(CONFIGS), footprint_bytes=footprint_bytes, work=work,
+    workloads=lambda p: kernel_lists.training_workloads([(v, *plan(p, v)) for v in CONFIGS]))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from common.params import Folder, Int, Record
 from common.standalone import run_alone
 
 from . import seed
+from . import kernel_lists
 from .gpt import GPT, GPTConfig, param_breakdown, param_formula, step_cost
 from .train import autocast, clean, count_kernels, setup
 
@@ -235,7 +236,9 @@ EXERCISE = Exercise(
     quick_params={"model_run": {"n_layer": 1, "n_head": 2, "n_embd": 16}, "block_size": 32,
                   "init_batch": [2, 16], "sdpa_batch": 2},
     variants=("params_30m", "params_7m", "params_30m_untied", "init_loss", "sdpa_flash", "sdpa_math"),
-    footprint_bytes=footprint_bytes, work=work)
+    footprint_bytes=footprint_bytes, work=work,
+    workloads=lambda p: [(f"sdpa_flash {p['sdpa_batch']} x {p['block_size']} tokens", kernel_lists.training_step(
+        run_config(p), p["sdpa_batch"], "bf16", optimizer=False, data=False))])
 
 
 if __name__ == "__main__":

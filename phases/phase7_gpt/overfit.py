@@ -25,6 +25,7 @@ from common.params import Bool, Float, Int
 from common.standalone import run_alone
 
 from . import analysis, seed
+from . import kernel_lists
 from .gpt import param_formula
 from .model import (
     BLOCK_SIZE,
@@ -168,7 +169,8 @@ EXERCISE = Exercise(
                   "max_iters": 12, "warmup_iters": 2, "eval_every": 4, "eval_tokens": 256, "compile": False,
                   "throughput_steps": 10, "throughput_eval_tokens": 64, "repro_step": 6, "sample_tokens": 12,
                   "timing_warmup": 1, "profile_steps": 2, "vocab_multiple": 1},
-    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work,
+    workloads=lambda p: kernel_lists.training_workloads([(v, *plan(p, v)) for v in VARIANTS]))
 
 
 if __name__ == "__main__":

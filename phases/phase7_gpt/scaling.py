@@ -16,6 +16,7 @@ from common.params import Bool, Int, Text
 from common.standalone import run_alone
 
 from . import analysis, seed
+from . import kernel_lists
 from .fit import CHINCHILLA_TOKENS_PER_PARAM, KAPLAN_ALPHA_N, scaling_fit
 from .gpt import param_formula
 from .model import SHAPE, Shape, training_bytes
@@ -112,7 +113,8 @@ EXERCISE = Exercise(
                   "block_size": 16, "batch_size": 4, "max_iters": 8, "warmup_iters": 2, "eval_every": 4,
                   "patience": 2, "eval_tokens": 128, "vocab_multiple": 1, "timing_warmup": 1, "profile_steps": 2,
                   "bootstrap_resamples": 200},
-    variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes, work=work)
+    variants=tuple(s["name"] for s in SIZES), footprint_bytes=footprint_bytes, work=work,
+    workloads=lambda p: kernel_lists.training_workloads([(s["name"], *plan(p, s)) for s in p["sizes"]]))
 
 
 if __name__ == "__main__":

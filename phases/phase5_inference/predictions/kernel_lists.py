@@ -1,0 +1,206 @@
+"""Phase 5's steps as workloads (common/workload.py): the kernels the lab's engine launches for a
+decode step and a prefill, read off engine/model.py's forward. Torch-free (`lab predict`, report).
+
+A decode step of batch B over C cached tokens a sequence, per layer (engine/model.py), each kernel
+replayed from a CUDA graph:
+
+    QKV    RMSNorm (with the residual add) + QKV projection: one Triton GEMV kernel at B = 1,
+           a Triton norm and a cuBLAS matmul above
+    RoPE   rotary embedding of q and k, fused with the store of K and V into the paged cache
+    attn   paged decode attention over C tokens (Triton; a combine kernel when the context is split):
+           4 x heads x head_dim FLOPs and one exponential per cached token and head, K and V read once
+    O      output projection (GEMV at B = 1, cuBLAS above)
+    MLP    RMSNorm + gate_up (one GEMV at B = 1), then SiLU(gate) * up + down (one GEMV at B = 1;
+           a SiLU-and-multiply kernel and a cuBLAS matmul above)
+
+plus the embedding gather, the final norm + LM head (+ half the argmax: one GEMV at B = 1) and the
+argmax kernel; greedy sampling is the argmax, inside the graph. The projections of a decode step
+are GEMVs (common/workload.py's GEMV kind: the weight at the measured GEMV bandwidth); a one-row
+GEMV runs on the CUDA cores, and is memory-bound at any rate.
+
+The host is on the critical path once a step: the engine copies the step's inputs to the device,
+launches the graph and waits for the sampled tokens (a synchronize) before it schedules the next
+step. Those three are counted from the ceilings (a launch each, a synchronize); the scheduler's own
+Python and, for a served run, the HTTP streaming are not (no ceiling measures them: the residual
+shows them).
+"""
+import math
+
+from common.errors import LabError
+from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
+
+from .analysis import mean_decode_context
+from ..engine.shapes import BF16_BYTES, LlamaShape, named
+
+ACT = BF16_BYTES                               # activations and the KV cache: bf16
+STEP_HOST = (("input copy to the device", "launch_us", 1), ("graph launch", "launch_us", 1),
+             ("synchronize on the sampled tokens", "sync_us", 1))
+
+
+def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, launch: str, *, norm: bool = False,
+                silu: bool = False, kind: str = GEMV, fused: bool | None = None) -> list[Kernel]:
+    """One projection x @ W^T, W n_out x n_in of `wbytes` a weight: a fused GEMV at batch 1 (its
+    norm or SiLU-and-multiply inside), else the norm / SiLU kernel and a cuBLAS matmul (a decode
+    step's few rows: the GEMV regime, its weight read at the measured GEMV bandwidth; a prefill's:
+    MATMUL). `fused` None: fused exactly at batch 1 with bf16 weights (a quantized weight runs its
+    own kernel after a separate norm or SiLU kernel: fused_ops._gemv_fits)."""
+    act_in = n_in * (2 if silu else 1)
+    mm_bytes = n_in * n_out * wbytes + batch * (act_in + n_out) * ACT
+    if fused is None:
+        fused = batch == 1 and wbytes == BF16_BYTES
+    if fused:
+        return [Kernel(name + (" (+ RMSNorm)" if norm else " (+ SiLU * up)" if silu else ""), GEMV,
+                       2 * n_in * n_out, mm_bytes, None, launch=launch)]
+    pre = []
+    if norm:
+        pre = [Kernel(f"RMSNorm before {name}", ELEMENTWISE, 4 * batch * n_in, 3 * batch * n_in * ACT, None,
+                      launch=launch)]
+    if silu:
+        pre = [Kernel(f"SiLU(gate) * up before {name}", ELEMENTWISE, 5 * batch * n_in, 3 * batch * n_in * ACT, None,
+                      launch=launch)]
+    return pre + [Kernel(name, kind, 2 * batch * n_in * n_out, mm_bytes, "bf16" if batch > 1 else None, launch=launch)]
+
+
+def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: float = BF16_BYTES,
+                splits: int = 1, graphed: bool = True) -> Workload:
+    """One decode step: `batch` sequences of `context` cached tokens each. `weight_bytes` per weight of
+    the layers' projections (bf16 2; int4 with a bf16 scale per group g: 0.5 + 2 / g); the embedding
+    and the LM head stay bf16."""
+    s, L, B, C = shape, shape.num_hidden_layers, batch, context
+    h, q, kv, i = s.hidden_size, s.q_size, s.kv_size, s.intermediate_size
+    launch = GRAPH if graphed else TRITON
+    per_layer = [
+        *_projection("QKV", B, h, q + 2 * kv, weight_bytes, launch, norm=True),
+        Kernel("RoPE + K, V store", ELEMENTWISE, 3 * B * (q + kv), 2 * B * (q + 2 * kv) * ACT, None, launch=launch),
+        Kernel(f"decode attention over {C:.0f} tokens", ELEMENTWISE, 4 * B * q * C,
+               B * (2 * C * kv + 2 * q) * ACT, None, exps=B * s.num_attention_heads * C, launch=launch),
+        *([Kernel("combine the splits", ELEMENTWISE, 0, B * q * (splits + 1) * 4, None, launch=launch)]
+          if splits > 1 else []),
+        *_projection("O", B, q, h, weight_bytes, launch),
+        *_projection("gate_up", B, h, 2 * i, weight_bytes, launch, norm=True),
+        *_projection("down", B, i, h, weight_bytes, launch, silu=True),
+    ]
+    kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * B * h * ACT, None, launch=launch),
+               *[Kernel(k.name, k.kind, k.flops, k.bytes, k.dtype, k.exps, k.launch, count=L) for k in per_layer],
+               *_projection("LM head", B, h, s.vocab_size, BF16_BYTES, launch, norm=True),
+               Kernel("argmax (greedy sampling)", ELEMENTWISE, B * s.vocab_size, B * s.vocab_size * 4, None,
+                      launch=launch)]
+    return Workload(f"{s.name} decode step, batch {B}, {C:.0f} cached tokens", tuple(kernels), STEP_HOST)
+
+
+PREFILL_BUCKETS = tuple(16 * 2 ** k for k in range(6))        # 16 ... 512 tokens: graphs (engine/runner.py)
+
+
+def prefill(shape: LlamaShape, prompt_tokens: int) -> Workload:
+    """One sequence's prefill: its tokens padded up to the graph bucket (16, 32, ..., 512; eager
+    beyond), causal flash attention over them (products and exponentials added, as phase 3's), the
+    LM head for the last token only."""
+    s, L = shape, shape.num_hidden_layers
+    bucket = next((b for b in PREFILL_BUCKETS if b >= prompt_tokens), None)
+    T, launch = (bucket, GRAPH) if bucket else (prompt_tokens, TORCH)
+    h, q, kv, i, nh = s.hidden_size, s.q_size, s.kv_size, s.intermediate_size, s.num_attention_heads
+    tiles = math.ceil(T / 128)
+    scores = nh * T * T * (tiles + 1) / (2 * tiles)
+    per_layer = [
+        *_projection("QKV", T, h, q + 2 * kv, BF16_BYTES, launch, norm=True, kind=MATMUL),
+        Kernel("RoPE + K, V store", ELEMENTWISE, 3 * T * (q + kv), 2 * T * (q + 2 * kv) * ACT, None, launch=launch),
+        Kernel(f"causal flash attention over {T} tokens", MATMUL, 4 * scores * s.head_dim, 2 * T * (q + kv) * ACT,
+               "bf16", exps=scores, launch=launch),
+        *_projection("O", T, q, h, BF16_BYTES, launch, kind=MATMUL),
+        *_projection("gate_up", T, h, 2 * i, BF16_BYTES, launch, norm=True, kind=MATMUL),
+        *_projection("down", T, i, h, BF16_BYTES, launch, silu=True, kind=MATMUL),
+    ]
+    kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * T * h * ACT, None, launch=launch),
+               *[Kernel(k.name, k.kind, k.flops, k.bytes, k.dtype, k.exps, k.launch, count=L) for k in per_layer],
+               *_projection("LM head (last token)", 1, h, s.vocab_size, BF16_BYTES, launch, norm=True, kind=MATMUL),
+               Kernel("argmax", ELEMENTWISE, s.vocab_size, s.vocab_size * 4, None, launch=launch)]
+    return Workload(f"{s.name} prefill of {prompt_tokens} tokens ({T} computed)", tuple(kernels), STEP_HOST)
+
+
+def int4_weight_bytes(group_size: int) -> float:
+    """A 4-bit weight and its share of one bf16 scale per group."""
+    return 0.5 + BF16_BYTES / group_size
+
+
+# ------------------------------------------------------------------------------ recorded rows
+EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
+             "phase5.quant_kernels")
+
+
+def _v(r: dict, key: str, default=None):
+    v = r.get(key)
+    return default if v is None or (isinstance(v, float) and v != v) else v
+
+
+def row_workload(r: dict) -> Workload | None:
+    """A frame row's workload from its params (None: a row this module does not model)."""
+    ex = r["exercise"]
+    try:
+        if ex == "phase5.decode_attention":
+            return _decode_attention(r)
+        if ex == "phase5.quant_kernels":
+            return _stored_gemv(r)
+        shape = named(_v(r, "params.model"))
+        prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
+    except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
+        return None
+    context = mean_decode_context(prompt, output)
+    if ex == "phase5.batching" and r["variant"] == "lab-engine":
+        return decode_step(shape, int(_v(r, "params.concurrency")), context)
+    if ex == "phase5.ttft_decode" and r["variant"].startswith("lab-engine"):
+        return prefill(shape, prompt) if _v(r, "params.stage") == "prefill" else decode_step(shape, 1, context)
+    if ex == "phase5.quant_engine":
+        fmt = _v(r, "params.format")
+        if fmt not in ("bf16", "int4"):
+            return None                      # int8's path has no kernel list here
+        wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size")))
+        return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
+    return None
+
+
+def _decode_attention(r: dict) -> Workload | None:
+    """One timed call of the paged decode attention, from the row's own stored counts: the kernel
+    (one exponential per cached token and head) and the combine when split."""
+    if r["variant"] != "triton":
+        return None
+    flops, nbytes = _v(r, "prediction.flops"), _v(r, "prediction.bytes")
+    launches, hd = int(_v(r, "prediction.launches", 1)), _v(r, "params.head_dim")
+    if not flops or not nbytes or not hd:
+        return None
+    main = Kernel("paged decode attention", ELEMENTWISE, flops, nbytes, None, exps=flops / (4 * hd), launch=TRITON)
+    combine = Kernel("combine the splits", ELEMENTWISE, 0, 0, None, launch=TRITON, count=launches - 1)
+    return Workload("paged decode attention", (main, combine) if launches > 1 else (main,))
+
+
+# ------------------------------------------------------------------------------ `lab predict`
+def decode_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_tokens: int,
+                     weight_bytes: float = BF16_BYTES, what: str = "") -> list[tuple[str, Workload]]:
+    context = mean_decode_context(prompt_tokens, output_tokens)
+    return [(f"{shape.name}{what} decode step at batch {b}", decode_step(shape, b, context, weight_bytes=weight_bytes))
+            for b in batches]
+
+
+def ttft_workloads(shape: LlamaShape, prompt_tokens: int, output_tokens: int) -> list[tuple[str, Workload]]:
+    """ttft_decode's two rows per model: the batch-1 decode step (TPOT) and the prefill (TTFT)."""
+    return [*decode_workloads(shape, [1], prompt_tokens, output_tokens),
+            (f"{shape.name} prefill of {prompt_tokens} tokens", prefill(shape, prompt_tokens))]
+
+
+def quant_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_tokens: int,
+                    group_size: int) -> list[tuple[str, Workload]]:
+    """quant_engine's bf16 and int4 decode steps (int8 has no kernel list here)."""
+    return [*decode_workloads(shape, batches, prompt_tokens, output_tokens, what=" bf16"),
+            *decode_workloads(shape, batches, prompt_tokens, output_tokens, int4_weight_bytes(group_size), " int4")]
+
+
+def _stored_gemv(r: dict) -> Workload | None:
+    """One quant_kernels call (a projection of a few rows in a weight format), from the row's own
+    stored counts: its weight and scales read at the GEMV bandwidth, the rest of its launches (a
+    dequantize, a cast) at their floor."""
+    flops, nbytes = _v(r, "prediction.flops"), _v(r, "prediction.bytes")
+    launches = int(_v(r, "prediction.launches", 1))
+    if not flops or not nbytes:
+        return None
+    main = Kernel(f"{r['variant']} projection", GEMV, flops, nbytes, "bf16", launch=TORCH)
+    rest = Kernel("its other launches", ELEMENTWISE, 0, 0, None, launch=TORCH, count=launches - 1)
+    return Workload(f"{r['variant']} projection", (main, rest) if launches > 1 else (main,))
