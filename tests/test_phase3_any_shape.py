@@ -328,3 +328,29 @@ if INTERPRETED:
                                                                            grads=(dq, dk, dv), group_heads=group),
                                   q, ref, heads, "fp16")
         assert verdict["passed"], verdict
+
+
+def test_gradient_check_of_one_key_measures_rounding_against_the_cancelled_terms():
+    # one key: P = 1, so dQ and dK are exactly zero (dP - delta cancels); a correct kernel leaves
+    # rounding there, which no relative tolerance of zero accepts. Checked against the terms instead,
+    # rounding passes and a wrong gradient still fails.
+    import torch
+
+    from phases.phase3_triton import flash_attention_bwd as fab
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 1, 32) for _ in range(4))
+    heads = [(0, 0), (0, 1)]
+    ref = fab.reference_grads(q, k, v, do, False, None, heads)
+    assert float(ref["dq"].abs().max()) == 0.0 and float(ref["dq_terms"].abs().max()) > 0
+
+    def writes(dq_of):
+        def fill(dq, dk, dv):
+            for i, (b, h) in enumerate(heads):
+                dq[b, h] = dq_of(i)
+                dk[b, h] = ref["dk"][i] + 1e-4 * ref["dk_terms"][i]
+                dv[b, h] = ref["dv"][i]
+        return fill
+    rounded = fab.check_grads(writes(lambda i: 1e-4 * ref["dq_terms"][i]), q, ref, heads, "bf16")
+    wrong = fab.check_grads(writes(lambda i: ref["dq_terms"][i]), q, ref, heads, "bf16")
+    assert rounded["passed"], rounded
+    assert not wrong["passed"], wrong

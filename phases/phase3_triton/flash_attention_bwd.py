@@ -36,8 +36,12 @@ from . import flash_attention as fa
 
 
 def reference_grads(q, k, v, do, causal, sm_scale, heads) -> dict:
-    """float64 autograd through naive attention, per selected head: {'dq': (len(heads), N, D), ...}."""
-    out = {"dq": [], "dk": [], "dv": []}
+    """float64 autograd through naive attention, per selected head: {'dq': (len(heads), N, D), ...},
+    plus 'dq_terms' and 'dk_terms': sm_scale (P * dP) K and sm_scale (P * dP)^T Q, the products dQ
+    and dK are the difference of (dS = P * (dP - delta)). Where that difference cancels (one key: dQ
+    and dK are exactly zero) a correct kernel's rounding is measured against these terms."""
+    out = {"dq": [], "dk": [], "dv": [], "dq_terms": [], "dk_terms": []}
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     for b, h in heads:
         qq, kk, vv = (x[b, h].double().requires_grad_() for x in (q, k, v))
         o = fa.naive_attention(qq, kk, vv, causal, sm_scale)
@@ -45,6 +49,14 @@ def reference_grads(q, k, v, do, causal, sm_scale, heads) -> dict:
         out["dq"].append(dq)
         out["dk"].append(dk)
         out["dv"].append(dv)
+        with torch.no_grad():
+            scores = qq @ kk.transpose(-1, -2) * sm_scale
+            if causal:
+                n = scores.shape[-1]
+                scores.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
+            p_dp = torch.softmax(scores, dim=-1) * (do[b, h].double() @ vv.transpose(-1, -2))
+            out["dq_terms"].append(sm_scale * p_dp @ kk)
+            out["dk_terms"].append(sm_scale * p_dp.transpose(-1, -2) @ qq)
         del qq, kk, vv, o
     return {name: torch.stack(x) for name, x in out.items()}
 
@@ -56,8 +68,15 @@ def check_grads(fill, shape_like, ref: dict, heads, precision: str, which=("dq",
     fill(grads["dq"], grads["dk"], grads["dv"])
     if shape_like.is_cuda:
         torch.cuda.synchronize(shape_like.device)
-    verdicts = {name: compare(torch.stack([grads[name][b, h] for b, h in heads]), ref[name], precision,
-                              "float64 autograd through naive attention") for name in which}
+    def verdict(name):
+        got = torch.stack([grads[name][b, h] for b, h in heads])
+        terms = ref.get(f"{name}_terms")
+        if terms is None:
+            return compare(got, ref[name], precision, "float64 autograd through naive attention")
+        # the same difference, over the gradient and the terms it is the difference of together
+        return compare(torch.cat([got.double(), terms]), torch.cat([ref[name], terms]), precision,
+                       "float64 autograd through naive attention")
+    verdicts = {name: verdict(name) for name in which}
     name, worst = max(verdicts.items(), key=lambda kv: (not kv[1]["passed"], kv[1]["rel_l2_error"] or 0.0))
     out = dict(worst)
     out["reference"] = f"float64 autograd through naive attention ({', '.join(which)}), heads {heads}"
