@@ -45,37 +45,18 @@ def test_kernels_under_the_interpreter():
 
 # ------------------------------------------------------------------------------ child-only tests
 if INTERPRETED:
-    import numpy as np
     import torch
     import triton
     import triton.language as tl
 
-    from common.exercise import Context, reference_check
+    from interpreter_helpers import check, interpreter_unusable
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import matmul as mm
     from phases.phase3_triton import softmax as sm
     from phases.phase3_triton import vector_add as va
 
-    def _usable() -> str | None:
-        """Triton <= 3.6's interpreter cannot index with numpy >= 2.3 scalars (fixed in 3.7)."""
-        @triton.jit
-        def probe(x_ptr, n):
-            for i in range(0, n):
-                tl.store(x_ptr + i, i)
-        try:
-            probe[(1,)](torch.zeros(4), 4)
-            return None
-        except Exception as exc:  # noqa: BLE001
-            return (f"triton interpreter unusable here (triton {triton.__version__}, numpy {np.__version__}): "
-                    f"{type(exc).__name__}")
-
-    UNUSABLE = _usable()
-    CTX = Context(torch.device("cpu"), None, "cpu")
-
-    def check(out, fill, ref, reference, precision=None) -> dict:
-        """The exercises' own gate: poison `out`, run `fill`, compare with `ref` (bit-exact without a precision)."""
-        return reference_check(CTX, out, fill, ref, reference, precision)()
+    UNUSABLE = interpreter_unusable()
 
     @pytest.fixture(autouse=True)
     def _seed():
