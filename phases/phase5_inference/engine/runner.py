@@ -167,7 +167,7 @@ class ModelRunner:
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token after a
         prefill of all its tokens: a graph replay for one sequence that fits a bucket, else eager."""
-        if self.graphs is not None and self.graphs.fits_prefill(seqs):
+        if self.graphs is not None and not seqs[0].num_cached_tokens and self.graphs.fits_prefill(seqs):
             return self.graphs.prefill(seqs[0])
         return self.prefill_logits(seqs), None
 
@@ -182,8 +182,9 @@ class ModelRunner:
             if wants:
                 rows += range(start, start + seq.num_prompt_tokens - 1)
             spans.append((first, len(rows), wants))
-            rows.append(start + seq.num_tokens - 1)
-            start += seq.num_tokens
+            computed = seq.num_tokens - seq.num_cached_tokens      # rows this prefill packs
+            rows.append(start + computed - 1)
+            start += computed
         logits = self.prefill_logits(seqs, rows=rows)
         for seq, (first, end, wants) in zip(seqs, spans):
             if wants:
@@ -198,17 +199,20 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False,
                        rows: list[int] | None = None) -> torch.Tensor:
-        """fp32 logits after an eager prefill of every token of `seqs` (their blocks allocated): of
-        each sequence's last token, of every position (the correctness check's view), or of the
-        packed positions `rows`."""
-        seq_lens = [s.num_tokens for s in seqs]
+        """fp32 logits after an eager prefill of every uncached token of `seqs` (their blocks
+        allocated; a sequence's first num_cached_tokens are in the cache already, a shared
+        prefix): of each sequence's last token, of every computed position (the correctness
+        check's view), or of the packed positions `rows`."""
+        cached_lens = [s.num_cached_tokens for s in seqs]
+        seq_lens = [s.num_tokens - c for s, c in zip(seqs, cached_lens)]      # the tokens computed now
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
         total = int(offsets[-1])
         packed = np.concatenate([
-            np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), dtype=np.int32, count=total),
-            np.concatenate([np.arange(n, dtype=np.int32) for n in seq_lens]),
-            *[self.prefill_slots(s) for s in seqs], offsets[1:] - 1, offsets])
+            np.fromiter(itertools.chain.from_iterable(s.token_ids[c:] for s, c in zip(seqs, cached_lens)),
+                        dtype=np.int32, count=total),
+            np.concatenate([np.arange(c, s.num_tokens, dtype=np.int32) for s, c in zip(seqs, cached_lens)]),
+            *[self.prefill_slots(s)[c:] for s, c in zip(seqs, cached_lens)], offsets[1:] - 1, offsets])
         on_device = torch.from_numpy(packed).to(self.device)
         input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
             [total, total, total, len(seqs), len(seqs) + 1])
@@ -217,6 +221,9 @@ class ModelRunner:
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)
+        if any(cached_lens):            # attention over the cached prefix too: read from the paged cache
+            meta.cached_lens = cached_lens
+            meta.prefill_block_tables = [torch.tensor(s.block_table, dtype=torch.int64).to(self.device) for s in seqs]
         return self.model.forward_logits(input_ids, positions, meta)
 
     def prefill_slots(self, seq: Sequence) -> np.ndarray:

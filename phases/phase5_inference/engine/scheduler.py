@@ -27,7 +27,7 @@ ADMISSION_WATERMARK = 0.01
 class ScheduledBatch:
     seqs: list[Sequence]
     is_prefill: bool
-    num_tokens: int          # tokens the model processes this step
+    num_tokens: int          # tokens the model processes this step (a cached prefix's not counted)
 
 
 class Scheduler:
@@ -35,7 +35,7 @@ class Scheduler:
         """`config`: settled, its num_kv_blocks and max_model_len those of the sized pool. A decode
         step allocates config.speculative_tokens cache slots past each sequence's last token (a
         speculative step's proposals), never past max_model_len."""
-        self.block_pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.block_pool = BlockPool(config.num_kv_blocks, config.block_size, config.prefix_caching)
         self.lookahead_slots = config.speculative_tokens
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -62,14 +62,14 @@ class Scheduler:
             seq = self.waiting[0]
             reserve = self.watermark_blocks if self.running else 0
             if (num_tokens + seq.num_tokens > self.max_num_batched_tokens
-                    or not self.block_pool.can_allocate(seq, reserve)):
+                    or not self.block_pool.can_allocate(seq, reserve, share_prefix=True)):
                 break
             self.waiting.popleft()
-            self.block_pool.allocate(seq)
+            self.block_pool.allocate(seq, share_prefix=True)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            num_tokens += seq.num_tokens
+            num_tokens += seq.num_tokens - seq.num_cached_tokens
         return ScheduledBatch(admitted, True, num_tokens) if admitted else None
 
     def slots_needed(self, seq: Sequence) -> int:
@@ -123,6 +123,8 @@ class Scheduler:
                 self._retire(seq, reason)
             elif self.lookahead_slots:                     # a speculative step's rejected tokens' blocks
                 self.block_pool.truncate(seq, self.slots_needed(seq))
+            else:
+                self.block_pool.cache_filled_block(seq)
             emitted_by_seq.append(emitted)
         return emitted_by_seq
 

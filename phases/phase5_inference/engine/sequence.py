@@ -114,7 +114,7 @@ class Sequence:
     _ids = itertools.count()
 
     __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
-                 "block_table", "num_cached_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
+                 "block_table", "block_hashes", "num_cached_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
         self.seq_id = next(Sequence._ids)
@@ -124,6 +124,7 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []       # prefix keys of its full blocks (kv_cache.BlockPool)
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None
         # the sampler's log-probabilities (params.logprobs / prompt_logprobs), each entry
