@@ -177,3 +177,17 @@ def test_a_block_filled_by_decode_is_cached(weights):
     (o,) = eng.step()
     assert o.request_id == rid and o.num_cached_prompt_tokens == 32
     assert o.new_token_ids == out[13:14]
+
+
+def test_the_serve_flag_reaches_the_config_and_is_refused_with_speculation():
+    import argparse
+
+    from phases.phase5_inference.engine.server import add_arguments, config_from_args
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--model", "tiny", "--device", "cpu", "--port", "0"]
+    assert config_from_args(parser.parse_args(base)).prefix_caching
+    assert not config_from_args(parser.parse_args(base + ["--no-enable-prefix-caching"])).prefix_caching
+    with pytest.raises(LabError, match="enable_prefix_caching is not supported with speculative decoding"):
+        config_from_args(parser.parse_args(base + ["--enable-prefix-caching", "--speculative-model", "ngram",
+                                                   "--num-speculative-tokens", "2"]))
