@@ -44,6 +44,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0        # k: tokens proposed per step (1 .. MAX_SPECULATIVE_TOKENS when speculating)
     tensor_parallel: int = 1               # ranks the model is split over (processes started by torchrun)
     allreduce: str = "auto"                # tensor parallel: auto (the faster per size), nccl, one-shot
+    enable_chunked_prefill: bool = False   # a step of <= max_num_batched_tokens mixes prefill chunks with decode rows
     enable_prefix_caching: bool | None = None   # share cached full KV blocks of a common prefix; None: on
                                                 # unless speculative decoding (which it does not support)
 
@@ -96,6 +97,10 @@ class EngineConfig:
         if self.enable_prefix_caching and self.speculative_model != "none":
             raise LabError("enable_prefix_caching is not supported with speculative decoding (the draft's cache "
                            "and the verify step's rollback do not share blocks): turn one off")
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise LabError(f"enable_chunked_prefill must be true or false, got {self.enable_chunked_prefill!r}")
+        if self.enable_chunked_prefill and self.speculative_model != "none":
+            raise LabError("enable_chunked_prefill is not supported with speculative decoding: turn one off")
         if self.speculative_model != "none":
             k = self.num_speculative_tokens
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:

@@ -119,12 +119,13 @@ class BlockPool:
         matched = self.match_prefix(seq) if share_prefix and self.enable_prefix_caching else []
         return self._new_blocks_needed(seq, matched) + reserve_blocks <= len(self._free)
 
-    def allocate(self, seq: Sequence, share_prefix: bool = False) -> None:
+    def allocate(self, seq: Sequence, share_prefix: bool = False, key_blocks: bool = True) -> None:
         """Blocks for every token of `seq` (a prefill: the prompt, or prompt and output on
         recompute). share_prefix (the scheduler's allocations, whose prefill runs in the same
         step) with prefix caching on: its cached prefix's blocks are shared,
         seq.num_cached_tokens says how many tokens they hold (the prefill computes the rest), and
-        its other full blocks are keyed (the prefill about to run writes them). Without it every
+        its other full blocks are keyed (the prefill about to run writes them; key_blocks=False:
+        a chunked prefill keys only its chunk's, through cache_computed_blocks). Without it every
         token gets a fresh block and nothing is keyed (a caller that may not compute them)."""
         assert not seq.block_table, f"{seq} already holds blocks"
         share_prefix = share_prefix and self.enable_prefix_caching
@@ -138,9 +139,8 @@ class BlockPool:
             self._ref_count[block] += 1
         seq.block_table = matched + [self._take_free() for _ in range(self.blocks_for(seq.num_tokens) - len(matched))]
         seq.num_cached_tokens = len(matched) * self.block_size
-        if share_prefix:
-            for index in range(len(matched), seq.num_tokens // self.block_size):
-                self._register(seq, index)
+        if share_prefix and key_blocks:
+            self.cache_computed_blocks(seq, seq.num_tokens)
 
     def can_append(self, seq: Sequence, num_tokens: int | None = None) -> bool:
         """Room for the keys and values of `seq`'s last token (a decode step writes them), or of
@@ -151,12 +151,17 @@ class BlockPool:
         while len(seq.block_table) < self.blocks_for(num_tokens or seq.num_tokens):
             seq.block_table.append(self._take_free())
 
-    def cache_filled_block(self, seq: Sequence) -> None:
-        """After a step appended one token to `seq`: key the block its previous token filled, if
-        that token completed one (prefix caching only)."""
-        computed = seq.num_tokens - 1                  # tokens whose K and V are in the cache
-        if self.enable_prefix_caching and computed and computed % self.block_size == 0:
-            self._register(seq, computed // self.block_size - 1)
+    def cache_computed_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Key `seq`'s full blocks among its first `num_tokens` (default: its num_cached_tokens,
+        those whose K and V are written) not keyed yet (prefix caching only); they are keyed in
+        order, so the search stops at the first keyed one from the end."""
+        if not self.enable_prefix_caching:
+            return
+        computed = seq.num_cached_tokens if num_tokens is None else num_tokens
+        for index in range(computed // self.block_size - 1, -1, -1):
+            if self._key[seq.block_table[index]] is not None:
+                break
+            self._register(seq, index)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the blocks `seq`'s first `num_tokens` need (a speculative step's rejected

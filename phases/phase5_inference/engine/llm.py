@@ -67,12 +67,13 @@ class LLMEngine:
             self.shape, owned = resolve(config.model)[0], False
         self.max_speculative_tokens = config.speculative_tokens
         self._draft_shape(config.speculative_model)
+        step_tokens = 1 << 62 if config.enable_chunked_prefill else config.max_num_batched_tokens   # chunks fit any step
         requested_len = config.max_model_len or min(self.shape.max_position_embeddings, DEFAULT_MAX_MODEL_LEN,
-                                                    config.max_num_batched_tokens)
+                                                    step_tokens)
         if requested_len > self.shape.max_position_embeddings:
             raise LabError(f"max_model_len {requested_len} exceeds {self.shape.name}'s "
                            f"max_position_embeddings {self.shape.max_position_embeddings}")
-        if requested_len > config.max_num_batched_tokens:
+        if requested_len > step_tokens:
             raise LabError(f"max_model_len {requested_len} exceeds max_num_batched_tokens "
                            f"{config.max_num_batched_tokens}: a preempted sequence could never be prefilled again")
         self.runner = ModelRunner(config, self.shape, weights, quantization=quantization_of(config), tp=self.tp,
@@ -199,6 +200,8 @@ class LLMEngine:
                                             params.processes_logits)) if on]
             if asked:
                 raise ValueError(f"{asked[0]} is not supported with speculative decoding")
+        if self.config.enable_chunked_prefill and params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported with chunked prefill")
         if params.logit_bias:
             bad = [t for t in params.logit_bias if t >= self.shape.vocab_size]
             if bad:
@@ -250,7 +253,8 @@ class LLMEngine:
             self._count_cached_prompt(batch.seqs)
         new_tokens = self._run(batch)
         emitted = self.scheduler.postprocess(batch.seqs, new_tokens)
-        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)]
+        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
+                    if tokens or seq.is_finished]           # a prefill chunk short of the prompt's end: nothing yet
         for seq in [s for s in batch.seqs if s.is_finished]:
             self._forget(seq)
         self._record_step(batch, start)
@@ -260,7 +264,7 @@ class LLMEngine:
         """Each scheduled sequence's new tokens: a speculative decode step's, or the runner's one."""
         if self.speculator is not None and not batch.is_prefill:
             return self.speculator.decode_step(self.runner, batch.seqs, [self._budget(s) for s in batch.seqs])
-        new_tokens = [[token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
+        new_tokens = [[] if token is None else [token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
         if self.speculator is not None:
             self.speculator.proposer.prefill(batch.seqs)
         return new_tokens

@@ -154,6 +154,9 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
         and one sampled token per sequence."""
+        partial = [i for i, s in enumerate(seqs) if s.prefill_end < s.num_tokens]
+        if is_prefill and partial:
+            return self._run_chunks(seqs, partial)
         if is_prefill and any(s.params.prompt_logprobs is not None and s.prompt_logprobs is None for s in seqs):
             logits, greedy = self._prefill_with_prompt_logprobs(seqs), None
         elif is_prefill:
@@ -164,10 +167,24 @@ class ModelRunner:
             return self.read_tokens(greedy)
         return self.sampler.sample(logits, seqs, greedy)
 
+    def _run_chunks(self, seqs: list[Sequence], partial: list[int]) -> list[int | None]:
+        """A chunked-prefill step: every sequence's chunk (a decode row is a chunk of one token)
+        in one eager forward; a token sampled only for those whose chunk reaches their last token
+        (None for the rest: a sampler's per-request generator is not advanced by a chunk)."""
+        logits = self.prefill_logits(seqs)
+        done = [i for i in range(len(seqs)) if i not in set(partial)]
+        tokens: list[int | None] = [None] * len(seqs)
+        if done:
+            picked = self.sampler.sample(logits[torch.tensor(done, device=logits.device)], [seqs[i] for i in done])
+            for i, token in zip(done, picked):
+                tokens[i] = token
+        return tokens
+
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token after a
         prefill of all its tokens: a graph replay for one sequence that fits a bucket, else eager."""
-        if self.graphs is not None and not seqs[0].num_cached_tokens and self.graphs.fits_prefill(seqs):
+        if (self.graphs is not None and not seqs[0].num_cached_tokens and seqs[0].num_new_tokens is None
+                and self.graphs.fits_prefill(seqs)):
             return self.graphs.prefill(seqs[0])
         return self.prefill_logits(seqs), None
 
@@ -204,15 +221,16 @@ class ModelRunner:
         prefix): of each sequence's last token, of every computed position (the correctness
         check's view), or of the packed positions `rows`."""
         cached_lens = [s.num_cached_tokens for s in seqs]
-        seq_lens = [s.num_tokens - c for s, c in zip(seqs, cached_lens)]      # the tokens computed now
+        ends = [s.prefill_end for s in seqs]
+        seq_lens = [e - c for e, c in zip(ends, cached_lens)]                # the tokens computed now
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
         total = int(offsets[-1])
         packed = np.concatenate([
-            np.fromiter(itertools.chain.from_iterable(s.token_ids[c:] for s, c in zip(seqs, cached_lens)),
+            np.fromiter(itertools.chain.from_iterable(s.token_ids[c:e] for s, c, e in zip(seqs, cached_lens, ends)),
                         dtype=np.int32, count=total),
-            np.concatenate([np.arange(c, s.num_tokens, dtype=np.int32) for s, c in zip(seqs, cached_lens)]),
-            *[self.prefill_slots(s)[c:] for s, c in zip(seqs, cached_lens)], offsets[1:] - 1, offsets])
+            np.concatenate([np.arange(c, e, dtype=np.int32) for c, e in zip(cached_lens, ends)]),
+            *[self.prefill_slots(s)[c:e] for s, c, e in zip(seqs, cached_lens, ends)], offsets[1:] - 1, offsets])
         on_device = torch.from_numpy(packed).to(self.device)
         input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
             [total, total, total, len(seqs), len(seqs) + 1])
