@@ -112,3 +112,28 @@ def test_prompt_logprobs_are_refused_with_chunked_prefill(weights):
     eng = chunked(weights, 32)
     with pytest.raises(ValueError, match="prompt_logprobs is not supported with chunked prefill"):
         eng.add_request([1, 2, 3], SamplingParams(prompt_logprobs=1))
+
+
+def test_the_serve_flag_reaches_the_config():
+    import argparse
+
+    from phases.phase5_inference.engine.server import add_arguments, config_from_args
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--model", "tiny", "--device", "cpu", "--port", "0"]
+    assert not config_from_args(parser.parse_args(base)).enable_chunked_prefill
+    assert config_from_args(parser.parse_args(base + ["--enable-chunked-prefill"])).enable_chunked_prefill
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_greedy_tokens_equal_with_chunked_prefill_on_and_off():
+    """On a GPU with CUDA graphs for the pure decode steps (float32: the comparison is of the
+    scheduling, not of rounding)."""
+    w = random_weights(named("tiny"), seed=0, dtype=torch.float32, device="cuda")
+
+    def gpu(**config):
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cuda", block_size=16, max_model_len=256,
+                                      num_kv_blocks=256, max_num_seqs=8, **config), weights=w)
+    expected = gpu(max_num_batched_tokens=256).generate(prompts(), GREEDY)
+    assert gpu(enable_chunked_prefill=True, max_num_batched_tokens=37).generate(prompts(), GREEDY) == expected

@@ -191,3 +191,19 @@ def test_the_serve_flag_reaches_the_config_and_is_refused_with_speculation():
     with pytest.raises(LabError, match="enable_prefix_caching is not supported with speculative decoding"):
         config_from_args(parser.parse_args(base + ["--enable-prefix-caching", "--speculative-model", "ngram",
                                                    "--num-speculative-tokens", "2"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_greedy_tokens_equal_with_the_cache_on_and_off():
+    """On a GPU with CUDA graphs (float32: the comparison is of the cache, not of rounding)."""
+    w = random_weights(named("tiny"), seed=0, dtype=torch.float32, device="cuda")
+
+    def gpu(**config):
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cuda", block_size=BLOCK,
+                                      num_kv_blocks=256, max_num_seqs=8, **config), weights=w)
+    expected = run_one_by_one(gpu(enable_prefix_caching=False), sharing_prompts())
+    on = gpu(enable_prefix_caching=True)
+    assert run_one_by_one(on, sharing_prompts()) == expected
+    assert on.telemetry["cached_prompt_tokens"] == 32 + 32 + 64 + 48 + 16
+    assert on.generate(sharing_prompts(), GREEDY) == expected

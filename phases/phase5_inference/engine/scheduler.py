@@ -7,6 +7,11 @@ When a decode sequence needs a new block and none is free, the most recently adm
 sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
 to recompute its prompt and generated tokens in a later prefill (vLLM's recompute preemption).
 
+With prefix caching a prefill computes only the tokens after the cached prefix it shares
+(kv_cache.BlockPool). With chunked prefill (enable_chunked_prefill) a step while anything is
+waiting or part-prefilled mixes, within max_num_batched_tokens, the running sequences' decode rows
+and prefill chunks with the first chunks of newly admitted ones (_schedule_chunked).
+
 The scheduler owns a sequence's life from admission to finish: after each step `postprocess`
 appends the new tokens, stops a sequence at EOS (unless ignore_eos) or a stop token ("stop"), at
 max_tokens or a full context ("length"), and frees a finished sequence's blocks (nano-vllm's
