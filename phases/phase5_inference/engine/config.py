@@ -44,6 +44,9 @@ class EngineConfig:
     num_speculative_tokens: int = 0        # k: tokens proposed per step (1 .. MAX_SPECULATIVE_TOKENS when speculating)
     tensor_parallel: int = 1               # ranks the model is split over (processes started by torchrun)
     allreduce: str = "auto"                # tensor parallel: auto (the faster per size), nccl, one-shot
+    enable_chunked_prefill: bool = False   # a step of <= max_num_batched_tokens mixes prefill chunks with decode rows
+    enable_prefix_caching: bool | None = None   # share cached full KV blocks of a common prefix; None: on
+                                                # unless speculative decoding (which it does not support)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -53,6 +56,13 @@ class EngineConfig:
     def speculative_tokens(self) -> int:
         """k when speculating, else 0: the cache slots a decode step writes past a sequence's last token."""
         return self.num_speculative_tokens if self.speculative_model != "none" else 0
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prompts reuse cached KV blocks of a prefix seen before (kv_cache.BlockPool)."""
+        if self.enable_prefix_caching is None:
+            return self.speculative_model == "none"
+        return self.enable_prefix_caching
 
     @property
     def decode_rows(self) -> int:
@@ -82,6 +92,15 @@ class EngineConfig:
             raise LabError("quantization with tensor_parallel > 1 is not supported: quantize on one GPU")
         if tp > 1 and self.speculative_model != "none":
             raise LabError("speculative decoding with tensor_parallel > 1 is not supported")
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            raise LabError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        if self.enable_prefix_caching and self.speculative_model != "none":
+            raise LabError("enable_prefix_caching is not supported with speculative decoding (the draft's cache "
+                           "and the verify step's rollback do not share blocks): turn one off")
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise LabError(f"enable_chunked_prefill must be true or false, got {self.enable_chunked_prefill!r}")
+        if self.enable_chunked_prefill and self.speculative_model != "none":
+            raise LabError("enable_chunked_prefill is not supported with speculative decoding: turn one off")
         if self.speculative_model != "none":
             k = self.num_speculative_tokens
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
@@ -192,4 +211,5 @@ def draft_config(config: EngineConfig, model: str, seed: int) -> EngineConfig:
     block tables), rows for two tokens per sequence (its catch-up)."""
     return dataclasses.replace(config, model=model, seed=seed,
                                max_num_seqs=2 * config.max_num_seqs, quantization="none",
-                               speculative_model="none", num_speculative_tokens=0, tensor_parallel=1)
+                               speculative_model="none", num_speculative_tokens=0, tensor_parallel=1,
+                               enable_prefix_caching=False)

@@ -42,6 +42,7 @@ class StepOutput:
     num_output_tokens: int
     logprobs: list | None = None         # per new token (params.logprobs): (logprob, [(top id, logprob), ...])
     prompt_logprobs: list | None = None  # first output only (params.prompt_logprobs): per prompt token after the first
+    num_cached_prompt_tokens: int = 0    # prompt tokens its first prefill read from the prefix cache
 
 
 class LLMEngine:
@@ -66,12 +67,13 @@ class LLMEngine:
             self.shape, owned = resolve(config.model)[0], False
         self.max_speculative_tokens = config.speculative_tokens
         self._draft_shape(config.speculative_model)
+        step_tokens = 1 << 62 if config.enable_chunked_prefill else config.max_num_batched_tokens   # chunks fit any step
         requested_len = config.max_model_len or min(self.shape.max_position_embeddings, DEFAULT_MAX_MODEL_LEN,
-                                                    config.max_num_batched_tokens)
+                                                    step_tokens)
         if requested_len > self.shape.max_position_embeddings:
             raise LabError(f"max_model_len {requested_len} exceeds {self.shape.name}'s "
                            f"max_position_embeddings {self.shape.max_position_embeddings}")
-        if requested_len > config.max_num_batched_tokens:
+        if requested_len > step_tokens:
             raise LabError(f"max_model_len {requested_len} exceeds max_num_batched_tokens "
                            f"{config.max_num_batched_tokens}: a preempted sequence could never be prefilled again")
         self.runner = ModelRunner(config, self.shape, weights, quantization=quantization_of(config), tp=self.tp,
@@ -108,7 +110,9 @@ class LLMEngine:
             "max_model_len": self.max_model_len, "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens, "load_s": load_s,
             "startup_s": time.perf_counter() - start, "steps": 0,
+            "prefix_caching": config.prefix_caching, "prompt_tokens": 0, "cached_prompt_tokens": 0,
         }
+        self._cached_prompt_tokens: dict[str, int] = {}     # per request, from its first prefill
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -196,6 +200,8 @@ class LLMEngine:
                                             params.processes_logits)) if on]
             if asked:
                 raise ValueError(f"{asked[0]} is not supported with speculative decoding")
+        if self.config.enable_chunked_prefill and params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported with chunked prefill")
         if params.logit_bias:
             bad = [t for t in params.logit_bias if t >= self.shape.vocab_size]
             if bad:
@@ -243,9 +249,12 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
+        if batch.is_prefill:
+            self._count_cached_prompt(batch.seqs)
         new_tokens = self._run(batch)
         emitted = self.scheduler.postprocess(batch.seqs, new_tokens)
-        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)]
+        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
+                    if tokens or seq.is_finished]           # a prefill chunk short of the prompt's end: nothing yet
         for seq in [s for s in batch.seqs if s.is_finished]:
             self._forget(seq)
         self._record_step(batch, start)
@@ -255,14 +264,23 @@ class LLMEngine:
         """Each scheduled sequence's new tokens: a speculative decode step's, or the runner's one."""
         if self.speculator is not None and not batch.is_prefill:
             return self.speculator.decode_step(self.runner, batch.seqs, [self._budget(s) for s in batch.seqs])
-        new_tokens = [[token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
+        new_tokens = [[] if token is None else [token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
         if self.speculator is not None:
             self.speculator.proposer.prefill(batch.seqs)
         return new_tokens
 
+    def _count_cached_prompt(self, seqs: list[Sequence]) -> None:
+        """Telemetry of a request's first prefill: its prompt tokens, and those the prefix cache
+        served (a recompute after preemption is not counted again)."""
+        for seq in seqs:
+            if seq.num_output_tokens == 0 and seq.request_id not in self._cached_prompt_tokens:
+                self._cached_prompt_tokens[seq.request_id] = seq.num_cached_tokens
+                self.telemetry["prompt_tokens"] += seq.num_prompt_tokens
+                self.telemetry["cached_prompt_tokens"] += seq.num_cached_tokens
+
     def _output(self, seq: Sequence, emitted: list[int]) -> StepOutput:
         out = StepOutput(seq.request_id, emitted, seq.is_finished, seq.finish_reason, seq.num_prompt_tokens,
-                         seq.num_output_tokens)
+                         seq.num_output_tokens, num_cached_prompt_tokens=self._cached_prompt_tokens.get(seq.request_id, 0))
         if seq.params.logprobs is not None:
             out.logprobs, seq.new_logprobs = seq.new_logprobs, []
         if seq.params.prompt_logprobs is not None and seq.num_output_tokens == len(emitted):
@@ -284,6 +302,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.proposer.forget(seq)
         self._requests.pop(seq.request_id, None)
+        self._cached_prompt_tokens.pop(seq.request_id, None)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Offline: add every prompt, step until they are all done; output token ids in prompt order."""

@@ -46,6 +46,8 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None     # decode: [seqs] int32, the new token included
     num_splits: int | None = None                # decode: attention splits per (seq, KV head); None: by shape
     logits_indices: torch.Tensor | None = None   # rows whose hidden state is returned; None: all
+    cached_lens: list[int] | None = None         # prefill: tokens of each sequence already cached (a shared prefix)
+    prefill_block_tables: list | None = None     # prefill with cached_lens: each sequence's blocks, int64 tensors
 
 
 def rope_tables(shape: LlamaShape, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,7 +257,9 @@ class LlamaModel:
             k_cache, v_cache = self.kv_caches[index]
             q = rope_and_store(qkv, positions, self.rope_cos, self.rope_sin, k_cache, v_cache, meta.slot_mapping,
                                s.num_attention_heads, s.num_key_value_heads, s.head_dim)
-            if meta.is_prefill:
+            if meta.is_prefill and meta.cached_lens is not None:
+                attention = self._prefill_attention_over_cache(q, k_cache, v_cache, meta)
+            elif meta.is_prefill:
                 attention = self._prefill_attention(q, qkv, meta)
             else:
                 attention = paged_attention.paged_decode_attention(
@@ -293,5 +297,27 @@ class LlamaModel:
             out[rows] = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1), k[rows].transpose(0, 1), v[rows].transpose(0, 1),
                 is_causal=True, scale=self.scale, enable_gqa=self.gqa).transpose(0, 1)
+            start += n
+        return out
+
+    def _prefill_attention_over_cache(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                      meta: AttentionMetadata) -> torch.Tensor:
+        """Causal attention of each sequence's new tokens over its whole context, cached prefix
+        and new tokens alike, read from the paged cache (this layer's K and V of the new tokens
+        were stored before): query r of a sequence with c cached tokens sits at position c + r and
+        sees keys 0 .. c + r. Per sequence through SDPA with an explicit mask, on every device
+        (the flash varlen path takes only the new tokens' keys)."""
+        s = self.shape
+        out = torch.empty_like(q)
+        start = 0
+        for n, cached, blocks in zip(meta.seq_lens, meta.cached_lens, meta.prefill_block_tables):
+            context = cached + n
+            k = k_cache[blocks].reshape(-1, s.num_key_value_heads, s.head_dim)[:context]
+            v = v_cache[blocks].reshape(-1, s.num_key_value_heads, s.head_dim)[:context]
+            visible = torch.ones(n, context, dtype=torch.bool, device=q.device).tril(diagonal=cached)
+            rows = slice(start, start + n)
+            out[rows] = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
+                scale=self.scale, enable_gqa=self.gqa).transpose(0, 1)
             start += n
         return out

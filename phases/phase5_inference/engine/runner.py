@@ -154,6 +154,9 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
         and one sampled token per sequence."""
+        partial = [i for i, s in enumerate(seqs) if s.prefill_end < s.num_tokens]
+        if is_prefill and partial:
+            return self._run_chunks(seqs, partial)
         if is_prefill and any(s.params.prompt_logprobs is not None and s.prompt_logprobs is None for s in seqs):
             logits, greedy = self._prefill_with_prompt_logprobs(seqs), None
         elif is_prefill:
@@ -164,10 +167,24 @@ class ModelRunner:
             return self.read_tokens(greedy)
         return self.sampler.sample(logits, seqs, greedy)
 
+    def _run_chunks(self, seqs: list[Sequence], partial: list[int]) -> list[int | None]:
+        """A chunked-prefill step: every sequence's chunk (a decode row is a chunk of one token)
+        in one eager forward; a token sampled only for those whose chunk reaches their last token
+        (None for the rest: a sampler's per-request generator is not advanced by a chunk)."""
+        logits = self.prefill_logits(seqs)
+        done = [i for i in range(len(seqs)) if i not in set(partial)]
+        tokens: list[int | None] = [None] * len(seqs)
+        if done:
+            picked = self.sampler.sample(logits[torch.tensor(done, device=logits.device)], [seqs[i] for i in done])
+            for i, token in zip(done, picked):
+                tokens[i] = token
+        return tokens
+
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token after a
         prefill of all its tokens: a graph replay for one sequence that fits a bucket, else eager."""
-        if self.graphs is not None and self.graphs.fits_prefill(seqs):
+        if (self.graphs is not None and not seqs[0].num_cached_tokens and seqs[0].num_new_tokens is None
+                and self.graphs.fits_prefill(seqs)):
             return self.graphs.prefill(seqs[0])
         return self.prefill_logits(seqs), None
 
@@ -182,8 +199,9 @@ class ModelRunner:
             if wants:
                 rows += range(start, start + seq.num_prompt_tokens - 1)
             spans.append((first, len(rows), wants))
-            rows.append(start + seq.num_tokens - 1)
-            start += seq.num_tokens
+            computed = seq.num_tokens - seq.num_cached_tokens      # rows this prefill packs
+            rows.append(start + computed - 1)
+            start += computed
         logits = self.prefill_logits(seqs, rows=rows)
         for seq, (first, end, wants) in zip(seqs, spans):
             if wants:
@@ -198,17 +216,21 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False,
                        rows: list[int] | None = None) -> torch.Tensor:
-        """fp32 logits after an eager prefill of every token of `seqs` (their blocks allocated): of
-        each sequence's last token, of every position (the correctness check's view), or of the
-        packed positions `rows`."""
-        seq_lens = [s.num_tokens for s in seqs]
+        """fp32 logits after an eager prefill of every uncached token of `seqs` (their blocks
+        allocated; a sequence's first num_cached_tokens are in the cache already, a shared
+        prefix): of each sequence's last token, of every computed position (the correctness
+        check's view), or of the packed positions `rows`."""
+        cached_lens = [s.num_cached_tokens for s in seqs]
+        ends = [s.prefill_end for s in seqs]
+        seq_lens = [e - c for e, c in zip(ends, cached_lens)]                # the tokens computed now
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
         total = int(offsets[-1])
         packed = np.concatenate([
-            np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), dtype=np.int32, count=total),
-            np.concatenate([np.arange(n, dtype=np.int32) for n in seq_lens]),
-            *[self.prefill_slots(s) for s in seqs], offsets[1:] - 1, offsets])
+            np.fromiter(itertools.chain.from_iterable(s.token_ids[c:e] for s, c, e in zip(seqs, cached_lens, ends)),
+                        dtype=np.int32, count=total),
+            np.concatenate([np.arange(c, e, dtype=np.int32) for c, e in zip(cached_lens, ends)]),
+            *[self.prefill_slots(s)[c:e] for s, c, e in zip(seqs, cached_lens, ends)], offsets[1:] - 1, offsets])
         on_device = torch.from_numpy(packed).to(self.device)
         input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
             [total, total, total, len(seqs), len(seqs) + 1])
@@ -217,6 +239,9 @@ class ModelRunner:
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)
+        if any(cached_lens):            # attention over the cached prefix too: read from the paged cache
+            meta.cached_lens = cached_lens
+            meta.prefill_block_tables = [torch.tensor(s.block_table, dtype=torch.int64).to(self.device) for s in seqs]
         return self.model.forward_logits(input_ids, positions, meta)
 
     def prefill_slots(self, seq: Sequence) -> np.ndarray:

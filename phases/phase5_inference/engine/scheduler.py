@@ -7,6 +7,11 @@ When a decode sequence needs a new block and none is free, the most recently adm
 sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
 to recompute its prompt and generated tokens in a later prefill (vLLM's recompute preemption).
 
+With prefix caching a prefill computes only the tokens after the cached prefix it shares
+(kv_cache.BlockPool). With chunked prefill (enable_chunked_prefill) a step while anything is
+waiting or part-prefilled mixes, within max_num_batched_tokens, the running sequences' decode rows
+and prefill chunks with the first chunks of newly admitted ones (_schedule_chunked).
+
 The scheduler owns a sequence's life from admission to finish: after each step `postprocess`
 appends the new tokens, stops a sequence at EOS (unless ignore_eos) or a stop token ("stop"), at
 max_tokens or a full context ("length"), and frees a finished sequence's blocks (nano-vllm's
@@ -27,7 +32,7 @@ ADMISSION_WATERMARK = 0.01
 class ScheduledBatch:
     seqs: list[Sequence]
     is_prefill: bool
-    num_tokens: int          # tokens the model processes this step
+    num_tokens: int          # tokens the model processes this step (a cached prefix's not counted)
 
 
 class Scheduler:
@@ -35,7 +40,7 @@ class Scheduler:
         """`config`: settled, its num_kv_blocks and max_model_len those of the sized pool. A decode
         step allocates config.speculative_tokens cache slots past each sequence's last token (a
         speculative step's proposals), never past max_model_len."""
-        self.block_pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.block_pool = BlockPool(config.num_kv_blocks, config.block_size, config.prefix_caching)
         self.lookahead_slots = config.speculative_tokens
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -45,6 +50,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()      # in admission order: the last is the newest
         self.num_preemptions = 0
+        self.chunked_prefill = config.enable_chunked_prefill
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -54,7 +60,50 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
+        if self.chunked_prefill and (self.waiting or any(s.num_tokens - s.num_cached_tokens > 1 for s in self.running)):
+            return self._schedule_chunked()
         return (self.waiting and self._schedule_prefill()) or self._schedule_decode()
+
+    def _schedule_chunked(self) -> ScheduledBatch | None:
+        """Chunked prefill (vLLM's): one step of at most max_num_batched_tokens tokens, the running
+        sequences first in admission order (a decode row is one token, a prefill in progress its
+        next chunk), then waiting ones admitted with a first chunk while tokens, blocks and
+        max_num_seqs allow. A sequence's blocks are all allocated when it is admitted; a running
+        one whose next token needs a block preempts the newest, as in a decode step."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[Sequence] = []
+        while self.running and budget:
+            seq = self.running.popleft()
+            while not self.block_pool.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.block_pool.append(seq)
+                seq.num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
+                budget -= seq.num_new_tokens
+                scheduled.append(seq)
+        unscheduled = list(self.running)
+        self.running.clear()
+        self.running.extend(scheduled)
+        self.running.extend(unscheduled)          # admission order kept: the newest last
+        while self.waiting and budget and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            reserve = self.watermark_blocks if self.running else 0
+            if not self.block_pool.can_allocate(seq, reserve, share_prefix=True):
+                break
+            self.waiting.popleft()
+            self.block_pool.allocate(seq, share_prefix=True, key_blocks=False)
+            seq.num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            self.block_pool.cache_computed_blocks(seq, seq.prefill_end)     # written by this step
+            budget -= seq.num_new_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(seq)
+        num_tokens = self.max_num_batched_tokens - budget
+        return ScheduledBatch(scheduled, True, num_tokens) if scheduled else None
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         admitted, num_tokens = [], 0
@@ -62,14 +111,14 @@ class Scheduler:
             seq = self.waiting[0]
             reserve = self.watermark_blocks if self.running else 0
             if (num_tokens + seq.num_tokens > self.max_num_batched_tokens
-                    or not self.block_pool.can_allocate(seq, reserve)):
+                    or not self.block_pool.can_allocate(seq, reserve, share_prefix=True)):
                 break
             self.waiting.popleft()
-            self.block_pool.allocate(seq)
+            self.block_pool.allocate(seq, share_prefix=True)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            num_tokens += seq.num_tokens
+            num_tokens += seq.num_tokens - seq.num_cached_tokens
         return ScheduledBatch(admitted, True, num_tokens) if admitted else None
 
     def slots_needed(self, seq: Sequence) -> int:
@@ -101,6 +150,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s blocks and put it first in line; its tokens are kept for the recompute."""
         self.block_pool.free(seq)
+        seq.num_new_tokens = None
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -110,6 +160,13 @@ class Scheduler:
         first that finishes it; retire the finished ones. The tokens each sequence emitted."""
         emitted_by_seq = []
         for seq, tokens in zip(seqs, new_tokens):
+            if seq.num_new_tokens is not None:               # a chunked prefill step
+                end, seq.num_new_tokens = seq.prefill_end, None
+                if end < seq.num_tokens:                     # a chunk short of the last token: no token yet
+                    seq.num_cached_tokens = end
+                    self.block_pool.cache_computed_blocks(seq)
+                    emitted_by_seq.append([])
+                    continue
             emitted, reason = [], None
             for token in tokens:
                 seq.num_cached_tokens = seq.num_tokens
@@ -123,6 +180,8 @@ class Scheduler:
                 self._retire(seq, reason)
             elif self.lookahead_slots:                     # a speculative step's rejected tokens' blocks
                 self.block_pool.truncate(seq, self.slots_needed(seq))
+            else:
+                self.block_pool.cache_computed_blocks(seq)
             emitted_by_seq.append(emitted)
         return emitted_by_seq
 

@@ -114,7 +114,7 @@ class Sequence:
     _ids = itertools.count()
 
     __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
-                 "block_table", "num_cached_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
+                 "block_table", "block_hashes", "num_cached_tokens", "num_new_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
         self.seq_id = next(Sequence._ids)
@@ -124,7 +124,9 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []       # prefix keys of its full blocks (kv_cache.BlockPool)
         self.num_cached_tokens = 0
+        self.num_new_tokens: int | None = None  # a chunked prefill's tokens this step; None: all uncached
         self.finish_reason: str | None = None
         # the sampler's log-probabilities (params.logprobs / prompt_logprobs), each entry
         # (logprob of the token, [(top token id, logprob), ...]); the engine hands them out per step
@@ -142,6 +144,11 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def prefill_end(self) -> int:
+        """Where this step's prefill stops: after its chunk (chunked prefill), else at the end."""
+        return self.num_tokens if self.num_new_tokens is None else self.num_cached_tokens + self.num_new_tokens
 
     @property
     def last_token_id(self) -> int:

@@ -480,12 +480,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allreduce", default="auto", choices=("auto", "nccl", "one-shot"),
                         help="tensor parallel all-reduce: the faster of NCCL and a one-shot through symmetric "
                              "memory per size, or one of them")
+    parser.add_argument("--enable-chunked-prefill", action="store_true",
+                        help="steps of at most --max-num-batched-tokens tokens mixing prefill chunks with decode "
+                             "rows, so a long prompt does not stop the running streams")
+    parser.add_argument("--enable-prefix-caching", default=None, action=argparse.BooleanOptionalAction,
+                        help="share the cached KV blocks of a prompt prefix seen before (default: on, except "
+                             "with speculative decoding, which refuses it)")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
                  "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend",
                  "quantization", "quant_path", "quant_group_size", "speculative_model", "num_speculative_tokens",
-                 "tensor_parallel", "allreduce")
+                 "tensor_parallel", "allreduce", "enable_chunked_prefill", "enable_prefix_caching")
 
 
 def config_from_args(args: argparse.Namespace):
