@@ -45,8 +45,8 @@ class EngineConfig:
     tensor_parallel: int = 1               # ranks the model is split over (processes started by torchrun)
     allreduce: str = "auto"                # tensor parallel: auto (the faster per size), nccl, one-shot
     enable_chunked_prefill: bool = False   # a step of <= max_num_batched_tokens mixes prefill chunks with decode rows
-    enable_prefix_caching: bool | None = None   # share cached full KV blocks of a common prefix; None: on
-                                                # unless speculative decoding (which it does not support)
+    enable_prefix_caching: bool = False    # share cached full KV blocks of a common prefix (off until the GPU
+                                           # path, prefill over cached blocks, is checked on a GPU)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,8 +60,6 @@ class EngineConfig:
     @property
     def prefix_caching(self) -> bool:
         """Whether prompts reuse cached KV blocks of a prefix seen before (kv_cache.BlockPool)."""
-        if self.enable_prefix_caching is None:
-            return self.speculative_model == "none"
         return self.enable_prefix_caching
 
     @property
@@ -92,7 +90,7 @@ class EngineConfig:
             raise LabError("quantization with tensor_parallel > 1 is not supported: quantize on one GPU")
         if tp > 1 and self.speculative_model != "none":
             raise LabError("speculative decoding with tensor_parallel > 1 is not supported")
-        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+        if not isinstance(self.enable_prefix_caching, bool):
             raise LabError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         if self.enable_prefix_caching and self.speculative_model != "none":
             raise LabError("enable_prefix_caching is not supported with speculative decoding (the draft's cache "

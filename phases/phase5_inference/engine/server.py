@@ -483,9 +483,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-chunked-prefill", action="store_true",
                         help="steps of at most --max-num-batched-tokens tokens mixing prefill chunks with decode "
                              "rows, so a long prompt does not stop the running streams")
-    parser.add_argument("--enable-prefix-caching", default=None, action=argparse.BooleanOptionalAction,
-                        help="share the cached KV blocks of a prompt prefix seen before (default: on, except "
-                             "with speculative decoding, which refuses it)")
+    parser.add_argument("--enable-prefix-caching", default=False, action=argparse.BooleanOptionalAction,
+                        help="share the cached KV blocks of a prompt prefix seen before (default: off; refused "
+                             "with speculative decoding)")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
