@@ -55,6 +55,17 @@ def _isolated_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path_factory.mktemp("guard-results")))
 
 
+@pytest.fixture(scope="module")
+def two_torch_threads():
+    """At most two CPU threads for torch while a module's engine tests run (the CI machine has two
+    cores); use with `pytestmark = pytest.mark.usefixtures("two_torch_threads")`."""
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(min(2, previous))
+    yield
+    torch.set_num_threads(previous)
+
+
 def tiny_transformers_llama(weights: dict):
     """transformers' LlamaForCausalLM of the lab's 'tiny' shape holding `weights` (the engine's
     correctness reference; skips where transformers is missing)."""

@@ -13,12 +13,7 @@ from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingPara
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(min(2, previous))
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 @pytest.fixture(scope="module")

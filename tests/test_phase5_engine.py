@@ -29,12 +29,7 @@ LOGITS_RTOL = 1e-4          # max |ours - transformers| over max |transformers|,
 GREEDY = SamplingParams(max_tokens=64, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(min(2, previous))
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,7 @@ BLOCK = 16
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(min(2, previous))
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 @pytest.fixture(scope="module")
