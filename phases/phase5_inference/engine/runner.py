@@ -154,9 +154,10 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """One forward over `seqs` (prefill: every uncached token; decode: the last token of each)
         and one sampled token per sequence."""
-        partial = [i for i, s in enumerate(seqs) if s.prefill_end < s.num_tokens]
-        if is_prefill and partial:
-            return self._run_chunks(seqs, partial)
+        if is_prefill:
+            partial = [i for i, s in enumerate(seqs) if s.prefill_end < s.num_tokens]
+            if partial:
+                return self._run_chunks(seqs, partial)
         if is_prefill and any(s.params.prompt_logprobs is not None and s.prompt_logprobs is None for s in seqs):
             logits, greedy = self._prefill_with_prompt_logprobs(seqs), None
         elif is_prefill:
@@ -172,7 +173,8 @@ class ModelRunner:
         in one eager forward; a token sampled only for those whose chunk reaches their last token
         (None for the rest: a sampler's per-request generator is not advanced by a chunk)."""
         logits = self.prefill_logits(seqs)
-        done = [i for i in range(len(seqs)) if i not in set(partial)]
+        unfinished = set(partial)
+        done = [i for i in range(len(seqs)) if i not in unfinished]
         tokens: list[int | None] = [None] * len(seqs)
         if done:
             picked = self.sampler.sample(logits[torch.tensor(done, device=logits.device)], [seqs[i] for i in done])

@@ -74,14 +74,7 @@ class Scheduler:
         scheduled: list[Sequence] = []
         while self.running and budget:
             seq = self.running.popleft()
-            while not self.block_pool.can_append(seq):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                self.block_pool.append(seq)
+            if self._room_for(seq):
                 seq.num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
                 budget -= seq.num_new_tokens
                 scheduled.append(seq)
@@ -135,17 +128,21 @@ class Scheduler:
         scheduled: list[Sequence] = []
         while self.running:
             seq = self.running.popleft()
-            while not self.block_pool.can_append(seq, self.slots_needed(seq)):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                self.block_pool.append(seq, self.slots_needed(seq))
+            if self._room_for(seq, self.slots_needed(seq)):
                 scheduled.append(seq)
         self.running.extend(scheduled)
         return ScheduledBatch(scheduled, False, len(scheduled)) if scheduled else None
+
+    def _room_for(self, seq: Sequence, num_tokens: int | None = None) -> bool:
+        """Blocks for `seq`'s next slots (its first `num_tokens`, default all its tokens), preempting
+        the newest running sequences first and `seq` itself last (then False)."""
+        while not self.block_pool.can_append(seq, num_tokens):
+            if not self.running:
+                self.preempt(seq)
+                return False
+            self.preempt(self.running.pop())
+        self.block_pool.append(seq, num_tokens)
+        return True
 
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s blocks and put it first in line; its tokens are kept for the recompute."""
