@@ -158,13 +158,12 @@ __device__ __forceinline__ int2 block_chunks(const Problem& p) {
                      int((long long)(blockIdx.y + 1) * p.wk * p.k_chunks / n_splits));
 }
 
-// Activations of rows [m0, m0 + rows) over the block's K range, copied once into shared memory with
+// Activations of rows [m0, m0 + rows) over the block's chunks cb (block_chunks), copied once into shared memory with
 // cp.async (no registers held; the caller waits with wait_x_staging after issuing its first weight
 // loads, so one latency covers both). Row r starts at r * stride inputs. Without this every warp
 // fetches its activations from L1/L2 one chunk ahead, and a warp alone on its scheduler stalls on that
 // round trip every chunk.
-__device__ __forceinline__ void stage_x(const Problem& p, __nv_bfloat16* xs, int m0, int rows, int stride) {
-    const int2 cb = block_chunks(p);
+__device__ __forceinline__ void stage_x(const Problem& p, int2 cb, __nv_bfloat16* xs, int m0, int rows, int stride) {
     const int k0 = cb.x * CHUNK_K, width = min(cb.y * CHUNK_K, p.K) - k0;     // a multiple of 8
     const int per_row = width / 8;
     for (int idx = threadIdx.x; idx < rows * per_row; idx += THREADS) {
@@ -284,7 +283,6 @@ struct WarpSlice {
     }
 
     // The chunk past the last full one, when K is not a multiple of 64 and this warp owns it.
-    __device__ __forceinline__ uint4 tail_word(const uint4* wp) const { return load_weights(wp); }
     __device__ __forceinline__ void tail(uint4 word) {
         uint2 sc[METAS];
         uint4 xs[MB][2];
@@ -452,7 +450,7 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
     const int x_stride = (cb.y - cb.x) * CHUNK_K;
     __nv_bfloat16* x_staged = reinterpret_cast<__nv_bfloat16*>(smem + smem_bytes<MB, STREAM>());
     const bool staged = p.x_smem_bytes > 0;
-    if (staged) stage_x(p, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
+    if (staged) stage_x(p, cb, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
     WarpSlice<MB, SMALL_GROUP> w;
     w.init(p, active ? tile : 0, m0, g, t, c_begin, c_end, x_staged, x_stride, cb.x);
     const uint4* wp = p.wq + ((size_t)(active ? tile : 0) * p.k_chunks + c_begin) * 32 + lane;
@@ -463,7 +461,7 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
             stream_bulk<MB, SMALL_GROUP>(w, reinterpret_cast<const char*>(wp - lane), p.meta + (size_t)tile * p.groups * 8,
                                          smem, bars[warp], warp, lane, g, policy, staged);
         }
-        if (w.n_full < w.n_chunks) w.tail(w.tail_word(wp + w.n_full * 32));
+        if (w.n_full < w.n_chunks) w.tail(load_weights(wp + w.n_full * 32));
     } else if (staged) {
         wait_x_staging();                               // every thread of the block meets the barrier
     }
