@@ -158,8 +158,8 @@ __device__ __forceinline__ int2 block_chunks(const Problem& p) {
                      int((long long)(blockIdx.y + 1) * p.wk * p.k_chunks / n_splits));
 }
 
-// Activations of rows [m0, m0 + rows) over the block's chunks cb (block_chunks), copied once into shared memory with
-// cp.async (no registers held; the caller waits with wait_x_staging after issuing its first weight
+// Activations of rows [m0, m0 + rows) over the block's chunks cb (block_chunks), copied once into
+// shared memory with cp.async (no registers held; the caller waits with wait_x_staging after issuing its first weight
 // loads, so one latency covers both). Row r starts at r * stride inputs. Without this every warp
 // fetches its activations from L1/L2 one chunk ahead, and a warp alone on its scheduler stalls on that
 // round trip every chunk.
