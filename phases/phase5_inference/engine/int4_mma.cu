@@ -159,10 +159,10 @@ __device__ __forceinline__ int2 block_chunks(const Problem& p) {
 }
 
 // Activations of rows [m0, m0 + rows) over the block's chunks cb (block_chunks), copied once into
-// shared memory with cp.async (no registers held; the caller waits with wait_x_staging after issuing its first weight
-// loads, so one latency covers both). Row r starts at r * stride inputs. Without this every warp
-// fetches its activations from L1/L2 one chunk ahead, and a warp alone on its scheduler stalls on that
-// round trip every chunk.
+// shared memory with cp.async (no registers held; the caller waits with wait_x_staging after issuing
+// its first weight loads, so one latency covers both). Row r starts at r * stride inputs. Without this
+// every warp fetches its activations from L1/L2 one chunk ahead, and a warp alone on its scheduler
+// stalls on that round trip every chunk.
 __device__ __forceinline__ void stage_x(const Problem& p, int2 cb, __nv_bfloat16* xs, int m0, int rows, int stride) {
     const int k0 = cb.x * CHUNK_K, width = min(cb.y * CHUNK_K, p.K) - k0;     // a multiple of 8
     const int per_row = width / 8;
