@@ -2,7 +2,7 @@
 import pytest
 
 from common import workload as wl
-from common import workload_accuracy as acc
+from common import workload_rows as acc
 from common.workload import GRAPH, MATMUL, TORCH, TRITON
 from phases.phase3_triton import kernel_lists as p3
 from phases.phase5_inference.predictions import kernel_lists as p5
@@ -119,19 +119,49 @@ def test_a_recorded_row_is_predicted_from_the_ceilings_recorded_before_it():
     assert graphed["predicted_ms"] == pytest.approx(p["predicted_ms"] - 0.005 + 0.001 + 0.005)
 
 
+def _committed_view():
+    from common import render
+    from common.paths import REPO_ROOT
+    from common.records import is_smoke, load_records
+    from common.report import frame_of
+    if not any((REPO_ROOT / "results" / "phase1" / "ceilings").glob("*/*.json")):
+        pytest.skip("no committed ceilings records in this checkout")
+    records = [r for r in load_records(REPO_ROOT / "results") if not is_smoke(r)]
+    return render.View(frame_of(records), REPO_ROOT / "README.md", REPO_ROOT / "results")
+
+
 def test_the_committed_records_give_summed_figures_per_phase():
     """The data a README table reads: per GPU and phase, the one-roof and summed errors (never fitted:
     the ceilings are the records' own phase1.ceilings)."""
-    from common.paths import REPO_ROOT
-    if not any((REPO_ROOT / "results" / "phase1" / "ceilings").glob("*/*.json")):
-        pytest.skip("no committed ceilings records in this checkout")
-    rows, _ = acc.counted_rows(str(REPO_ROOT / "results"))
-    f = acc.figures(rows)
+    from common import accuracy, workload_accuracy
+    rows = accuracy.counted(_committed_view())
+    f = workload_accuracy.figures(rows)
     p3 = f[f["phase"] == 3]
     assert len(p3) and (p3["covered"] == p3["rows"]).all()
     assert (p3["summed_err"] < p3["one_roof_err"]).all()          # the exponentials are what one roof misses
     top = rows[rows["summed.top"].notna()].iloc[0]["summed.top"]
     assert 1 <= len(top) <= 3 and all(0 <= t["share"] <= 1 for t in top)
+    # the summed-else-one-roof ratio is the sum's where a row has one, the one-roof one where not
+    has = rows["summed.measured_over_predicted"].notna()
+    assert (rows.loc[has, accuracy.RATIO] == rows.loc[has, "summed.measured_over_predicted"].astype(float)).all()
+    assert (rows.loc[~has, accuracy.RATIO] == rows.loc[~has, "calibrated.measured_over_predicted"].astype(float)).all()
+
+
+def test_the_accuracy_table_and_goals_count_every_phase_with_the_sum_beside_one_roof():
+    from common import accuracy, accuracy_goals
+    view = _committed_view()
+    table = accuracy.table(view, (3,))
+    assert accuracy.HEADER[-1] in table.splitlines()[0]
+    goals = {g.exercise: g for g in accuracy_goals.GOALS.goals}
+    assert {f"accuracy.p{n}" for n in range(1, 8)} <= set(goals) and accuracy_goals.SCOPES["accuracy.all"][0] == \
+        (1, 2, 3, 4, 5, 6, 7)
+    for scope in ("accuracy.all", "accuracy.p3", "accuracy.p5"):
+        g = accuracy_goals.rows(view, goals[scope])
+        assert len(g) and {"metrics.sum_abs_err_pct", "metrics.cal_abs_err_pct", "metrics.sum_rows"} <= set(g)
+        if scope == "accuracy.p3":                   # every phase 3 row has a kernel list: the sum is better
+            assert (g["metrics.sum_rows"] == g["metrics.rows"]).all()
+            assert (g["metrics.sum_abs_err_pct"] < g["metrics.cal_abs_err_pct"]).all()
+    assert "phase 5 alone" in accuracy_goals.GOALS.goals[5].text
 
 
 def test_a_gpu_run_attaches_the_summed_prediction_to_each_ok_row():
