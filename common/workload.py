@@ -9,7 +9,9 @@ same machine (never fitted to the rows they predict):
   CUDA-core rate (ELEMENTWISE: the fp32 rate with TF32 off, the SGEMM `phase1.ceilings` measures).
   A skinny matmul (GEMV: a decode step's projections) is its own regime: it reads its weight once
   at 1 FLOP per byte, and its bytes go at the GEMV bandwidth `phase1.ceilings` measures (a bf16
-  one-row product of a Llama-sized weight), which need not be the copy rate; its FLOPs at its
+  one-row product of a Llama-sized weight), which need not be the copy rate, after a fixed part
+  (the first bytes' latency, the last wave's tail: `phase1.ceilings` times two sizes, and a 30 MB
+  projection is slower per byte than a 200 MB one; 0, said so, where unmeasured); its FLOPs at its
   dtype's matmul rate (a few rows through cuBLAS) or, with no dtype, the CUDA-core rate (a one-row
   Triton GEMV does not use the tensor cores).
 * exps (softmax's exponentials) go against the special-function rate. A kernel whose products and
@@ -37,7 +39,7 @@ which in `fallbacks`: the exp rate to the spec sheet's (fp32 peak / 16: 16 expon
 fp32 FMAs per SM per clock on compute capability 8.x and 9.0, CUDA C++ Programming Guide's
 arithmetic-instruction throughput table; FlashAttention-3's paper quotes 3.9 TFLOPS of special
 functions on an H100 SXM5), a Triton kernel's launch floor and the host time of an autograd op to
-the PyTorch op's floor, the GEMV bandwidth to the HBM copy rate.
+the PyTorch op's floor, the GEMV bandwidth to the HBM copy rate, its fixed part to 0.
 
 Torch-free: `lab predict` and the report use it without a GPU. Units in the names: ms, us, bytes.
 """
@@ -120,11 +122,15 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
         triton_us = ceilings["launch_us"]
         fallbacks.append(f"Triton launch floor {triton_us:.3g} us: the PyTorch op's measured floor stands in "
                          "(phase1.ceilings has no triton_launch row on this machine yet)")
-    gemv_gbps = ceilings.get("gemv_gbps")
-    if not gemv_gbps:
-        gemv_gbps = ceilings["hbm_gbps"]
-        fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
-                         "no gemv row on this machine yet)")
+    gemv_gbps, gemv_fixed_us = ceilings.get("gemv_slope_gbps"), ceilings.get("gemv_fixed_us")
+    if not gemv_gbps or gemv_fixed_us is None:
+        gemv_gbps, gemv_fixed_us = ceilings.get("gemv_gbps"), 0.0
+        if not gemv_gbps:
+            gemv_gbps = ceilings["hbm_gbps"]
+            fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
+                             "no gemv row on this machine yet)")
+        fallbacks.append("GEMV fixed time: unmeasured, taken as 0 (phase1.ceilings has no gemv_small row on this "
+                         "machine yet; every GEMV at the large one's bytes per second)")
     autograd_us = ceilings.get("autograd_op_us")
     if not autograd_us:
         autograd_us = ceilings["launch_us"]
@@ -134,7 +140,7 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
     if not ceilings.get("graph_launch_us"):
         fallbacks.append("graph replay floor: the PyTorch op's measured floor stands in (no graph_launch row)")
     out = {"hbm_gbps": ceilings["hbm_gbps"], "l2_gbps": ceilings.get("l2_gbps") or ceilings["hbm_gbps"],
-           "gemv_gbps": gemv_gbps, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
+           "gemv_gbps": gemv_gbps, "gemv_fixed_us": gemv_fixed_us, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
            "launch_us": {TORCH: ceilings["launch_us"], TRITON: triton_us, GRAPH: graph_us, AUTOGRAD: ceilings["launch_us"]},
            "autograd_op_us": autograd_us}
     return out, fallbacks
@@ -151,6 +157,8 @@ def kernel_terms(k: Kernel, r: dict) -> dict:
     compute = max(products, exps) if k.overlap else products + exps
     bandwidth = r["l2_gbps"] if k.in_l2 else r["gemv_gbps"] if k.kind == GEMV else r["hbm_gbps"]
     memory = roofline.memory_ms(k.bytes, bandwidth) if k.bytes else 0.0
+    if k.kind == GEMV and k.bytes and not k.in_l2:
+        memory += r["gemv_fixed_us"] / 1e3             # its first bytes' latency and last wave's tail
     return {"compute": compute, "products": products, "exps": exps, "memory": memory,
             "launch": r["launch_us"][k.launch] / 1e3}
 
