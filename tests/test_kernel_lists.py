@@ -96,6 +96,10 @@ def test_a_training_step_counts_every_launch_and_the_logits_passes():
     by_name = {k.name: k for k in w.kernels}
     assert by_name["logits to fp32"].bytes == N * V * (2 + 4)
     assert by_name["log-softmax over the vocabulary"].exps == N * V
+    # PyTorch's wide-row log-softmax: forward reads the row 3 times and writes it; backward reads the
+    # gradient twice and the output once and writes the gradient (SoftMax.cu), 4 fp32 passes each
+    assert by_name["log-softmax over the vocabulary"].bytes == 4 * N * V * 4
+    assert by_name["log-softmax backward"].bytes == 4 * N * V * 4
     compiled = p7.training_step(cfg, 4, "bf16", compiled=True)
     assert "logits to fp32" not in {k.name for k in compiled.kernels}
     assert compiled.totals()["launches"] == step_kernels(cfg, N, compiled=True)["total"]
