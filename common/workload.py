@@ -192,7 +192,11 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
     predicted = sum(ms for _, ms, _ in parts) + host_ms
     if host_ms:
         by_bound["host"] = host_ms
-    ranked = sorted(parts + [(what, ms, "host") for what, ms in host], key=lambda p: -p[1])
+    by_name: dict = {}                # a kernel of many steps (an offline run's) ranked as one
+    for name, ms, bound in parts + [(what, ms, "host") for what, ms in host]:
+        total, top_ms, top_bound = by_name.get(name, (0.0, -1.0, bound))
+        by_name[name] = (total + ms, *((ms, bound) if ms > top_ms else (top_ms, top_bound)))
+    ranked = sorted(((n, total, b) for n, (total, _, b) in by_name.items()), key=lambda p: -p[1])
     t = w.totals()
     main = max(w.kernels, key=lambda k: k.flops * k.count).dtype if w.kernels and t["flops"] else None
     one = roofline.calibrated(t["flops"], t["bytes"], main, ceilings, measured_ms, launches=t["launches"])

@@ -51,7 +51,23 @@ def summed(r: dict, records: list[dict], build=None, specs=None, launch_adds: bo
     build = build or builders().get(r["exercise"])
     measured = _value(r, "prediction.measured_ms") or _value(r, "metrics.ms")
     ceilings = ceilings_for(records, r["hardware"], _value(r, "started"))
-    return predicted(r, build, ceilings, specs, measured, launch_adds) if build and ceilings and measured else None
+    if not (build and ceilings and measured):
+        return None
+    return predicted(with_record_params(r, records), build, ceilings, specs, measured, launch_adds)
+
+
+_BY_PATH: list = [None, None]          # [the records list it was built from, path -> record]
+
+
+def with_record_params(r: dict, records: list[dict]) -> dict:
+    """The row with its record's whole run parameters as `record.params.*` (a seed, a limit the
+    row's own params leave out, that a kernel list may need to rebuild the run)."""
+    if _BY_PATH[0] is not records:
+        _BY_PATH[:] = [records, {rec.get("_path"): rec for rec in records}]
+    rec = _BY_PATH[1].get(r.get("path"))
+    if not rec or not isinstance(rec.get("params"), dict):
+        return r
+    return {**r, **{f"record.params.{k}": v for k, v in rec["params"].items()}}
 
 
 def predicted(r: dict, build, ceilings: dict, specs, measured: float | None, launch_adds: bool = True) -> dict | None:

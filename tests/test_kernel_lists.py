@@ -186,3 +186,22 @@ def test_a_gpu_run_attaches_the_summed_prediction_to_each_ok_row():
     frame_row = {"exercise": "phase3.flash_attention", "prediction.summed": s}
     assert acc.summed(frame_row, []) is s
     acc.attach("phase1.elementwise", rows, CEILINGS, spec)             # no kernel list: nothing added
+
+
+def test_an_offline_run_is_the_sum_of_the_steps_the_scheduler_takes():
+    from phases.phase5_inference import offline
+    from phases.phase5_inference.predictions.analysis import offline_steps
+    assert p5.OFFLINE_MAX_BATCHED_TOKENS == offline.MAX_BATCHED_TOKENS
+    s = named("tiny")
+    prompts, outputs = [30, 50, 40, 20, 60], [3, 5, 2, 4, 1]
+    run = p5.offline_run(s, prompts, outputs, max_num_seqs=4, max_batched_tokens=100)
+    steps = offline_steps(s, prompts, outputs, 4, 100)
+    assert f"in {len(steps)} steps" in run.name and len(run.host) == 3 * len(steps)   # each step's host work
+    prefill = p5.packed_prefill(s, [30, 50])
+    assert "2 prompts, 80 tokens" in prefill.name          # attention over each prompt alone, one tile each
+    assert prefill.totals()["exps"] == s.num_attention_heads * (30**2 + 50**2) * s.num_hidden_layers
+    row = {"exercise": "phase5.offline", "variant": "lab-engine", "params.model": "tiny", "params.num_seqs": 3,
+           "params.input_tokens": [4, 9], "params.output_tokens": [2, 5]}
+    assert p5.row_workload(row) is None                           # no record seed: not guessed
+    w = p5.row_workload({**row, "record.params.seed": 0, "record.params.max_num_seqs": 256})
+    assert w is not None and w.name.startswith("tiny offline run: 3 requests")

@@ -30,6 +30,7 @@ from common.errors import LabError
 from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
 
 from .analysis import mean_decode_context
+from ..benchmark.workload import random_lengths, random_prompts
 from ..engine.shapes import BF16_BYTES, LlamaShape, named
 
 ACT = BF16_BYTES                               # activations and the KV cache: bf16
@@ -117,6 +118,60 @@ def prefill(shape: LlamaShape, prompt_tokens: int) -> Workload:
     return Workload(f"{s.name} prefill of {prompt_tokens} tokens ({T} computed)", tuple(kernels), STEP_HOST)
 
 
+def packed_prefill(shape: LlamaShape, prompt_lens: list[int]) -> Workload:
+    """One prefill step of several prompts packed into one batch of tokens (an offline run's first
+    steps: beyond the graphs' buckets, so eager PyTorch launches): the projections over all their
+    tokens, causal flash attention over each prompt alone (varlen), the LM head for each prompt's
+    last token."""
+    s, L, T = shape, shape.num_hidden_layers, sum(prompt_lens)
+    h, q, kv, i, nh = s.hidden_size, s.q_size, s.kv_size, s.intermediate_size, s.num_attention_heads
+    scores = sum(nh * n * n * (math.ceil(n / 128) + 1) / (2 * math.ceil(n / 128)) for n in prompt_lens)
+    per_layer = [
+        *_projection("QKV", T, h, q + 2 * kv, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+        Kernel("RoPE + K, V store", ELEMENTWISE, 3 * T * (q + kv), 2 * T * (q + 2 * kv) * ACT, None, launch=TORCH),
+        Kernel(f"causal flash attention over {len(prompt_lens)} prompts", MATMUL, 4 * scores * s.head_dim,
+               2 * T * (q + kv) * ACT, "bf16", exps=scores, launch=TORCH),
+        *_projection("O", T, q, h, BF16_BYTES, TORCH, kind=MATMUL),
+        *_projection("gate_up", T, h, 2 * i, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+        *_projection("down", T, i, h, BF16_BYTES, TORCH, silu=True, kind=MATMUL),
+    ]
+    B = len(prompt_lens)
+    kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * T * h * ACT, None, launch=TORCH),
+               *[Kernel(k.name, k.kind, k.flops, k.bytes, k.dtype, k.exps, k.launch, count=L) for k in per_layer],
+               *_projection("LM head (last tokens)", B, h, s.vocab_size, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+               Kernel("argmax", ELEMENTWISE, B * s.vocab_size, B * s.vocab_size * 4, None, launch=TORCH)]
+    return Workload(f"{s.name} packed prefill of {B} prompts, {T} tokens", tuple(kernels), STEP_HOST)
+
+
+OFFLINE_MAX_BATCHED_TOKENS = 16384        # offline.py's MAX_BATCHED_TOKENS (a test holds the two equal)
+
+
+def offline_run(shape: LlamaShape, prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
+                max_batched_tokens: int = OFFLINE_MAX_BATCHED_TOKENS) -> Workload:
+    """An offline run (every request at once, EOS ignored) as the sum of the steps the scheduler
+    takes: per wave of `max_num_seqs` requests, prefills packed up to `max_batched_tokens` (each
+    gives its prompts' first tokens), then decode steps of the sequences still running over their
+    mean context (analysis.offline_steps' schedule, each step its own kernel list)."""
+    kernels, host, steps = [], [], 0
+    order = list(zip(prompt_lens, output_lens))
+    for start in range(0, len(order), max_num_seqs):
+        wave, pack = order[start: start + max_num_seqs], []
+        for p, _ in wave:
+            if pack and sum(pack) + p > max_batched_tokens:
+                w = packed_prefill(shape, pack)
+                kernels += w.kernels
+                host += w.host
+                steps, pack = steps + 1, []
+            pack.append(p)
+        w = packed_prefill(shape, pack)
+        kernels, host, steps = kernels + list(w.kernels), host + list(w.host), steps + 1
+        for t in range(1, max(o for _, o in wave)):
+            active = [p + t for p, o in wave if o > t]
+            w = decode_step(shape, len(active), sum(active) / len(active))
+            kernels, host, steps = kernels + list(w.kernels), host + list(w.host), steps + 1
+    return Workload(f"{shape.name} offline run: {len(order)} requests in {steps} steps", tuple(kernels), tuple(host))
+
+
 def int4_weight_bytes(group_size: int) -> float:
     """A 4-bit weight and its share of one bf16 scale per group."""
     return 0.5 + BF16_BYTES / group_size
@@ -124,7 +179,7 @@ def int4_weight_bytes(group_size: int) -> float:
 
 # ------------------------------------------------------------------------------ recorded rows
 EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
-             "phase5.quant_kernels")
+             "phase5.quant_kernels", "phase5.offline")
 
 
 def _v(r: dict, key: str, default=None):
@@ -140,6 +195,8 @@ def row_workload(r: dict) -> Workload | None:
             return _decode_attention(r)
         if ex == "phase5.quant_kernels":
             return _stored_gemv(r)
+        if ex == "phase5.offline":
+            return _offline(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
@@ -156,6 +213,21 @@ def row_workload(r: dict) -> Workload | None:
         wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size")))
         return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
     return None
+
+
+def _offline(r: dict) -> Workload | None:
+    """The offline row's run: its prompts' and outputs' lengths drawn again from the record's seed
+    (offline.py draws them with benchmark/workload.py's generators), scheduled as the engine does.
+    None without the record's seed and max_num_seqs (`record.params.*`, which workload_rows adds)."""
+    seed, max_num_seqs = _v(r, "record.params.seed"), _v(r, "record.params.max_num_seqs")
+    if r["variant"] != "lab-engine" or seed is None or max_num_seqs is None:
+        return None
+    shape = named(_v(r, "params.model"))
+    (lo_in, hi_in), (lo_out, hi_out) = _v(r, "params.input_tokens"), _v(r, "params.output_tokens")
+    n = int(_v(r, "params.num_seqs"))
+    prompts = random_prompts(n, (lo_in, hi_in), shape.vocab_size, int(seed))
+    return offline_run(shape, [len(p) for p in prompts], random_lengths(n, lo_out, hi_out, int(seed) + 1),
+                       int(max_num_seqs))
 
 
 def _decode_attention(r: dict) -> Workload | None:
