@@ -31,7 +31,8 @@ same machine (never fitted to the rows they predict):
 
 A workload's prediction is the sum over its kernels, plus host time where the host is on the
 critical path (a synchronize per step, a copy the next step waits for): `host` lists those, each
-named. The one-roof prediction (every FLOP and byte in one roofline, one launch floor per kernel
+named; plus collectives (a tensor-parallel step's all-reduces), each at a time measured on the
+same machine (`collectives`: what, ms, count), not a roofline of ours. The one-roof prediction (every FLOP and byte in one roofline, one launch floor per kernel
 added: `roofline.calibrated`) stays beside it, the seed's claim tested.
 
 A ceiling not measured on this machine yet falls back to a stated value, and the prediction says
@@ -88,12 +89,14 @@ class Workload:
     kernels: tuple[Kernel, ...]
     host: tuple[tuple[str, float | str, int], ...] = ()
     notes: tuple[str, ...] = field(default=())
+    collectives: tuple[tuple[str, float, int], ...] = ()     # (what, ms each, count): measured, on the GPU's path
 
     def scaled(self, times: int, name: str | None = None) -> "Workload":
         """The same workload run `times` times back to back (a request's decode steps)."""
         return Workload(name or f"{times} x {self.name}",
                         tuple(replace(k, count=k.count * times) for k in self.kernels),
-                        tuple((what, v, n * times) for what, v, n in self.host), self.notes)
+                        tuple((what, v, n * times) for what, v, n in self.host), self.notes,
+                        tuple((what, ms, n * times) for what, ms, n in self.collectives))
 
     def timed_as(self, *, graph: bool = False, in_l2: bool = False) -> "Workload":
         """The workload as a harness timed it: replayed in a CUDA graph (every kernel at the graph
@@ -189,11 +192,16 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
     host = [(what if n == 1 else f"{what} (x{n})", n * (v if isinstance(v, (int, float)) else ceilings[v] / 1e3))
             for what, v, n in w.host]
     host_ms = sum(ms for _, ms in host)
-    predicted = sum(ms for _, ms, _ in parts) + host_ms
+    comm = [(what if n == 1 else f"{what} (x{n})", n * ms) for what, ms, n in w.collectives]
+    comm_ms = sum(ms for _, ms in comm)
+    predicted = sum(ms for _, ms, _ in parts) + host_ms + comm_ms
     if host_ms:
         by_bound["host"] = host_ms
+    if comm_ms:
+        by_bound["communication"] = comm_ms
     by_name: dict = {}                # a kernel of many steps (an offline run's) ranked as one
-    for name, ms, bound in parts + [(what, ms, "host") for what, ms in host]:
+    for name, ms, bound in parts + [(what, ms, "host") for what, ms in host] + \
+            [(what, ms, "communication") for what, ms in comm]:
         total, top_ms, top_bound = by_name.get(name, (0.0, -1.0, bound))
         by_name[name] = (total + ms, *((ms, bound) if ms > top_ms else (top_ms, top_bound)))
     ranked = sorted(((n, total, b) for n, (total, _, b) in by_name.items()), key=lambda p: -p[1])
@@ -204,7 +212,7 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
                      + " max(compute + exp, memory), plus host",
             "workload": w.name, "predicted_ms": predicted,
             "bound": max(by_bound, key=by_bound.get) if by_bound else None,
-            "by_bound_ms": by_bound, "host_ms": host_ms, "kernels": len(w.kernels), **t,
+            "by_bound_ms": by_bound, "host_ms": host_ms, "communication_ms": comm_ms, "kernels": len(w.kernels), **t,
             "top": [{"kernel": n, "ms": ms, "share": ms / predicted if predicted else None, "bound": b}
                     for n, ms, b in ranked[:top]],
             "one_roof_ms": one["predicted_ms"], "one_roof_bound": one["bound"],

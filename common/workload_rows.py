@@ -61,13 +61,14 @@ _BY_PATH: list = [None, None]          # [the records list it was built from, pa
 
 def with_record_params(r: dict, records: list[dict]) -> dict:
     """The row with its record's whole run parameters as `record.params.*` (a seed, a limit the
-    row's own params leave out, that a kernel list may need to rebuild the run)."""
+    row's own params leave out, that a kernel list may need to rebuild the run) and its sibling
+    rows as `record.rows` (a collective an exercise timed beside its workload rows)."""
     if _BY_PATH[0] is not records:
         _BY_PATH[:] = [records, {rec.get("_path"): rec for rec in records}]
     rec = _BY_PATH[1].get(r.get("path"))
     if not rec or not isinstance(rec.get("params"), dict):
         return r
-    return {**r, **{f"record.params.{k}": v for k, v in rec["params"].items()}}
+    return {**r, **{f"record.params.{k}": v for k, v in rec["params"].items()}, "record.rows": rec.get("rows")}
 
 
 def predicted(r: dict, build, ceilings: dict, specs, measured: float | None, launch_adds: bool = True) -> dict | None:

@@ -1,4 +1,6 @@
 """The kernel lists of phases 3, 5 and 7 (kernel_lists.py) and the summed accuracy's row path, by hand."""
+from dataclasses import replace
+
 import pytest
 
 from common import workload as wl
@@ -205,3 +207,36 @@ def test_an_offline_run_is_the_sum_of_the_steps_the_scheduler_takes():
     assert p5.row_workload(row) is None                           # no record seed: not guessed
     w = p5.row_workload({**row, "record.params.seed": 0, "record.params.max_num_seqs": 256})
     assert w is not None and w.name.startswith("tiny offline run: 3 requests")
+
+
+def test_a_tensor_parallel_step_is_a_shard_plus_its_measured_collectives():
+    from phases.phase5_inference.engine.tp_shards import local_shape
+    s = named("llama-3.1-8b")
+    assert p5.tp_local_shape(s, 2) == local_shape(s, 2)
+    rows = [{"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 2, "size_bytes": 8192},
+             "metrics": {"us": 11.0}},
+            {"variant": "allreduce_one_shot", "status": "ok", "params": {"world_size": 2, "size_bytes": 8192},
+             "metrics": {"us": 7.0}},
+            {"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 2, "size_bytes": 1 << 20},
+             "metrics": {"us": 18.0}},
+            {"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 4, "size_bytes": 8192},
+             "metrics": {"us": 99.0}}]
+    ms = p5.all_reduce_from_rows(rows, 2)
+    assert ms(8192) == pytest.approx(0.007) and ms(100) == pytest.approx(0.007)      # the faster, at 8 KiB
+    assert ms(500_000) == pytest.approx(0.018) and p5.all_reduce_from_rows(rows, 8) is None
+    w = p5.tp_decode_step(s, 2, 1, 200.0, ms)
+    (what, each, n), gather = w.collectives
+    assert n == 2 * s.num_hidden_layers and each == pytest.approx(0.007)            # hidden state: 8 KiB
+    assert gather[2] == 1 and gather[1] == pytest.approx(0.018)                      # fp32 logits: 513 KB
+    whole = p5.decode_step(s, 1, 200.0).totals()["bytes"]
+    assert w.totals()["bytes"] < 0.6 * whole                                         # about half the weights
+    p = wl.predict(w, CEILINGS)
+    assert p["communication_ms"] == pytest.approx(2 * 32 * 0.007 + 0.018)
+    assert p["predicted_ms"] == pytest.approx(wl.predict(replace(w, collectives=()), CEILINGS)["predicted_ms"]
+                                              + p["communication_ms"])
+    unmeasured = p5.tp_decode_step(s, 2, 1, 200.0, None)
+    assert not unmeasured.collectives and "unmeasured" in unmeasured.notes[-1]
+    row = {"exercise": "phase5.tensor_parallel", "variant": "engine", "params.model": "llama-3.1-8b",
+           "params.tp": 2, "params.max_num_seqs": 1, "params.prompt_tokens": 100, "params.output_tokens": 200,
+           "record.rows": rows}
+    assert len(p5.row_workload(row).collectives) == 2

@@ -25,6 +25,7 @@ Python and, for a served run, the HTTP streaming are not (no ceiling measures th
 shows them).
 """
 import math
+from dataclasses import replace
 
 from common.errors import LabError
 from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
@@ -172,6 +173,56 @@ def offline_run(shape: LlamaShape, prompt_lens: list[int], output_lens: list[int
     return Workload(f"{shape.name} offline run: {len(order)} requests in {steps} steps", tuple(kernels), tuple(host))
 
 
+def tp_local_shape(shape: LlamaShape, tp: int) -> LlamaShape:
+    """What one rank of `tp` computes (engine/tp_shards.local_shape, torch-free here): its heads,
+    KV heads and intermediate slice; hidden size and vocabulary whole."""
+    if tp == 1:
+        return shape
+    return replace(shape, num_attention_heads=shape.num_attention_heads // tp,
+                   num_key_value_heads=max(1, shape.num_key_value_heads // tp),
+                   intermediate_size=shape.intermediate_size // tp)
+
+
+def tp_decode_step(shape: LlamaShape, tp: int, batch: int, context: float,
+                   all_reduce_ms=None) -> Workload:
+    """One decode step on one rank of `tp` (engine/tp_ranks.py): its shard's kernels (the LM head
+    its slice of the vocabulary), one all-reduce of the hidden state after attention and one after
+    the MLP in every layer, and the fp32 logits all-gathered. `all_reduce_ms(nbytes)`: the measured
+    time of one all-reduce of that many bytes on this machine; None: the collectives are left out
+    and the workload says so (unmeasured)."""
+    if tp == 1:
+        return decode_step(shape, batch, context)
+    local = tp_local_shape(shape, tp)
+    step = decode_step(replace(local, vocab_size=-(-shape.vocab_size // tp)), batch, context)
+    hidden_bytes, logits_bytes = batch * shape.hidden_size * ACT, batch * shape.vocab_size * 4
+    if all_reduce_ms is None:
+        return replace(step, name=f"{step.name}, rank of {tp}",
+                       notes=(*step.notes, "collectives unmeasured: no all-reduce timed on this machine; left out"))
+    comm = (("all-reduce of the hidden state", all_reduce_ms(hidden_bytes), 2 * shape.num_hidden_layers),
+            ("all-gather of the logits (timed as an all-reduce of its bytes)", all_reduce_ms(logits_bytes), 1))
+    return replace(step, name=f"{step.name}, rank of {tp}", collectives=comm)
+
+
+def all_reduce_from_rows(rows: list[dict], tp: int):
+    """ms of one all-reduce of n bytes as tensor_parallel's own rows measured it (`allreduce_nccl`,
+    `allreduce_one_shot` at sizes from 2 KiB; the engine's `auto` takes the faster per size): the
+    faster at the smallest measured size >= n. None when the record has no such rows for `tp`."""
+    best: dict = {}
+    for r in rows or []:
+        p, m = r.get("params") or {}, r.get("metrics") or {}
+        if r.get("status") == "ok" and str(r.get("variant", "")).startswith("allreduce_") \
+                and p.get("world_size") == tp and m.get("us"):
+            best[p["size_bytes"]] = min(best.get(p["size_bytes"], float("inf")), m["us"])
+    if not best:
+        return None
+    sizes = sorted(best)
+
+    def ms(nbytes: float) -> float:
+        size = next((x for x in sizes if x >= nbytes), sizes[-1])
+        return best[size] * (max(1.0, nbytes / size)) / 1e3      # beyond the largest: its rate, scaled
+    return ms
+
+
 def int4_weight_bytes(group_size: int) -> float:
     """A 4-bit weight and its share of one bf16 scale per group."""
     return 0.5 + BF16_BYTES / group_size
@@ -179,7 +230,7 @@ def int4_weight_bytes(group_size: int) -> float:
 
 # ------------------------------------------------------------------------------ recorded rows
 EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
-             "phase5.quant_kernels", "phase5.offline")
+             "phase5.quant_kernels", "phase5.offline", "phase5.tensor_parallel")
 
 
 def _v(r: dict, key: str, default=None):
@@ -197,6 +248,8 @@ def row_workload(r: dict) -> Workload | None:
             return _stored_gemv(r)
         if ex == "phase5.offline":
             return _offline(r)
+        if ex == "phase5.tensor_parallel":
+            return _tensor_parallel(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
@@ -228,6 +281,16 @@ def _offline(r: dict) -> Workload | None:
     prompts = random_prompts(n, (lo_in, hi_in), shape.vocab_size, int(seed))
     return offline_run(shape, [len(p) for p in prompts], random_lengths(n, lo_out, hi_out, int(seed) + 1),
                        int(max_num_seqs))
+
+
+def _tensor_parallel(r: dict) -> Workload | None:
+    """A tensor-parallel engine row (batch 1: max_num_seqs 1): one rank's decode step with its
+    collectives at the all-reduce times the same record measured (`record.rows`)."""
+    if r["variant"] != "engine" or _v(r, "params.max_num_seqs") != 1:
+        return None
+    shape, tp = named(_v(r, "params.model")), int(_v(r, "params.tp"))
+    context = mean_decode_context(int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens")))
+    return tp_decode_step(shape, tp, 1, context, all_reduce_from_rows(_v(r, "record.rows"), tp))
 
 
 def _decode_attention(r: dict) -> Workload | None:
