@@ -240,3 +240,42 @@ def test_a_tensor_parallel_step_is_a_shard_plus_its_measured_collectives():
            "params.tp": 2, "params.max_num_seqs": 1, "params.prompt_tokens": 100, "params.output_tokens": 200,
            "record.rows": rows}
     assert len(p5.row_workload(row).collectives) == 2
+
+
+def test_the_host_step_ceiling_times_the_scheduler_on_this_cpu_and_the_step_reads_it():
+    from phases.phase5_inference.predictions.host_step import host_step_us, host_steps_us
+    one, many = host_step_us(1, 40, steps=30), host_step_us(32, 40, steps=30)
+    assert 0 < one < many                                     # per-sequence Python: more sequences, more time
+    assert set(host_steps_us([1, 2], 20)) == {"1", "2"}
+    s = named("tiny")
+    step = p5.decode_step(s, 2, 100.0)
+    timed = p5.with_host_step(step, {"2": 50.0}, 2)
+    assert timed.host[-1] == ("scheduler step and input writing, 2 sequences", 0.05, 1)
+    assert "unmeasured" in p5.with_host_step(step, None, 2).notes[-1] and p5.with_host_step(step, None, 2).host == step.host
+    row = {"exercise": "phase5.batching", "variant": "lab-engine", "params.model": "tiny", "params.concurrency": 2,
+           "params.prompt_tokens": 10, "params.output_tokens": 20, "summary.host_step_us": {"2": 50.0}}
+    assert p5.row_workload(row).host[-1][1] == 0.05
+
+
+def test_a_speculative_step_is_the_draft_chain_plus_a_verify_of_k_plus_1_rows():
+    from phases.phase5_inference.models.trained_models import MODELS
+    counts = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim")
+    for role, name in (("target", "shakespeare-target"), ("matched", "shakespeare-draft")):
+        mine, theirs = p5.SPECULATIVE_SHAPES[role], MODELS[name].shape
+        assert [getattr(mine, c) for c in counts] == [getattr(theirs, c) for c in counts]
+    t, d = p5.SPECULATIVE_TARGET, p5.SPECULATIVE_DRAFT
+    w = p5.speculative_step(t, d, 2, 3, 128.0)
+    chain, verify = p5.draft_chain(d, 2, 3, 128.0), p5.decode_step(t, 8, 128.0)      # 2 x (3 + 1) rows
+    assert w.totals()["launches"] == chain.totals()["launches"] + verify.totals()["launches"]
+    assert chain.totals()["launches"] == 3 * p5.decode_step(d, 2, 128.0).totals()["launches"]
+    assert [h[2] for h in chain.host] == [1, 3, 1]                       # one copy, k launches, one wait
+    assert any("acceptance" in n for n in w.notes)
+    lookup = p5.speculative_step(t, None, 2, 4, 128.0, proposed_per_verify=1.5)
+    assert "prompt lookup" in lookup.name and lookup.totals()["launches"] == p5.decode_step(t, 5, 128.0).totals()["launches"]
+    assert p5.expected_tokens_per_verify(0.0, 4) == 1.0 and p5.expected_tokens_per_verify(1.0, 4) == 5.0
+    assert p5.expected_tokens_per_verify(0.405, 8) == pytest.approx(4.24)          # kept of proposed, plus one
+    row = {"exercise": "phase5.speculative", "variant": "target", "params.concurrency": 4, "params.k": 0,
+           "params.prompt_tokens": 64, "params.output_tokens": 128}
+    assert p5.row_workload(row).name.startswith("shakespeare-target decode step, batch 4")
+    assert p5.row_workload({**row, "record.params.models": "tiny"}) is None

@@ -21,8 +21,9 @@ GEMV runs on the CUDA cores, and is memory-bound at any rate.
 The host is on the critical path once a step: the engine copies the step's inputs to the device,
 launches the graph and waits for the sampled tokens (a synchronize) before it schedules the next
 step. Those three are counted from the ceilings (a launch each, a synchronize); the scheduler's own
-Python and, for a served run, the HTTP streaming are not (no ceiling measures them: the residual
-shows them).
+Python and the writing of the step's inputs from predictions/host_step.py's ceiling where the
+record measured it (batching's summary), else said to be unmeasured; the sampler's copy-back and,
+for a served run, the HTTP streaming are not (no ceiling measures them: the residual shows them).
 """
 import math
 from dataclasses import replace
@@ -88,6 +89,16 @@ def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: 
                Kernel("argmax (greedy sampling)", ELEMENTWISE, B * s.vocab_size, B * s.vocab_size * 4, None,
                       launch=launch)]
     return Workload(f"{s.name} decode step, batch {B}, {C:.0f} cached tokens", tuple(kernels), STEP_HOST)
+
+
+def with_host_step(step: Workload, host_step_us: dict | None, batch: int) -> Workload:
+    """The step with the host's scheduler step at this batch (predictions/host_step.py: measured on
+    the CPU of the same run, before its timed rows, stored in its summary), or a note that it is
+    unmeasured (a record from before that ceiling) and left out."""
+    us = (host_step_us or {}).get(str(batch))
+    if us is None:
+        return replace(step, notes=(*step.notes, "the host's scheduler step: unmeasured in this record, left out"))
+    return replace(step, host=(*step.host, (f"scheduler step and input writing, {batch} sequences", us / 1e3, 1)))
 
 
 PREFILL_BUCKETS = tuple(16 * 2 ** k for k in range(6))        # 16 ... 512 tokens: graphs (engine/runner.py)
@@ -223,6 +234,59 @@ def all_reduce_from_rows(rows: list[dict], tp: int):
     return ms
 
 
+def _trained(name: str, hidden: int, intermediate: int, layers: int, heads: int, head_dim: int,
+             kv_heads: int) -> LlamaShape:
+    """A trained model's counts (models/trained_models.py builds them with torch: GPT-2's vocabulary
+    padded to 50,304, tied embeddings; a test holds these equal to its shapes)."""
+    return LlamaShape(name=name, vocab_size=50304, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+SPECULATIVE_TARGET = _trained("shakespeare-target", 2048, 5632, 12, 16, 128, 8)
+SPECULATIVE_DRAFT = _trained("shakespeare-draft", 384, 1056, 2, 6, 64, 2)
+SPECULATIVE_SHAPES = {"target": SPECULATIVE_TARGET, "matched": SPECULATIVE_DRAFT, "distilled": SPECULATIVE_DRAFT,
+                      "mismatched": SPECULATIVE_DRAFT}          # speculative.py's "lab" model set
+
+
+def draft_chain(draft: LlamaShape, batch: int, k: int, context: float) -> Workload:
+    """A draft's k forwards chained on the device (engine/draft_chain.py): k decode steps, their
+    inputs copied up front, k graph launches, the host waiting once."""
+    one = decode_step(draft, batch, context)
+    return Workload(f"{draft.name} draft chain of {k} at batch {batch}",
+                    tuple(replace(x, count=x.count * k) for x in one.kernels),
+                    (("draft inputs copied to the device", "launch_us", 1), ("draft graph launches", "launch_us", k),
+                     ("synchronize on the drafted tokens", "sync_us", 1)))
+
+
+def speculative_step(target: LlamaShape, draft: LlamaShape | None, batch: int, k: int, context: float,
+                     proposed_per_verify: float | None = None) -> Workload:
+    """One speculative decode step: the draft's chain of k forwards (none for prompt lookup, whose
+    proposals are host work with no ceiling: left out, said so), then the target's verify pass, a
+    decode-shaped forward of k + 1 rows a sequence (proposed_per_verify + 1 for prompt lookup). The
+    host's acceptance (comparing tokens, the rejection sampling's draws) has no ceiling: left out."""
+    rows = batch * (1 + (k if proposed_per_verify is None else proposed_per_verify))
+    verify = decode_step(target, max(batch, round(rows)), context)
+    kernels, host = list(verify.kernels), list(verify.host)
+    notes = ["the host's acceptance: unmeasured (no ceiling times it), left out"]
+    if draft is not None:
+        chain = draft_chain(draft, batch, k, context)
+        kernels, host = list(chain.kernels) + kernels, list(chain.host) + host
+    else:
+        notes.append("prompt lookup's proposals (host work): unmeasured, left out")
+    return Workload(f"speculative step: {'draft x ' + str(k) if draft else 'prompt lookup'} + verify of "
+                    f"{rows:.3g} rows", tuple(kernels), tuple(host), tuple(notes))
+
+
+def expected_tokens_per_verify(acceptance: float, proposed: float) -> float:
+    """Tokens a verify pass yields: the proposals it keeps and the target's own token, 1 + a x p,
+    where a is the measured acceptance rate as speculative.py records it (kept over proposed, all
+    verifies together: not a per-position probability, so no independence is assumed) and p the
+    proposals per verify (k for a draft). The acceptance is measured: an input, as the draft's
+    quality is; the model predicts what each step costs, not what it accepts."""
+    return 1 + acceptance * proposed
+
+
 def int4_weight_bytes(group_size: int) -> float:
     """A 4-bit weight and its share of one bf16 scale per group."""
     return 0.5 + BF16_BYTES / group_size
@@ -230,7 +294,8 @@ def int4_weight_bytes(group_size: int) -> float:
 
 # ------------------------------------------------------------------------------ recorded rows
 EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
-             "phase5.quant_kernels", "phase5.offline", "phase5.tensor_parallel")
+             "phase5.quant_kernels", "phase5.offline", "phase5.tensor_parallel",
+             "phase5.speculative")
 
 
 def _v(r: dict, key: str, default=None):
@@ -250,13 +315,16 @@ def row_workload(r: dict) -> Workload | None:
             return _offline(r)
         if ex == "phase5.tensor_parallel":
             return _tensor_parallel(r)
+        if ex == "phase5.speculative":
+            return _speculative(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
         return None
     context = mean_decode_context(prompt, output)
     if ex == "phase5.batching" and r["variant"] == "lab-engine":
-        return decode_step(shape, int(_v(r, "params.concurrency")), context)
+        batch = int(_v(r, "params.concurrency"))
+        return with_host_step(decode_step(shape, batch, context), _v(r, "summary.host_step_us"), batch)
     if ex == "phase5.ttft_decode" and r["variant"].startswith("lab-engine"):
         return prefill(shape, prompt) if _v(r, "params.stage") == "prefill" else decode_step(shape, 1, context)
     if ex == "phase5.quant_engine":
@@ -291,6 +359,20 @@ def _tensor_parallel(r: dict) -> Workload | None:
     shape, tp = named(_v(r, "params.model")), int(_v(r, "params.tp"))
     context = mean_decode_context(int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens")))
     return tp_decode_step(shape, tp, 1, context, all_reduce_from_rows(_v(r, "record.rows"), tp))
+
+
+def _speculative(r: dict) -> Workload | None:
+    """A speculative row of the "lab" model set: the target's decode step (k = 0) or a speculative
+    step of the row's k (prompt lookup at its measured proposals per verify)."""
+    if _v(r, "record.params.models", "lab") != "lab" or r["variant"] not in (*SPECULATIVE_SHAPES, "ngram"):
+        return None
+    c, k = int(_v(r, "params.concurrency")), int(_v(r, "params.k"))
+    context = mean_decode_context(int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens")))
+    if r["variant"] == "target":
+        return decode_step(SPECULATIVE_TARGET, c, context)
+    if r["variant"] == "ngram":
+        return speculative_step(SPECULATIVE_TARGET, None, c, k, context, _v(r, "metrics.proposed_per_verify"))
+    return speculative_step(SPECULATIVE_TARGET, SPECULATIVE_SHAPES[r["variant"]], c, k, context)
 
 
 def _decode_attention(r: dict) -> Workload | None:
