@@ -279,3 +279,25 @@ def test_a_speculative_step_is_the_draft_chain_plus_a_verify_of_k_plus_1_rows():
            "params.prompt_tokens": 64, "params.output_tokens": 128}
     assert p5.row_workload(row).name.startswith("shakespeare-target decode step, batch 4")
     assert p5.row_workload({**row, "record.params.models": "tiny"}) is None
+
+
+def test_the_speculative_speedup_is_predicted_from_sums_and_the_measured_acceptance():
+    from phases.phase5_inference.predictions import speculative_speedup as sp
+    ceilings = {"exercise": {"id": "phase1.ceilings"}, "status": "ok", "hardware": {"key": "h100_sxm"},
+                "summary": {"ceilings": CEILINGS}, "provenance": {"started_utc": "2026-01-01T00:00:00Z"},
+                "_path": "phase1/ceilings/h100_sxm/a.json"}
+    params = {"temperature": 0.0, "concurrency": 1, "prompt_tokens": 64, "output_tokens": 128, "k": 2}
+    rec = {"exercise": {"id": "phase5.speculative"}, "hardware": {"key": "h100_sxm"}, "params": {"models": "lab"},
+           "provenance": {"started_utc": "2026-01-02T00:00:00Z"},
+           "rows": [{"variant": "target", "status": "ok", "params": {**params, "k": 0}, "metrics": {}},
+                    {"variant": "matched", "status": "ok", "params": params,
+                     "metrics": {"acceptance_rate": 0.5, "speedup_vs_target": 1.2, "predicted_speedup": 1.3,
+                                 "tokens_per_verify": 2.0}}]}
+    [r] = sp.speedup_rows([ceilings, rec])
+    context = 64 + 128 / 2
+    step = wl.predict(p5.speculative_step(p5.SPECULATIVE_TARGET, p5.SPECULATIVE_DRAFT, 1, 2, context), CEILINGS)
+    target = wl.predict(p5.decode_step(p5.SPECULATIVE_TARGET, 1, context), CEILINGS)
+    assert r["expected_tokens"] == 2.0                                       # 1 + 0.5 x 2
+    assert r["summed_speedup"] == pytest.approx(2.0 * target["predicted_ms"] / step["predicted_ms"])
+    assert r["measured_over_summed"] == pytest.approx(1.2 / r["summed_speedup"])
+    assert sp.speedup_rows([rec]) == []                                      # no ceilings: nothing claimed
