@@ -301,3 +301,14 @@ def test_the_speculative_speedup_is_predicted_from_sums_and_the_measured_accepta
     assert r["summed_speedup"] == pytest.approx(2.0 * target["predicted_ms"] / step["predicted_ms"])
     assert r["measured_over_summed"] == pytest.approx(1.2 / r["summed_speedup"])
     assert sp.speedup_rows([rec]) == []                                      # no ceilings: nothing claimed
+
+
+def test_phase6_torch_attention_rows_are_phase3s_attention_and_jax_rows_keep_one_roof():
+    from phases.phase6_hardware import kernel_lists as p6
+    row = {"exercise": "phase6.jax_attention", "variant": "sdpa_cudnn", "params.batch": 4, "params.heads": 16,
+           "params.seq": 2048, "params.head_dim": 64, "params.dtype": "bf16", "params.causal": False}
+    w = p6.row_workload(row)
+    assert w.kernels == p3.attention_forward("sdpa_cudnn", 4, 16, 2048, 64, "bf16", False).kernels
+    assert w.totals()["exps"] == 4 * 16 * 2048**2
+    assert p6.row_workload({**row, "variant": "jax_dpa_xla"}) is None
+    assert p6.row_workload({k: v for k, v in row.items() if k != "params.seq"}) is None
