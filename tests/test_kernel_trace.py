@@ -58,12 +58,14 @@ def test_device_events_are_summed_by_name_and_host_ops_left_out():
 
 def test_the_phases_declare_their_trace_steps():
     steps = check.trace_steps()
-    assert {"phase5.ttft_decode", "phase5.batching", "phase7.scaling"} <= set(steps)
+    assert {"phase3.flash_attention", "phase5.ttft_decode", "phase5.batching", "phase7.scaling"} <= set(steps)
     from common.errors import LabError
     with pytest.raises(LabError, match="no parameter 'batch'"):
         steps["phase5.ttft_decode"]({"batch": 4}, None)
     with pytest.raises(LabError, match="no scaling size 'huge'"):
         steps["phase7.scaling"]({"size": "huge"}, None)
+    with pytest.raises(LabError, match="variant 'naive'"):
+        steps["phase3.flash_attention"]({"variant": "naive"}, None)
 
 
 def test_bad_input_gets_one_line_and_exit_2(capsys):
