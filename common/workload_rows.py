@@ -84,18 +84,23 @@ def predicted(r: dict, build, ceilings: dict, specs, measured: float | None, lau
     return workload.predict(w, ceilings, fp32, measured, launch_adds=launch_adds)
 
 
-def attach(exercise_id: str, rows: list[dict], ceilings: dict | None, spec) -> None:
+def attach(exercise_id: str, rows: list[dict], ceilings: dict | None, spec, summary: dict | None = None,
+           params: dict | None = None) -> None:
     """At run time (common/runner.py): `prediction.summed` on every ok row of an exercise with a
     kernel list, from this machine's ceilings record; nothing when there is none (the report then
-    computes it from the row's params, as it does the calibrated one). A GPU only: the exp rate's
-    fallback is a GPU's spec sheet."""
+    computes it from the row's params, as it does the calibrated one). The run's summary and whole
+    parameters reach the kernel list as they do at report time (`summary.*`, `record.params.*`,
+    `record.rows`: a ceiling the exercise measured before its rows, a seed). A GPU only: the exp
+    rate's fallback is a GPU's spec sheet."""
     build = builders().get(exercise_id)
     if build is None or not ceilings or spec is None:
         return
+    run = {**{f"summary.{k}": v for k, v in (summary or {}).items()},
+           **{f"record.params.{k}": v for k, v in (params or {}).items()}, "record.rows": rows}
     for row in rows:
         if row.get("status") != "ok" or not isinstance(row.get("prediction"), dict):
             continue
-        flat = {"exercise": exercise_id, "variant": row["variant"], "hardware": spec.key}
+        flat = {"exercise": exercise_id, "variant": row["variant"], "hardware": spec.key, **run}
         for block in ("params", "metrics", "prediction", "timing"):
             flat.update({f"{block}.{k}": v for k, v in (row.get(block) or {}).items()})
         measured = _value(flat, "prediction.measured_ms") or _value(flat, "metrics.ms")

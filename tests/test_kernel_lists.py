@@ -312,3 +312,14 @@ def test_phase6_torch_attention_rows_are_phase3s_attention_and_jax_rows_keep_one
     assert w.totals()["exps"] == 4 * 16 * 2048**2
     assert p6.row_workload({**row, "variant": "jax_dpa_xla"}) is None
     assert p6.row_workload({k: v for k, v in row.items() if k != "params.seq"}) is None
+
+
+def test_at_run_time_the_summary_and_run_parameters_reach_the_kernel_list_as_at_report_time():
+    from common.hardware import load_hardware
+    spec = load_hardware()["h100_sxm"]
+    rows = [{"variant": "lab-engine", "status": "ok",
+             "params": {"model": "tiny", "concurrency": 2, "prompt_tokens": 10, "output_tokens": 20},
+             "metrics": {"ms": 1.0}, "timing": {"method": "TPOT per request"}, "prediction": {"measured_ms": 1.0}}]
+    acc.attach("phase5.batching", rows, CEILINGS, spec, {"host_step_us": {"2": 40.0}}, {"seed": 0})
+    top = rows[0]["prediction"]["summed"]
+    assert top["host_ms"] == pytest.approx(0.005 + 0.005 + 0.010 + 0.040)    # copy, launch, sync, scheduler step
