@@ -1,17 +1,21 @@
 """The lab's goals for its own predictions, as Goal specs over the accuracy summary.
 
 Each goal's candidates are one summary row per GPU (common/accuracy.py), so they render like every
-other goal: hardware, goal, target, measured, verdict, and where the target comes from.
+other goal: hardware, goal, target, measured, verdict, and where the target comes from. The model
+held to account is the summed one (a workload as the sum of its kernels' rooflines, common/
+workload.py) where a row's exercise has a kernel list, else the one-roof calibrated one; each
+line's detail gives the one-roof figure over the same rows beside it. Every phase that records
+predictions counts, 1 to 7; a phase with no counted row on a GPU has no line for it.
 """
 from .accuracy import goal_rows
 from .formats import num, pct
 from .spec import Goal, Goals
 
 ANCHOR = "the lab's bar for a roofline that predicts (calibrated on the same machine)"
-SCOPES = {"accuracy.p1237": ((1, 2, 3, 7), ("memory", "compute")),
-          "accuracy.p1": ((1,), ("memory", "compute")), "accuracy.p2": ((2,), ("memory", "compute")),
-          "accuracy.p3": ((3,), ("memory", "compute")), "accuracy.p7": ((7,), ("memory", "compute")),
-          "accuracy.latency": ((0, 1, 2, 3, 7), ("latency",))}
+ISSUE = "issue 36: simulators with profiled operator models reach 4-12% end to end (LLMCompass, Vidur, KernelSight-LM)"
+PHASES = (1, 2, 3, 4, 5, 6, 7)
+SCOPES = {"accuracy.all": (PHASES, None), **{f"accuracy.p{n}": ((n,), None) for n in PHASES},
+          "accuracy.latency": ((0, *PHASES), ("latency",))}
 
 
 def rows(view, goal):
@@ -20,16 +24,17 @@ def rows(view, goal):
 
 
 def _n(r) -> str:
-    return f"{int(r['metrics.rows'])} rows, median measured/calibrated {num(r['metrics.cal_median'])}"
+    return (f"{int(r['metrics.rows'])} rows, {int(r['metrics.sum_rows'])} summed; "
+            f"one roof: {pct(r['metrics.cal_abs_err_pct'])}")
 
 
 EMPTY = "_No calibrated predictions yet: run `lab run phase1.ceilings` on a GPU, then `lab report`._"
 GOALS = Goals("accuracy.goals", rows=rows, empty=EMPTY, goals=(
-    Goal("memory- and compute-bound rows of phases 1, 2, 3, 7 (fastest variant per problem): median abs(measured/calibrated - 1)",
-         "accuracy.p1237", "metrics.cal_abs_err_pct", 15, ANCHOR, op="<=", pick="max", fmt=pct, detail=_n),
-    *(Goal(f"phase {n} alone: median abs(measured/calibrated - 1)", f"accuracy.p{n}", "metrics.cal_abs_err_pct", 25,
-           ANCHOR, op="<=", pick="max", fmt=pct, detail=_n) for n in (1, 2, 3, 7)),
-    Goal("latency-bound rows: the worst factor between measured and calibrated", "accuracy.latency",
-         "metrics.worst_ratio", 2, ANCHOR, op="<=", pick="max", fmt=lambda x: "-" if x != x else f"{x:.2f}x",
-         detail=lambda r: f"{int(r['metrics.rows'])} rows"),
+    Goal("every row of phases 1-7 (fastest variant per problem): median abs(measured/predicted - 1)",
+         "accuracy.all", "metrics.sum_abs_err_pct", 10, ISSUE, op="<=", pick="max", fmt=pct, detail=_n),
+    *(Goal(f"phase {n} alone: median abs(measured/predicted - 1)", f"accuracy.p{n}", "metrics.sum_abs_err_pct", 15,
+           ANCHOR, op="<=", pick="max", fmt=pct, detail=_n) for n in PHASES),
+    Goal("latency-bound rows: the worst factor between measured and predicted", "accuracy.latency",
+         "metrics.sum_worst_ratio", 2, ANCHOR, op="<=", pick="max", fmt=lambda x: "-" if x != x else f"{x:.2f}x",
+         detail=lambda r: f"{int(r['metrics.rows'])} rows; one roof: {num(r['metrics.worst_ratio'])}x"),
 ))

@@ -139,8 +139,8 @@ def run_one(ex: Exercise, ctx: Context, params: dict, static: dict, usd_rate, ra
             rows = []
     seconds = time.perf_counter() - t0
     if rows and ctx.is_cuda:                    # the summed workload prediction beside the one-roof one
-        from .workload_accuracy import attach
-        attach(ex.id, rows, ctx.ceilings(), ctx.spec)
+        from .workload_rows import attach
+        attach(ex.id, rows, ctx.ceilings(), ctx.spec, summary, recorded)
     conditions = {"gpu_after_run": env.gpu_conditions(0) if ctx.is_cuda and rows else None}
     if reason is not None and not rows:
         status = "failed" if "error" in summary else "skipped"

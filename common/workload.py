@@ -9,7 +9,9 @@ same machine (never fitted to the rows they predict):
   CUDA-core rate (ELEMENTWISE: the fp32 rate with TF32 off, the SGEMM `phase1.ceilings` measures).
   A skinny matmul (GEMV: a decode step's projections) is its own regime: it reads its weight once
   at 1 FLOP per byte, and its bytes go at the GEMV bandwidth `phase1.ceilings` measures (a bf16
-  one-row product of a Llama-sized weight), which need not be the copy rate; its FLOPs at its
+  one-row product of a Llama-sized weight), which need not be the copy rate, after a fixed part
+  (the first bytes' latency, the last wave's tail: `phase1.ceilings` times two sizes, and a 30 MB
+  projection is slower per byte than a 200 MB one; 0, said so, where unmeasured); its FLOPs at its
   dtype's matmul rate (a few rows through cuBLAS) or, with no dtype, the CUDA-core rate (a one-row
   Triton GEMV does not use the tensor cores).
 * exps (softmax's exponentials) go against the special-function rate. A kernel whose products and
@@ -29,7 +31,8 @@ same machine (never fitted to the rows they predict):
 
 A workload's prediction is the sum over its kernels, plus host time where the host is on the
 critical path (a synchronize per step, a copy the next step waits for): `host` lists those, each
-named. The one-roof prediction (every FLOP and byte in one roofline, one launch floor per kernel
+named; plus collectives (a tensor-parallel step's all-reduces), each at a time measured on the
+same machine (`collectives`: what, ms, count), not a roofline of ours. The one-roof prediction (every FLOP and byte in one roofline, one launch floor per kernel
 added: `roofline.calibrated`) stays beside it, the seed's claim tested.
 
 A ceiling not measured on this machine yet falls back to a stated value, and the prediction says
@@ -37,7 +40,7 @@ which in `fallbacks`: the exp rate to the spec sheet's (fp32 peak / 16: 16 expon
 fp32 FMAs per SM per clock on compute capability 8.x and 9.0, CUDA C++ Programming Guide's
 arithmetic-instruction throughput table; FlashAttention-3's paper quotes 3.9 TFLOPS of special
 functions on an H100 SXM5), a Triton kernel's launch floor and the host time of an autograd op to
-the PyTorch op's floor, the GEMV bandwidth to the HBM copy rate.
+the PyTorch op's floor, the GEMV bandwidth to the HBM copy rate, its fixed part to 0.
 
 Torch-free: `lab predict` and the report use it without a GPU. Units in the names: ms, us, bytes.
 """
@@ -86,12 +89,14 @@ class Workload:
     kernels: tuple[Kernel, ...]
     host: tuple[tuple[str, float | str, int], ...] = ()
     notes: tuple[str, ...] = field(default=())
+    collectives: tuple[tuple[str, float, int], ...] = ()     # (what, ms each, count): measured, on the GPU's path
 
     def scaled(self, times: int, name: str | None = None) -> "Workload":
         """The same workload run `times` times back to back (a request's decode steps)."""
         return Workload(name or f"{times} x {self.name}",
                         tuple(replace(k, count=k.count * times) for k in self.kernels),
-                        tuple((what, v, n * times) for what, v, n in self.host), self.notes)
+                        tuple((what, v, n * times) for what, v, n in self.host), self.notes,
+                        tuple((what, ms, n * times) for what, ms, n in self.collectives))
 
     def timed_as(self, *, graph: bool = False, in_l2: bool = False) -> "Workload":
         """The workload as a harness timed it: replayed in a CUDA graph (every kernel at the graph
@@ -120,11 +125,15 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
         triton_us = ceilings["launch_us"]
         fallbacks.append(f"Triton launch floor {triton_us:.3g} us: the PyTorch op's measured floor stands in "
                          "(phase1.ceilings has no triton_launch row on this machine yet)")
-    gemv_gbps = ceilings.get("gemv_gbps")
-    if not gemv_gbps:
-        gemv_gbps = ceilings["hbm_gbps"]
-        fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
-                         "no gemv row on this machine yet)")
+    gemv_gbps, gemv_fixed_us = ceilings.get("gemv_slope_gbps"), ceilings.get("gemv_fixed_us")
+    if not gemv_gbps or gemv_fixed_us is None:
+        gemv_gbps, gemv_fixed_us = ceilings.get("gemv_gbps"), 0.0
+        if not gemv_gbps:
+            gemv_gbps = ceilings["hbm_gbps"]
+            fallbacks.append(f"GEMV bandwidth {gemv_gbps:.4g} GB/s: the HBM copy rate stands in (phase1.ceilings has "
+                             "no gemv row on this machine yet)")
+        fallbacks.append("GEMV fixed time: unmeasured, taken as 0 (phase1.ceilings has no gemv_small row on this "
+                         "machine yet; every GEMV at the large one's bytes per second)")
     autograd_us = ceilings.get("autograd_op_us")
     if not autograd_us:
         autograd_us = ceilings["launch_us"]
@@ -134,7 +143,7 @@ def rates(ceilings: dict, spec_fp32_tflops: float | None = None) -> tuple[dict, 
     if not ceilings.get("graph_launch_us"):
         fallbacks.append("graph replay floor: the PyTorch op's measured floor stands in (no graph_launch row)")
     out = {"hbm_gbps": ceilings["hbm_gbps"], "l2_gbps": ceilings.get("l2_gbps") or ceilings["hbm_gbps"],
-           "gemv_gbps": gemv_gbps, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
+           "gemv_gbps": gemv_gbps, "gemv_fixed_us": gemv_fixed_us, "matmul_tflops": dict(ceilings.get("matmul_tflops") or {}), "exp_per_s": exp_per_s,
            "launch_us": {TORCH: ceilings["launch_us"], TRITON: triton_us, GRAPH: graph_us, AUTOGRAD: ceilings["launch_us"]},
            "autograd_op_us": autograd_us}
     return out, fallbacks
@@ -151,6 +160,8 @@ def kernel_terms(k: Kernel, r: dict) -> dict:
     compute = max(products, exps) if k.overlap else products + exps
     bandwidth = r["l2_gbps"] if k.in_l2 else r["gemv_gbps"] if k.kind == GEMV else r["hbm_gbps"]
     memory = roofline.memory_ms(k.bytes, bandwidth) if k.bytes else 0.0
+    if k.kind == GEMV and k.bytes and not k.in_l2:
+        memory += r["gemv_fixed_us"] / 1e3             # its first bytes' latency and last wave's tail
     return {"compute": compute, "products": products, "exps": exps, "memory": memory,
             "launch": r["launch_us"][k.launch] / 1e3}
 
@@ -181,10 +192,19 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
     host = [(what if n == 1 else f"{what} (x{n})", n * (v if isinstance(v, (int, float)) else ceilings[v] / 1e3))
             for what, v, n in w.host]
     host_ms = sum(ms for _, ms in host)
-    predicted = sum(ms for _, ms, _ in parts) + host_ms
+    comm = [(what if n == 1 else f"{what} (x{n})", n * ms) for what, ms, n in w.collectives]
+    comm_ms = sum(ms for _, ms in comm)
+    predicted = sum(ms for _, ms, _ in parts) + host_ms + comm_ms
     if host_ms:
         by_bound["host"] = host_ms
-    ranked = sorted(parts + [(what, ms, "host") for what, ms in host], key=lambda p: -p[1])
+    if comm_ms:
+        by_bound["communication"] = comm_ms
+    by_name: dict = {}                # a kernel of many steps (an offline run's) ranked as one
+    for name, ms, bound in parts + [(what, ms, "host") for what, ms in host] + \
+            [(what, ms, "communication") for what, ms in comm]:
+        total, top_ms, top_bound = by_name.get(name, (0.0, -1.0, bound))
+        by_name[name] = (total + ms, *((ms, bound) if ms > top_ms else (top_ms, top_bound)))
+    ranked = sorted(((n, total, b) for n, (total, _, b) in by_name.items()), key=lambda p: -p[1])
     t = w.totals()
     main = max(w.kernels, key=lambda k: k.flops * k.count).dtype if w.kernels and t["flops"] else None
     one = roofline.calibrated(t["flops"], t["bytes"], main, ceilings, measured_ms, launches=t["launches"])
@@ -192,7 +212,7 @@ def predict(w: Workload, ceilings: dict, spec_fp32_tflops: float | None = None, 
                      + " max(compute + exp, memory), plus host",
             "workload": w.name, "predicted_ms": predicted,
             "bound": max(by_bound, key=by_bound.get) if by_bound else None,
-            "by_bound_ms": by_bound, "host_ms": host_ms, "kernels": len(w.kernels), **t,
+            "by_bound_ms": by_bound, "host_ms": host_ms, "communication_ms": comm_ms, "kernels": len(w.kernels), **t,
             "top": [{"kernel": n, "ms": ms, "share": ms / predicted if predicted else None, "bound": b}
                     for n, ms, b in ranked[:top]],
             "one_roof_ms": one["predicted_ms"], "one_roof_bound": one["bound"],

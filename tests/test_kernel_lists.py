@@ -1,8 +1,10 @@
 """The kernel lists of phases 3, 5 and 7 (kernel_lists.py) and the summed accuracy's row path, by hand."""
+from dataclasses import replace
+
 import pytest
 
 from common import workload as wl
-from common import workload_accuracy as acc
+from common import workload_rows as acc
 from common.workload import GRAPH, MATMUL, TORCH, TRITON
 from phases.phase3_triton import kernel_lists as p3
 from phases.phase5_inference.predictions import kernel_lists as p5
@@ -96,6 +98,10 @@ def test_a_training_step_counts_every_launch_and_the_logits_passes():
     by_name = {k.name: k for k in w.kernels}
     assert by_name["logits to fp32"].bytes == N * V * (2 + 4)
     assert by_name["log-softmax over the vocabulary"].exps == N * V
+    # PyTorch's wide-row log-softmax: forward reads the row 3 times and writes it; backward reads the
+    # gradient twice and the output once and writes the gradient (SoftMax.cu), 4 fp32 passes each
+    assert by_name["log-softmax over the vocabulary"].bytes == 4 * N * V * 4
+    assert by_name["log-softmax backward"].bytes == 4 * N * V * 4
     compiled = p7.training_step(cfg, 4, "bf16", compiled=True)
     assert "logits to fp32" not in {k.name for k in compiled.kernels}
     assert compiled.totals()["launches"] == step_kernels(cfg, N, compiled=True)["total"]
@@ -119,19 +125,49 @@ def test_a_recorded_row_is_predicted_from_the_ceilings_recorded_before_it():
     assert graphed["predicted_ms"] == pytest.approx(p["predicted_ms"] - 0.005 + 0.001 + 0.005)
 
 
+def _committed_view():
+    from common import render
+    from common.paths import REPO_ROOT
+    from common.records import is_smoke, load_records
+    from common.report import frame_of
+    if not any((REPO_ROOT / "results" / "phase1" / "ceilings").glob("*/*.json")):
+        pytest.skip("no committed ceilings records in this checkout")
+    records = [r for r in load_records(REPO_ROOT / "results") if not is_smoke(r)]
+    return render.View(frame_of(records), REPO_ROOT / "README.md", REPO_ROOT / "results")
+
+
 def test_the_committed_records_give_summed_figures_per_phase():
     """The data a README table reads: per GPU and phase, the one-roof and summed errors (never fitted:
     the ceilings are the records' own phase1.ceilings)."""
-    from common.paths import REPO_ROOT
-    if not any((REPO_ROOT / "results" / "phase1" / "ceilings").glob("*/*.json")):
-        pytest.skip("no committed ceilings records in this checkout")
-    rows, _ = acc.counted_rows(str(REPO_ROOT / "results"))
-    f = acc.figures(rows)
+    from common import accuracy, workload_accuracy
+    rows = accuracy.counted(_committed_view())
+    f = workload_accuracy.figures(rows)
     p3 = f[f["phase"] == 3]
     assert len(p3) and (p3["covered"] == p3["rows"]).all()
     assert (p3["summed_err"] < p3["one_roof_err"]).all()          # the exponentials are what one roof misses
     top = rows[rows["summed.top"].notna()].iloc[0]["summed.top"]
     assert 1 <= len(top) <= 3 and all(0 <= t["share"] <= 1 for t in top)
+    # the summed-else-one-roof ratio is the sum's where a row has one, the one-roof one where not
+    has = rows["summed.measured_over_predicted"].notna()
+    assert (rows.loc[has, accuracy.RATIO] == rows.loc[has, "summed.measured_over_predicted"].astype(float)).all()
+    assert (rows.loc[~has, accuracy.RATIO] == rows.loc[~has, "calibrated.measured_over_predicted"].astype(float)).all()
+
+
+def test_the_accuracy_table_and_goals_count_every_phase_with_the_sum_beside_one_roof():
+    from common import accuracy, accuracy_goals
+    view = _committed_view()
+    table = accuracy.table(view, (3,))
+    assert accuracy.HEADER[-1] in table.splitlines()[0]
+    goals = {g.exercise: g for g in accuracy_goals.GOALS.goals}
+    assert {f"accuracy.p{n}" for n in range(1, 8)} <= set(goals) and accuracy_goals.SCOPES["accuracy.all"][0] == \
+        (1, 2, 3, 4, 5, 6, 7)
+    for scope in ("accuracy.all", "accuracy.p3", "accuracy.p5"):
+        g = accuracy_goals.rows(view, goals[scope])
+        assert len(g) and {"metrics.sum_abs_err_pct", "metrics.cal_abs_err_pct", "metrics.sum_rows"} <= set(g)
+        if scope == "accuracy.p3":                   # every phase 3 row has a kernel list: the sum is better
+            assert (g["metrics.sum_rows"] == g["metrics.rows"]).all()
+            assert (g["metrics.sum_abs_err_pct"] < g["metrics.cal_abs_err_pct"]).all()
+    assert "phase 5 alone" in accuracy_goals.GOALS.goals[5].text
 
 
 def test_a_gpu_run_attaches_the_summed_prediction_to_each_ok_row():
@@ -145,10 +181,145 @@ def test_a_gpu_run_attaches_the_summed_prediction_to_each_ok_row():
     acc.attach("phase3.flash_attention", rows, CEILINGS, spec)
     s = rows[0]["prediction"]["summed"]
     flops, exps = 4 * 2 * 256**2 * 64, 2 * 256**2
-    assert s["computed"] == "at run time" and len(s["fallbacks"]) == 3    # Triton floor, GEMV rate, autograd op
+    assert s["computed"] == "at run time" and len(s["fallbacks"]) == 4    # Triton floor, GEMV rate and fixed part, autograd op
     assert s["predicted_ms"] == pytest.approx(0.005 + flops / 100e12 * 1e3 + exps / 1e12 * 1e3)
     assert rows[1]["prediction"] is None
     # the report reads the stored block rather than recomputing it
     frame_row = {"exercise": "phase3.flash_attention", "prediction.summed": s}
     assert acc.summed(frame_row, []) is s
     acc.attach("phase1.elementwise", rows, CEILINGS, spec)             # no kernel list: nothing added
+
+
+def test_an_offline_run_is_the_sum_of_the_steps_the_scheduler_takes():
+    from phases.phase5_inference import offline
+    from phases.phase5_inference.predictions.analysis import offline_steps
+    assert p5.OFFLINE_MAX_BATCHED_TOKENS == offline.MAX_BATCHED_TOKENS
+    s = named("tiny")
+    prompts, outputs = [30, 50, 40, 20, 60], [3, 5, 2, 4, 1]
+    run = p5.offline_run(s, prompts, outputs, max_num_seqs=4, max_batched_tokens=100)
+    steps = offline_steps(s, prompts, outputs, 4, 100)
+    assert f"in {len(steps)} steps" in run.name and len(run.host) == 3 * len(steps)   # each step's host work
+    prefill = p5.packed_prefill(s, [30, 50])
+    assert "2 prompts, 80 tokens" in prefill.name          # attention over each prompt alone, one tile each
+    assert prefill.totals()["exps"] == s.num_attention_heads * (30**2 + 50**2) * s.num_hidden_layers
+    row = {"exercise": "phase5.offline", "variant": "lab-engine", "params.model": "tiny", "params.num_seqs": 3,
+           "params.input_tokens": [4, 9], "params.output_tokens": [2, 5]}
+    assert p5.row_workload(row) is None                           # no record seed: not guessed
+    w = p5.row_workload({**row, "record.params.seed": 0, "record.params.max_num_seqs": 256})
+    assert w is not None and w.name.startswith("tiny offline run: 3 requests")
+
+
+def test_a_tensor_parallel_step_is_a_shard_plus_its_measured_collectives():
+    from phases.phase5_inference.engine.tp_shards import local_shape
+    s = named("llama-3.1-8b")
+    assert p5.tp_local_shape(s, 2) == local_shape(s, 2)
+    rows = [{"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 2, "size_bytes": 8192},
+             "metrics": {"us": 11.0}},
+            {"variant": "allreduce_one_shot", "status": "ok", "params": {"world_size": 2, "size_bytes": 8192},
+             "metrics": {"us": 7.0}},
+            {"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 2, "size_bytes": 1 << 20},
+             "metrics": {"us": 18.0}},
+            {"variant": "allreduce_nccl", "status": "ok", "params": {"world_size": 4, "size_bytes": 8192},
+             "metrics": {"us": 99.0}}]
+    ms = p5.all_reduce_from_rows(rows, 2)
+    assert ms(8192) == pytest.approx(0.007) and ms(100) == pytest.approx(0.007)      # the faster, at 8 KiB
+    assert ms(500_000) == pytest.approx(0.018) and p5.all_reduce_from_rows(rows, 8) is None
+    w = p5.tp_decode_step(s, 2, 1, 200.0, ms)
+    (what, each, n), gather = w.collectives
+    assert n == 2 * s.num_hidden_layers and each == pytest.approx(0.007)            # hidden state: 8 KiB
+    assert gather[2] == 1 and gather[1] == pytest.approx(0.018)                      # fp32 logits: 513 KB
+    whole = p5.decode_step(s, 1, 200.0).totals()["bytes"]
+    assert w.totals()["bytes"] < 0.6 * whole                                         # about half the weights
+    p = wl.predict(w, CEILINGS)
+    assert p["communication_ms"] == pytest.approx(2 * 32 * 0.007 + 0.018)
+    assert p["predicted_ms"] == pytest.approx(wl.predict(replace(w, collectives=()), CEILINGS)["predicted_ms"]
+                                              + p["communication_ms"])
+    unmeasured = p5.tp_decode_step(s, 2, 1, 200.0, None)
+    assert not unmeasured.collectives and "unmeasured" in unmeasured.notes[-1]
+    row = {"exercise": "phase5.tensor_parallel", "variant": "engine", "params.model": "llama-3.1-8b",
+           "params.tp": 2, "params.max_num_seqs": 1, "params.prompt_tokens": 100, "params.output_tokens": 200,
+           "record.rows": rows}
+    assert len(p5.row_workload(row).collectives) == 2
+
+
+def test_the_host_step_ceiling_times_the_scheduler_on_this_cpu_and_the_step_reads_it():
+    from phases.phase5_inference.predictions.host_step import host_step_us, host_steps_us
+    one, many = host_step_us(1, 40, steps=30), host_step_us(32, 40, steps=30)
+    assert 0 < one < many                                     # per-sequence Python: more sequences, more time
+    assert set(host_steps_us([1, 2], 20)) == {"1", "2"}
+    s = named("tiny")
+    step = p5.decode_step(s, 2, 100.0)
+    timed = p5.with_host_step(step, {"2": 50.0}, 2)
+    assert timed.host[-1] == ("scheduler step and input writing, 2 sequences", 0.05, 1)
+    assert "unmeasured" in p5.with_host_step(step, None, 2).notes[-1] and p5.with_host_step(step, None, 2).host == step.host
+    row = {"exercise": "phase5.batching", "variant": "lab-engine", "params.model": "tiny", "params.concurrency": 2,
+           "params.prompt_tokens": 10, "params.output_tokens": 20, "summary.host_step_us": {"2": 50.0}}
+    assert p5.row_workload(row).host[-1][1] == 0.05
+
+
+def test_a_speculative_step_is_the_draft_chain_plus_a_verify_of_k_plus_1_rows():
+    from phases.phase5_inference.models.trained_models import MODELS
+    counts = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim")
+    for role, name in (("target", "shakespeare-target"), ("matched", "shakespeare-draft")):
+        mine, theirs = p5.SPECULATIVE_SHAPES[role], MODELS[name].shape
+        assert [getattr(mine, c) for c in counts] == [getattr(theirs, c) for c in counts]
+    t, d = p5.SPECULATIVE_TARGET, p5.SPECULATIVE_DRAFT
+    w = p5.speculative_step(t, d, 2, 3, 128.0)
+    chain, verify = p5.draft_chain(d, 2, 3, 128.0), p5.decode_step(t, 8, 128.0)      # 2 x (3 + 1) rows
+    assert w.totals()["launches"] == chain.totals()["launches"] + verify.totals()["launches"]
+    assert chain.totals()["launches"] == 3 * p5.decode_step(d, 2, 128.0).totals()["launches"]
+    assert [h[2] for h in chain.host] == [1, 3, 1]                       # one copy, k launches, one wait
+    assert any("acceptance" in n for n in w.notes)
+    lookup = p5.speculative_step(t, None, 2, 4, 128.0, proposed_per_verify=1.5)
+    assert "prompt lookup" in lookup.name and lookup.totals()["launches"] == p5.decode_step(t, 5, 128.0).totals()["launches"]
+    assert p5.expected_tokens_per_verify(0.0, 4) == 1.0 and p5.expected_tokens_per_verify(1.0, 4) == 5.0
+    assert p5.expected_tokens_per_verify(0.405, 8) == pytest.approx(4.24)          # kept of proposed, plus one
+    row = {"exercise": "phase5.speculative", "variant": "target", "params.concurrency": 4, "params.k": 0,
+           "params.prompt_tokens": 64, "params.output_tokens": 128}
+    assert p5.row_workload(row).name.startswith("shakespeare-target decode step, batch 4")
+    assert p5.row_workload({**row, "record.params.models": "tiny"}) is None
+
+
+def test_the_speculative_speedup_is_predicted_from_sums_and_the_measured_acceptance():
+    from phases.phase5_inference.predictions import speculative_speedup as sp
+    ceilings = {"exercise": {"id": "phase1.ceilings"}, "status": "ok", "hardware": {"key": "h100_sxm"},
+                "summary": {"ceilings": CEILINGS}, "provenance": {"started_utc": "2026-01-01T00:00:00Z"},
+                "_path": "phase1/ceilings/h100_sxm/a.json"}
+    params = {"temperature": 0.0, "concurrency": 1, "prompt_tokens": 64, "output_tokens": 128, "k": 2}
+    rec = {"exercise": {"id": "phase5.speculative"}, "hardware": {"key": "h100_sxm"}, "params": {"models": "lab"},
+           "provenance": {"started_utc": "2026-01-02T00:00:00Z"},
+           "rows": [{"variant": "target", "status": "ok", "params": {**params, "k": 0}, "metrics": {}},
+                    {"variant": "matched", "status": "ok", "params": params,
+                     "metrics": {"acceptance_rate": 0.5, "speedup_vs_target": 1.2, "predicted_speedup": 1.3,
+                                 "tokens_per_verify": 2.0}}]}
+    [r] = sp.speedup_rows([ceilings, rec])
+    context = 64 + 128 / 2
+    step = wl.predict(p5.speculative_step(p5.SPECULATIVE_TARGET, p5.SPECULATIVE_DRAFT, 1, 2, context), CEILINGS)
+    target = wl.predict(p5.decode_step(p5.SPECULATIVE_TARGET, 1, context), CEILINGS)
+    assert r["expected_tokens"] == 2.0                                       # 1 + 0.5 x 2
+    assert r["summed_speedup"] == pytest.approx(2.0 * target["predicted_ms"] / step["predicted_ms"])
+    assert r["measured_over_summed"] == pytest.approx(1.2 / r["summed_speedup"])
+    assert sp.speedup_rows([rec]) == []                                      # no ceilings: nothing claimed
+
+
+def test_phase6_torch_attention_rows_are_phase3s_attention_and_jax_rows_keep_one_roof():
+    from phases.phase6_hardware import kernel_lists as p6
+    row = {"exercise": "phase6.jax_attention", "variant": "sdpa_cudnn", "params.batch": 4, "params.heads": 16,
+           "params.seq": 2048, "params.head_dim": 64, "params.dtype": "bf16", "params.causal": False}
+    w = p6.row_workload(row)
+    assert w.kernels == p3.attention_forward("sdpa_cudnn", 4, 16, 2048, 64, "bf16", False).kernels
+    assert w.totals()["exps"] == 4 * 16 * 2048**2
+    assert p6.row_workload({**row, "variant": "jax_dpa_xla"}) is None
+    assert p6.row_workload({k: v for k, v in row.items() if k != "params.seq"}) is None
+
+
+def test_at_run_time_the_summary_and_run_parameters_reach_the_kernel_list_as_at_report_time():
+    from common.hardware import load_hardware
+    spec = load_hardware()["h100_sxm"]
+    rows = [{"variant": "lab-engine", "status": "ok",
+             "params": {"model": "tiny", "concurrency": 2, "prompt_tokens": 10, "output_tokens": 20},
+             "metrics": {"ms": 1.0}, "timing": {"method": "TPOT per request"}, "prediction": {"measured_ms": 1.0}}]
+    acc.attach("phase5.batching", rows, CEILINGS, spec, {"host_step_us": {"2": 40.0}}, {"seed": 0})
+    top = rows[0]["prediction"]["summed"]
+    assert top["host_ms"] == pytest.approx(0.005 + 0.005 + 0.010 + 0.040)    # copy, launch, sync, scheduler step

@@ -74,3 +74,24 @@ def test_the_autograd_op_row_measures_a_host_time_per_op_on_a_cpu():
     assert r["prediction"]["excluded"]
     rows = [_ok("hbm_copy", {"gbps": 3000.0}), r]
     assert ceilings_of(rows, None, 0.5)["autograd_op_us"] == r["metrics"]["op_us"]
+
+
+def test_two_gemv_sizes_give_a_fixed_part_and_a_slope():
+    from phases.phase1_roofline.ceilings import gemv_fit
+    big = _ok("gemv", {"ms": 0.070, "gbps": 235e6 / 70e3}, {"working_set_bytes": 235e6})
+    small = _ok("gemv_small", {"ms": 0.016}, {"working_set_bytes": 33e6})
+    rows = [_ok("hbm_copy", {"gbps": 4000.0}), _ok("launch", {"ms": 0.004}), big, small]
+    c = ceilings_of(rows, None, 0.5)
+    slope = (235e6 - 33e6) / (0.054 * 1e6)                      # GB/s between the two points
+    assert c["gemv_slope_gbps"] == pytest.approx(slope)
+    assert c["gemv_fixed_us"] == pytest.approx(1e3 * (0.016 - 33e6 / (slope * 1e6)) - 4.0)   # beyond the launch floor
+    assert gemv_fit({"gemv": big, "launch": rows[1]}) == {"gemv_slope_gbps": None, "gemv_fixed_us": None}
+    slower_small = _ok("gemv_small", {"ms": 0.080}, {"working_set_bytes": 33e6})              # no positive slope
+    assert gemv_fit({"gemv": big, "gemv_small": slower_small, "launch": rows[1]})["gemv_fixed_us"] is None
+
+
+def test_the_small_gemv_row_runs_on_a_cpu_and_names_itself():
+    from phases.phase1_roofline.ceilings import _gemv_row
+    ctx = Context(torch.device("cpu"), None, "cpu", quick=True)
+    r = _gemv_row(ctx, 64, 100, "gemv_small")
+    assert r["variant"] == "gemv_small" and r["status"] == "ok" and r["params"]["working_set_bytes"] == (64 * 100 + 164) * 4

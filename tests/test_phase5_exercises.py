@@ -61,6 +61,8 @@ def test_batching_rows_carry_the_sweep_and_its_ratios(cpu_run):
         assert m["engine_decode_step_ms"] > 0
     assert rec["rows"][0]["metrics"]["x_output_tok_s_vs_1"] == 1.0
     assert rec["summary"]["best_concurrency"] in levels
+    # the host's scheduler step at each level, timed on the CPU before the rows (the summed model's ceiling)
+    assert set(rec["summary"]["host_step_us"]) == {"1", "2", "4"} and all(v > 0 for v in rec["summary"]["host_step_us"].values())
 
 
 def test_ttft_decode_checks_the_engine_against_the_plain_model(cpu_run):

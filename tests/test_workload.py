@@ -5,7 +5,8 @@ from common import workload as wl
 from common.workload import ELEMENTWISE, GRAPH, MATMUL, TRITON, Kernel, Workload
 
 # Round ceilings, so every expected time below is mental arithmetic.
-CEILINGS = {"hbm_gbps": 1000.0, "l2_gbps": 2000.0, "gemv_gbps": 800.0, "autograd_op_us": 20.0, "matmul_tflops": {"bf16": 100.0, "fp32": 10.0},
+CEILINGS = {"hbm_gbps": 1000.0, "l2_gbps": 2000.0, "gemv_gbps": 700.0, "gemv_slope_gbps": 800.0, "gemv_fixed_us": 0.0,
+            "autograd_op_us": 20.0, "matmul_tflops": {"bf16": 100.0, "fp32": 10.0},
             "launch_us": 5.0, "graph_launch_us": 1.0, "triton_launch_us": 8.0, "sync_us": 10.0,
             "exp_per_s": 1e12, "l2_fit_bytes": 1e6, "record": "results/x.json"}
 
@@ -31,6 +32,18 @@ def test_a_gemv_reads_its_weight_at_the_gemv_bandwidth():
     assert wl.kernel_ms(one_row, r, launch_adds=False) == (pytest.approx(0.1), "memory")
     batched = Kernel("skinny", wl.GEMV, flops=2e10, bytes=8e7, dtype="bf16")  # 2e10 / 100 TFLOP/s = 0.2 ms
     assert wl.kernel_ms(batched, r, launch_adds=False) == (pytest.approx(0.2), "compute")
+
+
+def test_a_gemv_pays_its_measured_fixed_part_before_its_bytes_and_says_so_when_unmeasured():
+    r, fallbacks = wl.rates({**CEILINGS, "gemv_fixed_us": 10.0})
+    one_row = Kernel("gemv", wl.GEMV, flops=2e6, bytes=8e7, dtype=None)      # 10 us, then 8e7 B / 800 GB/s
+    assert wl.kernel_ms(one_row, r) == (pytest.approx(0.005 + 0.01 + 0.1), "memory") and fallbacks == []
+    copy = Kernel("copy", ELEMENTWISE, flops=0, bytes=8e7)                    # not a GEMV: no fixed part
+    assert wl.kernel_ms(copy, r)[0] == pytest.approx(0.005 + 0.08)
+    old = {k: v for k, v in CEILINGS.items() if k not in ("gemv_slope_gbps", "gemv_fixed_us")}
+    r, fallbacks = wl.rates(old)                  # a record before the two-size GEMV: the one rate, no fixed part
+    assert r["gemv_gbps"] == 700.0 and r["gemv_fixed_us"] == 0.0
+    assert len(fallbacks) == 1 and "GEMV fixed time: unmeasured" in fallbacks[0]
 
 
 def test_an_eager_autograd_op_waits_for_the_host_while_its_kernel_is_shorter():
@@ -77,12 +90,12 @@ def test_a_workload_is_the_sum_plus_host_with_the_top_kernels_and_one_roof_besid
 
 def test_unmeasured_ceilings_fall_back_to_stated_values():
     ceilings = {k: v for k, v in CEILINGS.items()
-                if k not in ("exp_per_s", "triton_launch_us", "gemv_gbps", "autograd_op_us")}
+                if k not in ("exp_per_s", "triton_launch_us", "gemv_gbps", "gemv_slope_gbps", "autograd_op_us")}
     r, fallbacks = wl.rates(ceilings, spec_fp32_tflops=64.0)
     assert r["exp_per_s"] == pytest.approx(4e12)                 # 64 TFLOP/s / 16
     assert r["launch_us"][TRITON] == 5.0 and r["gemv_gbps"] == 1000.0
-    assert len(fallbacks) == 4 and "spec sheet" in fallbacks[0] and "PyTorch op" in fallbacks[1]
-    assert "HBM copy rate stands in" in fallbacks[2] and "autograd" in fallbacks[3]
+    assert len(fallbacks) == 5 and "spec sheet" in fallbacks[0] and "PyTorch op" in fallbacks[1]
+    assert "HBM copy rate stands in" in fallbacks[2] and "unmeasured" in fallbacks[3] and "autograd" in fallbacks[4]
     assert r["autograd_op_us"] == 5.0
     with pytest.raises(ValueError, match="exp rate"):
         wl.rates(ceilings)

@@ -7,7 +7,7 @@ bandwidth of a working set that stays in L2 (caches warm; on a CPU its last-leve
 sustained matmul rate per dtype (median over samples, best over sizes), the latency floor: what the
 harness shows for an empty kernel, launched alone as a PyTorch op, as a Triton kernel and replayed
 in a CUDA graph, and a synchronize; a GEMV's sustained bandwidth (a skinny matmul, a decode step's
-regime); the host's time per op of an eager autograd step; and the special-function rate
+regime), at two sizes for its fixed part and its slope; the host's time per op of an eager autograd step; and the special-function rate
 (exponentials per second: what attention's softmax spends between its two products;
 special_function.py). The Triton floor and the last three are what the summed workload model
 (common/workload.py) needs beside the roofline's.
@@ -58,11 +58,13 @@ def _matmul_row(ctx, dtype: str, n: int) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
-def _gemv_row(ctx, k: int, n: int) -> dict:
+def _gemv_row(ctx, k: int, n: int, variant: str = "gemv") -> dict:
     """A skinny matmul's sustained bandwidth: one row times an n x k weight (a batch-1 decode
     projection's shape), bf16 on a GPU (fp32 on a CPU), the weight far larger than L2. A GEMV reads
     its weight once and does 1 FLOP per byte, so it is memory-bound; whether it reaches the copy
-    rate is what this row measures (the summed model reads weights of decode steps at it)."""
+    rate is what this row measures (the summed model reads weights of decode steps at it).
+    `gemv_small` is the same product with fewer outputs (a decode step's smaller projections):
+    with the large one it gives a GEMV's time as a fixed part plus bytes over a slope (gemv_fit)."""
     dtype = "bf16" if ctx.is_cuda else "fp32"
     t = TORCH_DTYPES[dtype]
     g = torch.Generator(device=ctx.device).manual_seed(k + n)
@@ -75,7 +77,7 @@ def _gemv_row(ctx, k: int, n: int) -> dict:
 
     check = reference_check(ctx, y, gemv, x.double() @ w.double().t(), "float64 product of the same inputs", dtype)
     nbytes = (k * n + k + n) * t.itemsize
-    r = measure(ctx, "gemv", {"k": k, "n": n, "dtype": dtype, "working_set_bytes": nbytes}, fn=gemv, check=check,
+    r = measure(ctx, variant, {"k": k, "n": n, "dtype": dtype, "working_set_bytes": nbytes}, fn=gemv, check=check,
                 flops=2 * k * n, bytes_moved=nbytes, dtype=dtype)
     del x, w, y
     return r
@@ -161,6 +163,7 @@ def run(ctx, params) -> Result:
     for dtype in ctx.track(dtypes, "matmul ceilings"):
         rows += [_matmul_row(ctx, dtype, n) for n in params["matmul_sizes"]]
     rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_n"]))
+    rows.append(_gemv_row(ctx, params["gemv_k"], params["gemv_small_n"], "gemv_small"))
     rows += _launch_rows(ctx)
     if ctx.is_cuda:                      # a floor, like the synchronize row: what a GPU step waits on
         rows.append(_autograd_row(ctx))
@@ -195,7 +198,26 @@ def ceilings_of(rows: list[dict], l2_bytes: int | None, l2_fraction: float) -> d
         "exp_per_s": ok["exp"]["metrics"]["exp_per_s"] if "exp" in ok else None,
         "gemv_gbps": ok["gemv"]["metrics"]["gbps"] if "gemv" in ok else None,
         "autograd_op_us": ok["autograd_op"]["metrics"]["op_us"] if "autograd_op" in ok else None,
+        **gemv_fit(ok),
     }
+
+
+def gemv_fit(ok: dict) -> dict:
+    """A GEMV's time as fixed + bytes / slope, from the two GEMV rows of this record (a line through
+    two points of the same kernel, never through the rows it predicts): `gemv_slope_gbps`, and
+    `gemv_fixed_us`, the fixed part beyond the PyTorch op's launch floor (the first bytes' latency,
+    the last wave's tail: what makes a 30 MB projection slower per byte than a 200 MB one). None
+    for both when a row is missing or the two do not give a positive slope and fixed part."""
+    none = {"gemv_slope_gbps": None, "gemv_fixed_us": None}
+    if not all(v in ok for v in ("gemv", "gemv_small", "launch")):
+        return none
+    (t_big, b_big), (t_small, b_small) = [(ok[v]["metrics"]["ms"], ok[v]["params"]["working_set_bytes"])
+                                          for v in ("gemv", "gemv_small")]
+    if b_big <= b_small or t_big <= t_small:
+        return none
+    slope_gbps = (b_big - b_small) / ((t_big - t_small) * 1e6)
+    fixed_us = 1e3 * (t_small - b_small / (slope_gbps * 1e6) - ok["launch"]["metrics"]["ms"])
+    return {"gemv_slope_gbps": slope_gbps, "gemv_fixed_us": max(0.0, fixed_us)}
 
 
 EXERCISE = Exercise(
@@ -206,11 +228,13 @@ EXERCISE = Exercise(
                      "dtypes": Choice(["fp32", "tf32", "fp16", "bf16"], ("fp32", "tf32", "fp16", "bf16"), many=True),
                      "gemv_k": Int(4096, min=1, unit="inputs of the GEMV row (Llama 3.1 8B's hidden size)"),
                      "gemv_n": Int(28672, min=1, unit="outputs of the GEMV row (Llama 3.1 8B's gate_up)"),
+                     "gemv_small_n": Int(4096, min=1, unit="outputs of the small GEMV row (Llama 3.1 8B's o)"),
                      "exp_elements": Int(2**24, min=1, unit=f"elements of the exp-rate kernel, "
                                                              f"{special_function.REPS} exponentials each")},
-    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"], "gemv_k": 1024, "gemv_n": 8192},
+    cpu_params={"hbm_bytes": 2**28, "matmul_sizes": [512, 1024], "dtypes": ["fp32"], "gemv_k": 1024, "gemv_n": 8192,
+                "gemv_small_n": 1024},
     quick_params={"hbm_bytes": 2**22, "matmul_sizes": [96], "dtypes": ["fp32", "bf16"], "exp_elements": 2**16,
-                  "gemv_k": 256, "gemv_n": 1000},
+                  "gemv_k": 256, "gemv_n": 1000, "gemv_small_n": 100},
     footprint_bytes=lambda p: max(p["hbm_bytes"], 3 * 4 * max(p["matmul_sizes"]) ** 2 + 3 * 8 * max(p["matmul_sizes"]) ** 2,
                                   (4 + 8) * p["gemv_k"] * p["gemv_n"]))     # the GEMV weight, its float64 copy
 

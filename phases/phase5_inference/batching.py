@@ -20,6 +20,7 @@ from common.timing import summarize
 
 from .benchmark import serving
 from .predictions.analysis import decode_parts, mean_decode_context, ridge_batch, serving_prediction
+from .predictions.host_step import host_steps_us
 from .predictions.prediction import summed_prediction
 from .predictions import kernel_lists
 from .models.model_choice import (
@@ -117,12 +118,17 @@ def run(ctx, params):
         server = serving.external(params["base_url"], params["served_model"])
         rows = sweep(ctx, params, server, shape, "external")
     else:
+        # the host's scheduler step at each level, on this CPU, before any timed row (a ceiling)
+        host_us = host_steps_us(params["concurrency"], mean_decode_context(params["prompt_tokens"],
+                                                                           params["output_tokens"]))
         settings = engine_settings(params, dtype=serving.dtype_name(ctx), device=ctx.device.type,
                                    max_num_batched_tokens=MAX_BATCHED_TOKENS,
                                    max_model_len=params["prompt_tokens"] + params["output_tokens"] + 64)
         with serving.lab_server(settings) as server:
             rows = sweep(ctx, params, server, shape, "lab-engine")
     summary = add_ratios(rows)
+    if not params["base_url"]:
+        summary["host_step_us"] = host_us
     roofs = ctx.roofs(serving.dtype_label(ctx))
     if roofs.peak(serving.dtype_label(ctx)):
         summary["ridge_batch_spec"] = ridge_batch(shape, roofs.bandwidth_gbps, roofs.peak(serving.dtype_label(ctx)))

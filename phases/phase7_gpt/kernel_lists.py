@@ -12,7 +12,9 @@ The head is where one roof goes most wrong: the logits are batch x context x voc
 forward writes them in bf16 from the LM-head matmul, up-casts them to fp32 (autocast runs
 log-softmax in fp32), takes log-softmax (one exponential each) and NLL; the backward writes the
 NLL gradient, the log-softmax backward (an exponential each again), casts to bf16 and runs two
-matmuls. Each of those passes reads or writes the whole N x V matrix through memory. Compiled,
+matmuls. Each of those passes reads or writes the whole N x V matrix through memory, and PyTorch's
+log-softmax kernels read their input more than once (SOFTMAX_PASSES: what its code does, not
+the fewest bytes). Compiled,
 Inductor fuses the cross-entropy into two reductions over the bf16 logits forward and one kernel
 backward (cost.step_kernels' count), so the logits cross memory fewer times.
 
@@ -33,6 +35,14 @@ from common.workload import AUTOGRAD, ELEMENTWISE, MATMUL, TORCH, TRITON, Kernel
 from .cost import GPTConfig, activation_bytes, param_formula, step_kernels
 
 TILE = 128                       # flash attention's query tile (phase 3's kernel_lists.py)
+# Passes over an fp32 row of the logits that PyTorch's eager log-softmax makes when a row is wider
+# than its one-warp (<= 1024 elements) and shared-memory paths (aten/src/ATen/native/cuda/SoftMax.cu,
+# cunn_SoftMaxForward / cunn_SoftMaxBackward; a 50,304-wide fp32 row is 201 KB): forward, the row
+# read for its max, again for its sum of exponentials, again to write the output, and the output
+# written; backward, the incoming gradient read for its sum, then it and the output read and the
+# gradient written. Counted at the HBM rate: the rows in flight at once (a block each) hold more
+# than the L2, so a row's second read does not find its first in cache.
+SOFTMAX_PASSES, SOFTMAX_BACKWARD_PASSES = 4, 4
 
 
 def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: bool = False, optimizer: bool = True,
@@ -80,9 +90,11 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
                 elementwise("LM head weight cast", V * d * 6, count=1),
                 matmul("LM head: logits N x V", N, d, V, count=1),
                 elementwise("logits to fp32", N * V * (a + 4), count=1),
-                elementwise("log-softmax over the vocabulary", 2 * N * V * 4, 4 * N * V, count=1, exps=N * V)]
+                elementwise("log-softmax over the vocabulary", SOFTMAX_PASSES * N * V * 4, 4 * N * V, count=1,
+                            exps=N * V)]
         logits_backward = [elementwise("NLL backward (gradient of the logits)", N * V * 4, count=1),
-                           elementwise("log-softmax backward", 3 * N * V * 4, 4 * N * V, count=1, exps=N * V),
+                           elementwise("log-softmax backward", SOFTMAX_BACKWARD_PASSES * N * V * 4, 4 * N * V, count=1,
+                                       exps=N * V),
                            elementwise("logits' gradient to bf16", N * V * (4 + a), count=1)]
     backward = [
         matmul("QKV (backward)", N, d, 3 * d, backward=True),

@@ -21,15 +21,18 @@ GEMV runs on the CUDA cores, and is memory-bound at any rate.
 The host is on the critical path once a step: the engine copies the step's inputs to the device,
 launches the graph and waits for the sampled tokens (a synchronize) before it schedules the next
 step. Those three are counted from the ceilings (a launch each, a synchronize); the scheduler's own
-Python and, for a served run, the HTTP streaming are not (no ceiling measures them: the residual
-shows them).
+Python and the writing of the step's inputs from predictions/host_step.py's ceiling where the
+record measured it (batching's summary), else said to be unmeasured; the sampler's copy-back and,
+for a served run, the HTTP streaming are not (no ceiling measures them: the residual shows them).
 """
 import math
+from dataclasses import replace
 
 from common.errors import LabError
 from common.workload import ELEMENTWISE, GEMV, GRAPH, MATMUL, TORCH, TRITON, Kernel, Workload
 
 from .analysis import mean_decode_context
+from ..benchmark.workload import random_lengths, random_prompts
 from ..engine.shapes import BF16_BYTES, LlamaShape, named
 
 ACT = BF16_BYTES                               # activations and the KV cache: bf16
@@ -88,6 +91,16 @@ def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: 
     return Workload(f"{s.name} decode step, batch {B}, {C:.0f} cached tokens", tuple(kernels), STEP_HOST)
 
 
+def with_host_step(step: Workload, host_step_us: dict | None, batch: int) -> Workload:
+    """The step with the host's scheduler step at this batch (predictions/host_step.py: measured on
+    the CPU of the same run, before its timed rows, stored in its summary), or a note that it is
+    unmeasured (a record from before that ceiling) and left out."""
+    us = (host_step_us or {}).get(str(batch))
+    if us is None:
+        return replace(step, notes=(*step.notes, "the host's scheduler step: unmeasured in this record, left out"))
+    return replace(step, host=(*step.host, (f"scheduler step and input writing, {batch} sequences", us / 1e3, 1)))
+
+
 PREFILL_BUCKETS = tuple(16 * 2 ** k for k in range(6))        # 16 ... 512 tokens: graphs (engine/runner.py)
 
 
@@ -117,6 +130,163 @@ def prefill(shape: LlamaShape, prompt_tokens: int) -> Workload:
     return Workload(f"{s.name} prefill of {prompt_tokens} tokens ({T} computed)", tuple(kernels), STEP_HOST)
 
 
+def packed_prefill(shape: LlamaShape, prompt_lens: list[int]) -> Workload:
+    """One prefill step of several prompts packed into one batch of tokens (an offline run's first
+    steps: beyond the graphs' buckets, so eager PyTorch launches): the projections over all their
+    tokens, causal flash attention over each prompt alone (varlen), the LM head for each prompt's
+    last token."""
+    s, L, T = shape, shape.num_hidden_layers, sum(prompt_lens)
+    h, q, kv, i, nh = s.hidden_size, s.q_size, s.kv_size, s.intermediate_size, s.num_attention_heads
+    scores = sum(nh * n * n * (math.ceil(n / 128) + 1) / (2 * math.ceil(n / 128)) for n in prompt_lens)
+    per_layer = [
+        *_projection("QKV", T, h, q + 2 * kv, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+        Kernel("RoPE + K, V store", ELEMENTWISE, 3 * T * (q + kv), 2 * T * (q + 2 * kv) * ACT, None, launch=TORCH),
+        Kernel(f"causal flash attention over {len(prompt_lens)} prompts", MATMUL, 4 * scores * s.head_dim,
+               2 * T * (q + kv) * ACT, "bf16", exps=scores, launch=TORCH),
+        *_projection("O", T, q, h, BF16_BYTES, TORCH, kind=MATMUL),
+        *_projection("gate_up", T, h, 2 * i, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+        *_projection("down", T, i, h, BF16_BYTES, TORCH, silu=True, kind=MATMUL),
+    ]
+    B = len(prompt_lens)
+    kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * T * h * ACT, None, launch=TORCH),
+               *[Kernel(k.name, k.kind, k.flops, k.bytes, k.dtype, k.exps, k.launch, count=L) for k in per_layer],
+               *_projection("LM head (last tokens)", B, h, s.vocab_size, BF16_BYTES, TORCH, norm=True, kind=MATMUL),
+               Kernel("argmax", ELEMENTWISE, B * s.vocab_size, B * s.vocab_size * 4, None, launch=TORCH)]
+    return Workload(f"{s.name} packed prefill of {B} prompts, {T} tokens", tuple(kernels), STEP_HOST)
+
+
+OFFLINE_MAX_BATCHED_TOKENS = 16384        # offline.py's MAX_BATCHED_TOKENS (a test holds the two equal)
+
+
+def offline_run(shape: LlamaShape, prompt_lens: list[int], output_lens: list[int], max_num_seqs: int,
+                max_batched_tokens: int = OFFLINE_MAX_BATCHED_TOKENS) -> Workload:
+    """An offline run (every request at once, EOS ignored) as the sum of the steps the scheduler
+    takes: per wave of `max_num_seqs` requests, prefills packed up to `max_batched_tokens` (each
+    gives its prompts' first tokens), then decode steps of the sequences still running over their
+    mean context (analysis.offline_steps' schedule, each step its own kernel list)."""
+    kernels, host, steps = [], [], 0
+    order = list(zip(prompt_lens, output_lens))
+    for start in range(0, len(order), max_num_seqs):
+        wave, pack = order[start: start + max_num_seqs], []
+        for p, _ in wave:
+            if pack and sum(pack) + p > max_batched_tokens:
+                w = packed_prefill(shape, pack)
+                kernels += w.kernels
+                host += w.host
+                steps, pack = steps + 1, []
+            pack.append(p)
+        w = packed_prefill(shape, pack)
+        kernels, host, steps = kernels + list(w.kernels), host + list(w.host), steps + 1
+        for t in range(1, max(o for _, o in wave)):
+            active = [p + t for p, o in wave if o > t]
+            w = decode_step(shape, len(active), sum(active) / len(active))
+            kernels, host, steps = kernels + list(w.kernels), host + list(w.host), steps + 1
+    return Workload(f"{shape.name} offline run: {len(order)} requests in {steps} steps", tuple(kernels), tuple(host))
+
+
+def tp_local_shape(shape: LlamaShape, tp: int) -> LlamaShape:
+    """What one rank of `tp` computes (engine/tp_shards.local_shape, torch-free here): its heads,
+    KV heads and intermediate slice; hidden size and vocabulary whole."""
+    if tp == 1:
+        return shape
+    return replace(shape, num_attention_heads=shape.num_attention_heads // tp,
+                   num_key_value_heads=max(1, shape.num_key_value_heads // tp),
+                   intermediate_size=shape.intermediate_size // tp)
+
+
+def tp_decode_step(shape: LlamaShape, tp: int, batch: int, context: float,
+                   all_reduce_ms=None) -> Workload:
+    """One decode step on one rank of `tp` (engine/tp_ranks.py): its shard's kernels (the LM head
+    its slice of the vocabulary), one all-reduce of the hidden state after attention and one after
+    the MLP in every layer, and the fp32 logits all-gathered. `all_reduce_ms(nbytes)`: the measured
+    time of one all-reduce of that many bytes on this machine; None: the collectives are left out
+    and the workload says so (unmeasured)."""
+    if tp == 1:
+        return decode_step(shape, batch, context)
+    local = tp_local_shape(shape, tp)
+    step = decode_step(replace(local, vocab_size=-(-shape.vocab_size // tp)), batch, context)
+    hidden_bytes, logits_bytes = batch * shape.hidden_size * ACT, batch * shape.vocab_size * 4
+    if all_reduce_ms is None:
+        return replace(step, name=f"{step.name}, rank of {tp}",
+                       notes=(*step.notes, "collectives unmeasured: no all-reduce timed on this machine; left out"))
+    comm = (("all-reduce of the hidden state", all_reduce_ms(hidden_bytes), 2 * shape.num_hidden_layers),
+            ("all-gather of the logits (timed as an all-reduce of its bytes)", all_reduce_ms(logits_bytes), 1))
+    return replace(step, name=f"{step.name}, rank of {tp}", collectives=comm)
+
+
+def all_reduce_from_rows(rows: list[dict], tp: int):
+    """ms of one all-reduce of n bytes as tensor_parallel's own rows measured it (`allreduce_nccl`,
+    `allreduce_one_shot` at sizes from 2 KiB; the engine's `auto` takes the faster per size): the
+    faster at the smallest measured size >= n. None when the record has no such rows for `tp`."""
+    best: dict = {}
+    for r in rows or []:
+        p, m = r.get("params") or {}, r.get("metrics") or {}
+        if r.get("status") == "ok" and str(r.get("variant", "")).startswith("allreduce_") \
+                and p.get("world_size") == tp and m.get("us"):
+            best[p["size_bytes"]] = min(best.get(p["size_bytes"], float("inf")), m["us"])
+    if not best:
+        return None
+    sizes = sorted(best)
+
+    def ms(nbytes: float) -> float:
+        size = next((x for x in sizes if x >= nbytes), sizes[-1])
+        return best[size] * (max(1.0, nbytes / size)) / 1e3      # beyond the largest: its rate, scaled
+    return ms
+
+
+def _trained(name: str, hidden: int, intermediate: int, layers: int, heads: int, head_dim: int,
+             kv_heads: int) -> LlamaShape:
+    """A trained model's counts (models/trained_models.py builds them with torch: GPT-2's vocabulary
+    padded to 50,304, tied embeddings; a test holds these equal to its shapes)."""
+    return LlamaShape(name=name, vocab_size=50304, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+SPECULATIVE_TARGET = _trained("shakespeare-target", 2048, 5632, 12, 16, 128, 8)
+SPECULATIVE_DRAFT = _trained("shakespeare-draft", 384, 1056, 2, 6, 64, 2)
+SPECULATIVE_SHAPES = {"target": SPECULATIVE_TARGET, "matched": SPECULATIVE_DRAFT, "distilled": SPECULATIVE_DRAFT,
+                      "mismatched": SPECULATIVE_DRAFT}          # speculative.py's "lab" model set
+
+
+def draft_chain(draft: LlamaShape, batch: int, k: int, context: float) -> Workload:
+    """A draft's k forwards chained on the device (engine/draft_chain.py): k decode steps, their
+    inputs copied up front, k graph launches, the host waiting once."""
+    one = decode_step(draft, batch, context)
+    return Workload(f"{draft.name} draft chain of {k} at batch {batch}",
+                    tuple(replace(x, count=x.count * k) for x in one.kernels),
+                    (("draft inputs copied to the device", "launch_us", 1), ("draft graph launches", "launch_us", k),
+                     ("synchronize on the drafted tokens", "sync_us", 1)))
+
+
+def speculative_step(target: LlamaShape, draft: LlamaShape | None, batch: int, k: int, context: float,
+                     proposed_per_verify: float | None = None) -> Workload:
+    """One speculative decode step: the draft's chain of k forwards (none for prompt lookup, whose
+    proposals are host work with no ceiling: left out, said so), then the target's verify pass, a
+    decode-shaped forward of k + 1 rows a sequence (proposed_per_verify + 1 for prompt lookup). The
+    host's acceptance (comparing tokens, the rejection sampling's draws) has no ceiling: left out."""
+    rows = batch * (1 + (k if proposed_per_verify is None else proposed_per_verify))
+    verify = decode_step(target, max(batch, round(rows)), context)
+    kernels, host = list(verify.kernels), list(verify.host)
+    notes = ["the host's acceptance: unmeasured (no ceiling times it), left out"]
+    if draft is not None:
+        chain = draft_chain(draft, batch, k, context)
+        kernels, host = list(chain.kernels) + kernels, list(chain.host) + host
+    else:
+        notes.append("prompt lookup's proposals (host work): unmeasured, left out")
+    return Workload(f"speculative step: {'draft x ' + str(k) if draft else 'prompt lookup'} + verify of "
+                    f"{rows:.3g} rows", tuple(kernels), tuple(host), tuple(notes))
+
+
+def expected_tokens_per_verify(acceptance: float, proposed: float) -> float:
+    """Tokens a verify pass yields: the proposals it keeps and the target's own token, 1 + a x p,
+    where a is the measured acceptance rate as speculative.py records it (kept over proposed, all
+    verifies together: not a per-position probability, so no independence is assumed) and p the
+    proposals per verify (k for a draft). The acceptance is measured: an input, as the draft's
+    quality is; the model predicts what each step costs, not what it accepts."""
+    return 1 + acceptance * proposed
+
+
 def int4_weight_bytes(group_size: int) -> float:
     """A 4-bit weight and its share of one bf16 scale per group."""
     return 0.5 + BF16_BYTES / group_size
@@ -124,7 +294,8 @@ def int4_weight_bytes(group_size: int) -> float:
 
 # ------------------------------------------------------------------------------ recorded rows
 EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
-             "phase5.quant_kernels")
+             "phase5.quant_kernels", "phase5.offline", "phase5.tensor_parallel",
+             "phase5.speculative")
 
 
 def _v(r: dict, key: str, default=None):
@@ -140,13 +311,20 @@ def row_workload(r: dict) -> Workload | None:
             return _decode_attention(r)
         if ex == "phase5.quant_kernels":
             return _stored_gemv(r)
+        if ex == "phase5.offline":
+            return _offline(r)
+        if ex == "phase5.tensor_parallel":
+            return _tensor_parallel(r)
+        if ex == "phase5.speculative":
+            return _speculative(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
         return None
     context = mean_decode_context(prompt, output)
     if ex == "phase5.batching" and r["variant"] == "lab-engine":
-        return decode_step(shape, int(_v(r, "params.concurrency")), context)
+        batch = int(_v(r, "params.concurrency"))
+        return with_host_step(decode_step(shape, batch, context), _v(r, "summary.host_step_us"), batch)
     if ex == "phase5.ttft_decode" and r["variant"].startswith("lab-engine"):
         return prefill(shape, prompt) if _v(r, "params.stage") == "prefill" else decode_step(shape, 1, context)
     if ex == "phase5.quant_engine":
@@ -156,6 +334,45 @@ def row_workload(r: dict) -> Workload | None:
         wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size")))
         return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
     return None
+
+
+def _offline(r: dict) -> Workload | None:
+    """The offline row's run: its prompts' and outputs' lengths drawn again from the record's seed
+    (offline.py draws them with benchmark/workload.py's generators), scheduled as the engine does.
+    None without the record's seed and max_num_seqs (`record.params.*`, which workload_rows adds)."""
+    seed, max_num_seqs = _v(r, "record.params.seed"), _v(r, "record.params.max_num_seqs")
+    if r["variant"] != "lab-engine" or seed is None or max_num_seqs is None:
+        return None
+    shape = named(_v(r, "params.model"))
+    (lo_in, hi_in), (lo_out, hi_out) = _v(r, "params.input_tokens"), _v(r, "params.output_tokens")
+    n = int(_v(r, "params.num_seqs"))
+    prompts = random_prompts(n, (lo_in, hi_in), shape.vocab_size, int(seed))
+    return offline_run(shape, [len(p) for p in prompts], random_lengths(n, lo_out, hi_out, int(seed) + 1),
+                       int(max_num_seqs))
+
+
+def _tensor_parallel(r: dict) -> Workload | None:
+    """A tensor-parallel engine row (batch 1: max_num_seqs 1): one rank's decode step with its
+    collectives at the all-reduce times the same record measured (`record.rows`)."""
+    if r["variant"] != "engine" or _v(r, "params.max_num_seqs") != 1:
+        return None
+    shape, tp = named(_v(r, "params.model")), int(_v(r, "params.tp"))
+    context = mean_decode_context(int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens")))
+    return tp_decode_step(shape, tp, 1, context, all_reduce_from_rows(_v(r, "record.rows"), tp))
+
+
+def _speculative(r: dict) -> Workload | None:
+    """A speculative row of the "lab" model set: the target's decode step (k = 0) or a speculative
+    step of the row's k (prompt lookup at its measured proposals per verify)."""
+    if _v(r, "record.params.models", "lab") != "lab" or r["variant"] not in (*SPECULATIVE_SHAPES, "ngram"):
+        return None
+    c, k = int(_v(r, "params.concurrency")), int(_v(r, "params.k"))
+    context = mean_decode_context(int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens")))
+    if r["variant"] == "target":
+        return decode_step(SPECULATIVE_TARGET, c, context)
+    if r["variant"] == "ngram":
+        return speculative_step(SPECULATIVE_TARGET, None, c, k, context, _v(r, "metrics.proposed_per_verify"))
+    return speculative_step(SPECULATIVE_TARGET, SPECULATIVE_SHAPES[r["variant"]], c, k, context)
 
 
 def _decode_attention(r: dict) -> Workload | None:
