@@ -50,24 +50,39 @@ from . import analysis, counts
 
 # ------------------------------------------------------------------------------ kernels
 @triton.jit
-def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_programs,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v, n_programs,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, VEC: tl.constexpr,
+                   WIDE: tl.constexpr):
     """ROWS whole rows per tile, each padded to BLOCK_N (a power of two) with -inf. Program p takes
     tiles p, p + n_programs, ...: with one program per tile that is one tile each; with fewer
     (persistent) programs, STAGES > 1 has the compiler load the next tiles while this one is
-    reduced and written (a software pipeline through shared memory)."""
+    reduced and written (a software pipeline through shared memory).
+
+    The width and the strides arrive divided by VEC (see `vector_elems`) and are multiplied back
+    here: a product with a constant is one Triton knows to be a multiple of VEC, so every row
+    start is 16-byte aligned in its eyes and the loads and stores are 16-byte vectors, even when
+    the width (100) is not the multiple of 16 elements Triton's own specialization looks for.
+    Offsets inside a tile are int32 from one int64 tile start (fewer registers than an int64
+    address per element); WIDE keeps them int64 where ROWS x stride could pass 2^31."""
+    n_cols = n_cols_v * VEC
+    stride_x = stride_x_v * VEC
+    stride_y = stride_y_v * VEC
     cols = tl.arange(0, BLOCK_N)
+    local = tl.arange(0, ROWS)
+    if WIDE:
+        local = local.to(tl.int64)
     for tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), n_programs, num_stages=STAGES):
-        rows = tile * ROWS + tl.arange(0, ROWS)
-        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        rows = rows.to(tl.int64)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
+        first = tile * ROWS
+        mask = ((first + local)[:, None] < n_rows) & (cols[None, :] < n_cols)
+        x_tile = x_ptr + first.to(tl.int64) * stride_x
+        y_tile = y_ptr + first.to(tl.int64) * stride_y
+        x = tl.load(x_tile + local[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
         x = x.to(tl.float32) * LOG2E               # exp(v) = exp2(v * log2 e): one multiply, then ex2
         x_max = tl.max(x, axis=1)                  # subtracting the max keeps exp2 from overflowing
         e = tl.math.exp2(x - x_max[:, None])       # padding: exp2(-inf) = 0, so it adds nothing
         inv = 1.0 / tl.sum(e, axis=1)              # one division per row, then multiplies
         y = e * inv[:, None]
-        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_tile + local[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -212,15 +227,48 @@ def _split_slots(device, n_groups: int, split: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ the rule, configs and wrapper
+VECTOR_BYTES = 16           # the widest load and store a thread issues
+
+
+def contiguous_vector_elems(n_cols: int, elem_bytes: int = 4) -> int:
+    """vector_elems of a contiguous tensor of this width (its rows start where the last ended)."""
+    vec = VECTOR_BYTES // elem_bytes
+    while n_cols % vec:
+        vec //= 2
+    return vec
+
+
+def vector_elems(*tensors: torch.Tensor) -> int:
+    """The most elements (a power of two, at most VECTOR_BYTES wide) that divide the width, every
+    row stride and every tensor's start: then each row starts on a VECTOR_BYTES boundary and the
+    kernels may tell Triton so. 4 for fp32 rows of 100 columns, 1 for 1537."""
+    size = tensors[0].element_size()
+    vec = VECTOR_BYTES // size
+    for t in tensors:
+        while vec > 1 and (t.shape[1] % vec or t.stride(0) % vec or (t.data_ptr() // size) % vec
+                           or t.data_ptr() % size):
+            vec //= 2
+    return vec
+
+
 VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight each, no spills
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
 SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
+WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per program (see plan())
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
 
-def plan(n_rows: int, n_cols: int, sms: int) -> dict:
-    """The config `softmax()` runs when given none: a rule of the width and the GPU's SM count.
+def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
+    """The config `softmax()` runs when given none: a rule of the width, the rows' alignment
+    (`vec`, see vector_elems; None: that of a contiguous fp32 tensor) and the GPU's SM count.
+
+    * Rows up to WARP_ROW_MAX whose starts are not 16-byte aligned (101 columns) load one
+      element per lane, so a warp spans only 32 columns: with several warps per program a short
+      row is cut across warps (a barrier per reduction) and each lane holds 1-2 of its columns
+      (5 shuffles per element per reduction, 27% of copy measured at 100 columns before the rows
+      were vectorized). One warp per program holds whole rows, >= 4 columns a lane up to 128
+      columns and VALUES_PER_THREAD values a lane: the CUDA warp kernels' shape.
 
     * Rows up to REGISTER_ROW_MAX (padded to a power of two) are held whole in one program's
       registers, several short rows per program so each holds >= ROW_TILE_MIN elements, at
@@ -235,6 +283,10 @@ def plan(n_rows: int, n_cols: int, sms: int) -> dict:
       two-pass online kernel."""
     block = next_pow2(n_cols)
     few_rows = n_rows < sms and n_cols >= 2 * SPLIT_CHUNK_MIN
+    vec = contiguous_vector_elems(n_cols) if vec is None else vec
+    if block <= WARP_ROW_MAX and vec < VECTOR_BYTES // 4:
+        rows = max(1, 32 * VALUES_PER_THREAD // block)
+        return {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": 1, "num_stages": 1}
     if block <= REGISTER_ROW_MAX and not few_rows:
         tile = max(block, ROW_TILE_MIN)
         warps = max(4, min(32, tile // (32 * VALUES_PER_THREAD)))
@@ -318,13 +370,15 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     assert x.ndim == 2 and x.stride(1) == 1
     out = torch.empty_like(x) if out is None else out
     n_rows, n_cols = x.shape
-    cfg = config or plan(n_rows, n_cols, sm_count(x.device))
+    cfg = config or plan(n_rows, n_cols, sm_count(x.device), vector_elems(x, out))
     if cfg["kind"] == "rows":
         tiles = triton.cdiv(n_rows, cfg["ROWS"])
         programs = min(tiles, sm_count(x.device) * cfg["programs_per_sm"]) if "programs_per_sm" in cfg else tiles
-        softmax_kernel[(programs,)](x, out, n_rows, n_cols, x.stride(0), out.stride(0), programs,
-                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1),
-                                    **launch_options(cfg))
+        vec = vector_elems(x, out)
+        wide = cfg["ROWS"] * max(x.stride(0), out.stride(0)) + cfg["BLOCK_N"] >= 2**31
+        softmax_kernel[(programs,)](x, out, n_rows, n_cols // vec, x.stride(0) // vec, out.stride(0) // vec, programs,
+                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1), VEC=vec,
+                                    WIDE=wide, **launch_options(cfg))
     elif cfg["kind"] == "split":
         split_softmax(x, out, cfg, adapt=config is None)
     else:
