@@ -149,51 +149,17 @@ def _load_part(x_ptr, row, stride_x, cols, mask, zero, n_rows):
 
 
 @triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
-                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr):
-    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
-    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
-    once and written once. Persistent: group g takes rows g, g + n_groups, ...
-
-    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
-    critical path by working one row ahead: a part holds three chunks, the row it writes (i), the
-    row whose statistics it publishes (i+1) and the row being loaded (i+2). It publishes row i+1
-    before it waits for row i, which every part published an iteration earlier, so the wait is
-    usually over at once. A part's statistics and its "ready" flag are one 64-bit word (see
-    _publish_packed), written with a relaxed atomic: no release fence, which would wait for the
-    part's own stores of the previous row to land.
-
-    Words live in 4 slots per group (slot = iteration % 4), zeroed before each launch; the tag
-    (iteration % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
-    4 slots suffice: a part publishes row i+4 at the start of its iteration i+3, after its wait for
-    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
-    start of its iteration i+1, after it read row i's words in iteration i. (With 3 slots a fast
-    part could overwrite row i's words while a slow one, having just published row i+1, is still
-    waiting to read them.) The wrapper
-    launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
-    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging).
-
-    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
-    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
-    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
-    pid = tl.program_id(0)
-    group, part = pid // SPLIT, pid % SPLIT
-    cols = part * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < n_cols
-    parts = tl.arange(0, PARTS)
-    real = parts < SPLIT
-    slots = slots_ptr + group * (4 * SPLIT)
-    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
-    zero = tl.zeros([CHUNK], tl.int32)
-    x = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
-    _publish_packed(x, slots, part, 1)
-    x_next = _load_part(x_ptr, group + n_groups, stride_x, cols, mask, zero, n_rows)
-    it = 0
-    for row in range(group, n_rows, n_groups):
-        # issued first: in flight during the wait and the write
-        x_after = _load_part(x_ptr, row + 2 * n_groups, stride_x, cols, mask, zero, n_rows)
-        _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
+def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, stride_x, stride_y,
+                cols, mask, zero, parts, real, part,
+                SPLIT: tl.constexpr, AHEAD: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """One row of softmax_split_kernel for one part: issue the load of the row AHEAD + 1 rows on
+    (returned), publish the next row's (max, sum) from `x_pub`, wait for every part's words of
+    `row` and write it from `x_write`. A row past the last (the unrolled loop's tail) is neither
+    published nor waited for: every part of a group skips the same ones."""
+    x_new = _load_part(x_ptr, row + (AHEAD + 1) * n_groups, stride_x, cols, mask, zero, n_rows)
+    if row + n_groups < n_rows:
+        _publish_packed(x_pub, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
+    if row < n_rows:
         slot = slots + (it % 4) * SPLIT
         tag = it % 7 + 1
         words = tl.load(slot + parts, mask=real, other=0, volatile=True)   # volatile: from L2, past the incoherent L1
@@ -205,11 +171,84 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
         ss = tl.where(real, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(ms, axis=0)
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
-        y = tl.math.exp2(x - row_max) * inv
+        y = tl.math.exp2(x_write - row_max) * inv
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        x = x_next
-        x_next = x_after
-        it += 1
+    return x_new
+
+
+@triton.jit
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v,
+                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr, VEC: tl.constexpr, AHEAD: tl.constexpr):
+    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
+    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
+    once and written once. Persistent: group g takes rows g, g + n_groups, ...
+
+    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
+    critical path by working one row ahead: a part publishes row i+1 before it waits for row i,
+    which every part published a step earlier, so the wait is usually over at once. A part's
+    statistics and its "ready" flag are one 64-bit word (see _publish_packed), written with a
+    relaxed atomic: no release fence, which would wait for the part's own stores of the previous
+    row to land.
+
+    Loads run AHEAD rows beyond the published one, so a part holds AHEAD + 2 chunks: the row it
+    writes (i), the row it publishes (i+1) and AHEAD rows loading (i+2, ...). AHEAD 1 keeps one
+    chunk's load in flight while the part waits and writes (16 KB per 8-warp program, ~32 KB per
+    SM: about what Little's law asks at copy speed, so a wait on a slow part costs bandwidth);
+    AHEAD 2 keeps two. The loop is unrolled AHEAD + 2 times, each step with the chunks in rotated
+    roles (_split_step): a loop that renamed them at its end (x = x_next; ...) compiles to
+    register moves, and a move of a chunk still loading waits for it, which would end every
+    load within the step that issued it (seen in the SASS of the rolled loop).
+
+    Words live in 4 slots per group (slot = step % 4), zeroed before each launch; the tag
+    (step % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
+    4 slots suffice: a part publishes row i+4 at the start of its step i+3, after its wait for
+    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
+    start of its step i+1, after it read row i's words in step i. (With 3 slots a fast part could
+    overwrite row i's words while a slow one, having just published row i+1, is still waiting to
+    read them.) The wrapper launches no more programs than can be resident at once, so every wait
+    ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the check rejects,
+    instead of hanging).
+
+    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
+    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
+    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
+    n_cols, stride_x, stride_y = n_cols_v * VEC, stride_x_v * VEC, stride_y_v * VEC   # see softmax_kernel
+    pid = tl.program_id(0)
+    group, part = pid // SPLIT, pid % SPLIT
+    cols = part * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    parts = tl.arange(0, PARTS)
+    real = parts < SPLIT
+    slots = slots_ptr + group * (4 * SPLIT)
+    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
+    zero = tl.zeros([CHUNK], tl.int32)
+    n = n_groups
+    a = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
+    _publish_packed(a, slots, part, 1)
+    b = _load_part(x_ptr, group + n, stride_x, cols, mask, zero, n_rows)
+    it = 0
+    if AHEAD == 1:        # a: row r (write), b: row r+1 (publish); each step loads row r+2
+        for r in range(group, n_rows, 3 * n):
+            c = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            b = _split_step(x_ptr, y_ptr, slots, c, a, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            it += 3
+    else:                 # and c: row r+2; each step loads row r+3
+        c = _load_part(x_ptr, group + 2 * n, stride_x, cols, mask, zero, n_rows)
+        for r in range(group, n_rows, 4 * n):
+            d = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            b = _split_step(x_ptr, y_ptr, slots, c, d, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            c = _split_step(x_ptr, y_ptr, slots, d, a, r + 3 * n, it + 3, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            it += 4
 
 
 _SPLIT_SLOTS: dict = {}
@@ -408,8 +447,9 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     split, chunk = cfg["SPLIT"], cfg["CHUNK"]
     if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
         raise ValueError(f"{label(cfg)}: needs a power-of-two CHUNK and SPLIT = ceil({n_cols} / CHUNK)")
+    vec = vector_elems(x, out)
     consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
-                  **launch_options(cfg))
+                  VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
     per_sm = cfg["programs_per_sm"]
     if interpreting():
         n_groups, launches = -(-n_rows // 3), launches or 2
@@ -417,7 +457,8 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         n_groups, launches = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split)), 1
         if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
-    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
+    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
+            out.stride(0) // vec, n_groups)
     resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
                                         args, consts)
     if resident is not None and resident < per_sm:
