@@ -177,7 +177,7 @@ def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, 
 
 
 @triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v,
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v, step_v,
                          n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
                          MAX_SPINS: tl.constexpr, VEC: tl.constexpr, AHEAD: tl.constexpr):
     """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
@@ -210,14 +210,18 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, 
     ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the check rejects,
     instead of hanging).
 
-    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
+    SPLIT is any count (ceil(cols / CHUNK)); part p takes the `step` columns from p x step, step
+    <= CHUNK being cols / SPLIT rounded up (split_step): an even share, so no part carries a
+    whole CHUNK while another holds a few columns (a row's step lasts as long as its longest part);
     PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
     SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
     n_cols, stride_x, stride_y = n_cols_v * VEC, stride_x_v * VEC, stride_y_v * VEC   # see softmax_kernel
+    step = step_v * VEC
     pid = tl.program_id(0)
     group, part = pid // SPLIT, pid % SPLIT
-    cols = part * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < n_cols
+    lanes = tl.arange(0, CHUNK)
+    cols = part * step + lanes
+    mask = (lanes < step) & (cols < n_cols)
     parts = tl.arange(0, PARTS)
     real = parts < SPLIT
     slots = slots_ptr + group * (4 * SPLIT)
@@ -294,6 +298,7 @@ VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight eac
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
 SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
+SPLIT_AHEAD = 2             # split kernel: rows loaded beyond the published one, aligned rows
 WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per program (see plan())
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
@@ -316,8 +321,11 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
       split across programs: ceil(n_cols / CHUNK) parts, each holding CHUNK columns, exchanging
       their (max, sum) (softmax_split_kernel): still one HBM read and one write per element.
       Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
-      takes the one that leaves the fewest lanes idle: padding past the row's end (an odd width's
-      last part) and program slots no whole group fills. Ties go to 4096, the size measured best.
+      takes the one that leaves the fewest lanes idle: lanes past the row's end (spread evenly
+      over the parts, split_step) and program slots no whole group fills. Ties go to 4096, the
+      size measured best. 16-byte aligned rows load SPLIT_AHEAD rows ahead (two chunk loads in
+      flight, ~121 registers a thread, still 16 warps per SM); unaligned rows one, since
+      element-wise addresses take the registers a fourth chunk would need (152 at CHUNK 2048).
     * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
       two-pass online kernel."""
     block = next_pow2(n_cols)
@@ -339,16 +347,17 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
         busy = min(n_rows, slots // split) * split / slots
         use = n_cols / (split * chunk) * busy
         if use > best_use * 1.01:
-            best, best_use = split_config(n_cols, chunk, per_sm), use
+            best, best_use = split_config(n_cols, chunk, per_sm, SPLIT_AHEAD if vec == VECTOR_BYTES // 4 else 1), use
     if best is not None:
         return best
     return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
 
 
-def split_config(n_cols: int, chunk: int, programs_per_sm: int) -> dict:
-    """ceil(n_cols / chunk) parts of `chunk` columns, VALUES_PER_THREAD per thread."""
+def split_config(n_cols: int, chunk: int, programs_per_sm: int, ahead: int = 1) -> dict:
+    """ceil(n_cols / chunk) parts of up to `chunk` columns, VALUES_PER_THREAD per thread, loads
+    `ahead` rows beyond the published one (softmax_split_kernel)."""
     return {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": programs_per_sm,
-            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1}
+            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1, "AHEAD": ahead}
 
 
 def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -> list[dict]:
@@ -384,8 +393,9 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
         # (written, published, loading); all the programs must fit on the GPU at once, which the
         # wrapper checks.
         for chunk, per_sm in ((2048, 4), (4096, 2), (4096, 3), (8192, 1), (8192, 2)):
-            if -(-n_cols // chunk) <= 512:
-                out.append(split_config(n_cols, chunk, per_sm))
+            for ahead in (1, 2):
+                if -(-n_cols // chunk) <= 512:
+                    out.append(split_config(n_cols, chunk, per_sm, ahead))
     unique = []
     for c in out:
         if c not in unique:
@@ -400,7 +410,10 @@ def interpreter_configs(n_cols: int) -> list[dict]:
     return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
             {"kind": "rows", "ROWS": 2, "BLOCK_N": next_pow2(n_cols), "num_warps": 4, "programs_per_sm": 1, "STAGES": 2},
             {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
-            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4}]
+            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4},
+            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4,
+             "AHEAD": 2},
+            {"kind": "rows", "ROWS": max(1, 512 // next_pow2(n_cols)), "BLOCK_N": next_pow2(n_cols), "num_warps": 1}]
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
@@ -429,6 +442,13 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     return out
 
 
+def split_step(n_cols: int, split: int, chunk: int) -> int:
+    """Columns per part: n_cols / split rounded up to a warp's 32 (128 bytes of fp32, so parts
+    start on whole lines and on any vector boundary), at most `chunk`. split x step covers the row
+    and no part is empty, since (split - 1) x chunk < n_cols."""
+    return min(chunk, (-(-n_cols // split) + 31) // 32 * 32)
+
+
 def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None,
                   adapt: bool = False) -> None:
     """The multi-program row path. On a GPU: one launch of n_groups x SPLIT programs, never more
@@ -447,6 +467,8 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     split, chunk = cfg["SPLIT"], cfg["CHUNK"]
     if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
         raise ValueError(f"{label(cfg)}: needs a power-of-two CHUNK and SPLIT = ceil({n_cols} / CHUNK)")
+    if cfg.get("AHEAD", 1) not in (1, 2):
+        raise ValueError(f"{label(cfg)}: AHEAD (rows loaded beyond the published one) is 1 or 2")
     vec = vector_elems(x, out)
     consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
                   VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
@@ -458,14 +480,14 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
     args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
-            out.stride(0) // vec, n_groups)
+            out.stride(0) // vec, split_step(n_cols, split, chunk) // vec, n_groups)
     resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
                                         args, consts)
     if resident is not None and resident < per_sm:
         if not adapt or resident * sm_count(x.device) < split:
             raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
         n_groups = max(1, min(n_rows, (sm_count(x.device) * resident) // split))
-        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:7], n_groups)
+        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:8], n_groups)
     for _ in range(launches):
         softmax_split_kernel[(n_groups * split,)](*args, **consts)
 
