@@ -177,8 +177,8 @@ def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, 
 
 
 @triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v, step_v,
-                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v,
+                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr,
                          MAX_SPINS: tl.constexpr, VEC: tl.constexpr, AHEAD: tl.constexpr):
     """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
     group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
@@ -210,18 +210,18 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, 
     ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the check rejects,
     instead of hanging).
 
-    SPLIT is any count (ceil(cols / CHUNK)); part p takes the `step` columns from p x step, step
+    SPLIT is any count (ceil(cols / CHUNK)); part p takes the STEP columns from p x STEP, STEP
     <= CHUNK being cols / SPLIT rounded up (split_step): an even share, so no part carries a
     whole CHUNK while another holds a few columns (a row's step lasts as long as its longest part);
     PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
     SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
     n_cols, stride_x, stride_y = n_cols_v * VEC, stride_x_v * VEC, stride_y_v * VEC   # see softmax_kernel
-    step = step_v * VEC
     pid = tl.program_id(0)
     group, part = pid // SPLIT, pid % SPLIT
-    lanes = tl.arange(0, CHUNK)
-    cols = part * step + lanes
-    mask = (lanes < step) & (cols < n_cols)
+    x_ptr += part * STEP              # this part's columns: a scalar start, then constant lane offsets,
+    y_ptr += part * STEP              # which the loads and stores take as immediates (fewer registers)
+    cols = tl.arange(0, CHUNK)
+    mask = cols < tl.minimum(n_cols - part * STEP, STEP)          # this part's share, within the row
     parts = tl.arange(0, PARTS)
     real = parts < SPLIT
     slots = slots_ptr + group * (4 * SPLIT)
@@ -298,7 +298,7 @@ VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight eac
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
 SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
-SPLIT_AHEAD = 2             # split kernel: rows loaded beyond the published one, aligned rows
+SPLIT_AHEAD = 2             # split kernel: rows loaded beyond the published one
 WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per program (see plan())
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
@@ -323,9 +323,8 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
       Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
       takes the one that leaves the fewest lanes idle: lanes past the row's end (spread evenly
       over the parts, split_step) and program slots no whole group fills. Ties go to 4096, the
-      size measured best. 16-byte aligned rows load SPLIT_AHEAD rows ahead (two chunk loads in
-      flight, ~121 registers a thread, still 16 warps per SM); unaligned rows one, since
-      element-wise addresses take the registers a fourth chunk would need (152 at CHUNK 2048).
+      size measured best. Loads run SPLIT_AHEAD rows ahead: two chunk loads in flight, at
+      104-128 registers a thread (ptxas for sm_90), which still fits 16 warps per SM.
     * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
       two-pass online kernel."""
     block = next_pow2(n_cols)
@@ -347,7 +346,7 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
         busy = min(n_rows, slots // split) * split / slots
         use = n_cols / (split * chunk) * busy
         if use > best_use * 1.01:
-            best, best_use = split_config(n_cols, chunk, per_sm, SPLIT_AHEAD if vec == VECTOR_BYTES // 4 else 1), use
+            best, best_use = split_config(n_cols, chunk, per_sm, SPLIT_AHEAD), use
     if best is not None:
         return best
     return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
@@ -470,7 +469,7 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     if cfg.get("AHEAD", 1) not in (1, 2):
         raise ValueError(f"{label(cfg)}: AHEAD (rows loaded beyond the published one) is 1 or 2")
     vec = vector_elems(x, out)
-    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
+    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, STEP=split_step(n_cols, split, chunk), MAX_SPINS=1 if interpreting() else 1 << 16,
                   VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
     per_sm = cfg["programs_per_sm"]
     if interpreting():
@@ -480,14 +479,14 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
     args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
-            out.stride(0) // vec, split_step(n_cols, split, chunk) // vec, n_groups)
+            out.stride(0) // vec, n_groups)
     resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
                                         args, consts)
     if resident is not None and resident < per_sm:
         if not adapt or resident * sm_count(x.device) < split:
             raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
         n_groups = max(1, min(n_rows, (sm_count(x.device) * resident) // split))
-        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:8], n_groups)
+        args = (x, out, _split_slots(x.device, n_groups, split), *args[3:7], n_groups)
     for _ in range(launches):
         softmax_split_kernel[(n_groups * split,)](*args, **consts)
 
