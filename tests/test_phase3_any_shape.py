@@ -365,6 +365,9 @@ if INTERPRETED:
         assert rows[0]["bwd_atomic_tflops"] > 0 and not any(k.endswith("_failed") for k in rows[0]), rows
         soft = bench.softmax_rows(cpu, [100], elements=700)
         assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
+        for ahead in (1, 2):                       # 2 rows of 8200 on the interpreter's 4 "SMs": split
+            split = bench.softmax_rows(cpu, [8200], elements=16400, split_ahead=ahead)
+            assert f"AHEAD={ahead}" in split[0]["config"] and "failed" not in split[0], split
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
 
 
