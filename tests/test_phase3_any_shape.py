@@ -74,6 +74,8 @@ def test_softmax_unaligned_short_rows_get_one_warp_per_program():
     assert sm.plan(2**27 // 100, 100, 132)["num_warps"] == 8          # 100 columns: 16-byte rows
     assert sm.plan(2**27 // 100, 100, 132, vec=1)["num_warps"] == 1   # the same width in a misaligned view
     assert sm.plan(2**27 // 1537, 1537, 132)["num_warps"] > 1         # long rows: several warps, as measured (95%)
+    assert sm.plan(2**27 // 100, 100, 132, elem_bytes=2)["num_warps"] == 1   # bf16: 200 bytes, not 16-byte rows
+    assert sm.plan(2**27 // 104, 104, 132, elem_bytes=2)["num_warps"] == 8
 
 
 @in_parent
@@ -88,6 +90,7 @@ def test_softmax_vector_width_follows_width_strides_and_start():
     assert sm.vector_elems(e(3, 104)[:, 2:102]) == 2        # starting 8 bytes in
     assert sm.vector_elems(e(3, 100), e(3, 104)[:, :100]) == 4 and sm.vector_elems(e(3, 100), e(3, 102)[:, :100]) == 2
     assert [sm.contiguous_vector_elems(n) for n in (100, 101, 102, 32769)] == [4, 1, 2, 1]
+    assert sm.vector_elems(e(3, 104, dtype=torch.bfloat16)) == 8 and sm.vector_elems(e(3, 100, dtype=torch.bfloat16)) == 4
 
 
 @in_parent

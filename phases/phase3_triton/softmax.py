@@ -303,9 +303,10 @@ WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per prog
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
 
-def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
+def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None, elem_bytes: int = 4) -> dict:
     """The config `softmax()` runs when given none: a rule of the width, the rows' alignment
-    (`vec`, see vector_elems; None: that of a contiguous fp32 tensor) and the GPU's SM count.
+    (`vec` elements of `elem_bytes`, see vector_elems; None: that of a contiguous tensor) and the
+    GPU's SM count. (The sizes below are fp32's, measured; other dtypes reuse them.)
 
     * Rows up to WARP_ROW_MAX whose starts are not 16-byte aligned (101 columns) load one
       element per lane, so a warp spans only 32 columns: with several warps per program a short
@@ -329,8 +330,8 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None) -> dict:
       two-pass online kernel."""
     block = next_pow2(n_cols)
     few_rows = n_rows < sms and n_cols >= 2 * SPLIT_CHUNK_MIN
-    vec = contiguous_vector_elems(n_cols) if vec is None else vec
-    if block <= WARP_ROW_MAX and vec < VECTOR_BYTES // 4:
+    vec = contiguous_vector_elems(n_cols, elem_bytes) if vec is None else vec
+    if block <= WARP_ROW_MAX and vec < VECTOR_BYTES // elem_bytes:
         rows = max(1, 32 * VALUES_PER_THREAD // block)
         return {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": 1, "num_stages": 1}
     if block <= REGISTER_ROW_MAX and not few_rows:
@@ -421,7 +422,7 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     assert x.ndim == 2 and x.stride(1) == 1
     out = torch.empty_like(x) if out is None else out
     n_rows, n_cols = x.shape
-    cfg = config or plan(n_rows, n_cols, sm_count(x.device), vector_elems(x, out))
+    cfg = config or plan(n_rows, n_cols, sm_count(x.device), vector_elems(x, out), x.element_size())
     if cfg["kind"] == "rows":
         tiles = triton.cdiv(n_rows, cfg["ROWS"])
         programs = min(tiles, sm_count(x.device) * cfg["programs_per_sm"]) if "programs_per_sm" in cfg else tiles
