@@ -389,7 +389,7 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
     if n_cols >= 8192:                             # cooperative: ceil(cols / CHUNK) programs per row, one HBM read
-        # (CHUNK, programs per SM): 16 values per thread, three chunks per thread in registers
+        # (CHUNK, programs per SM): 16 values per thread, AHEAD + 2 chunks per thread in registers
         # (written, published, loading); all the programs must fit on the GPU at once, which the
         # wrapper checks.
         for chunk, per_sm in ((2048, 4), (4096, 2), (4096, 3), (8192, 1), (8192, 2)):
@@ -470,8 +470,8 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     if cfg.get("AHEAD", 1) not in (1, 2):
         raise ValueError(f"{label(cfg)}: AHEAD (rows loaded beyond the published one) is 1 or 2")
     vec = vector_elems(x, out)
-    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, STEP=split_step(n_cols, split, chunk), MAX_SPINS=1 if interpreting() else 1 << 16,
-                  VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
+    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, STEP=split_step(n_cols, split, chunk),
+                  MAX_SPINS=1 if interpreting() else 1 << 16, VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
     per_sm = cfg["programs_per_sm"]
     if interpreting():
         n_groups, launches = -(-n_rows // 3), launches or 2
@@ -481,8 +481,8 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
     args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
             out.stride(0) // vec, n_groups)
-    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
-                                        args, consts)
+    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), consts["STEP"], vec, x.dtype, str(x.device)),
+                                        x.device, args, consts)
     if resident is not None and resident < per_sm:
         if not adapt or resident * sm_count(x.device) < split:
             raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
