@@ -9,14 +9,18 @@ moves just that. Unfused (the same five operations) is five kernels, 5 reads and
 plus the row vectors, about 4x the problem's bytes: its own traffic is the row's `algorithm_bytes`,
 and its 5 launches are counted. At ~0.6 FLOP/byte both are memory-bound, so the roofline predicts
 fused = a copy's speed and unfused ~4x slower. (Counts: counts.py.)
-Three kernels cover every row length; `plan()` picks one by a rule of the width and the GPU (what
-`softmax(x)` runs), and the exercise's tuner times it beside the other candidates:
-* `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
+Three kernels cover every row length; `plan()` picks one by a rule of the width, the rows'
+alignment and the GPU (what `softmax(x)` runs), and the exercise's tuner times it beside the other
+candidates:
+* `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent;
+  16-byte loads wherever rows start on 16 bytes (`vector_elems`: 100 fp32 columns do), one warp per
+  program for short rows that do not (101 columns), so a row is never cut across warps.
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
   second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
 * `softmax_split_kernel`: the multi-program row path: ceil(cols / CHUNK) resident programs share a
-  row, each holding its chunk in registers, exchanging (max, sum) through memory one row ahead,
-  so HBM sees exactly one read and one write at any width (plan() uses it past 32,768 columns).
+  row, each holding its share in registers, exchanging (max, sum) through memory one row ahead,
+  with the loads of the next two rows in flight, so HBM sees exactly one read and one write at any
+  width (plan() uses it past 32,768 columns).
 """
 import torch
 
@@ -372,6 +376,10 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
             for per_thread in (8, 16, 32):         # fp32 elements each thread holds
                 warps = max(4, min(32, tile // (32 * per_thread)))
                 out.append({"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1})
+    if block <= WARP_ROW_MAX:                      # one warp holding whole rows (plan()'s pick for unaligned ones)
+        for per_thread in (16, 32):
+            out.append({"kind": "rows", "ROWS": max(1, 32 * per_thread // block), "BLOCK_N": block, "num_warps": 1,
+                        "num_stages": 1})
     if block <= 1024:                              # small programs, 8 values per thread (CUDA's warp kernels' shape)
         for tile in (512, 1024, 2048):
             if tile >= block:
