@@ -58,6 +58,51 @@ def test_softmax_rule_holds_rows_in_registers_then_splits_them():
     assert sm.plan(4095, 32769, 132)["CHUNK"] == 2048              # 17 parts of 2048, not 9 of 4096 (one column in the last)
     for n in (8192, 100000, 262144):                               # the exercise tunes around the rule's pick
         assert sm.candidates(n, 2**27 // n, 132)[0] == sm.plan(2**27 // n, n, 132)
+    assert all(sm.plan(2**27 // n, n, 132)["AHEAD"] == 2 for n in (32769, 100004, 262144))   # two loads in flight
+
+
+@in_parent
+def test_softmax_unaligned_short_rows_get_one_warp_per_program():
+    """Rows not on 16-byte boundaries load one element a lane, so a warp spans 32 columns: the
+    rule gives such rows (up to 512 wide) one-warp programs holding whole rows; aligned rows of
+    the same width keep the vectorized multi-warp tile."""
+    from phases.phase3_triton import softmax as sm
+    for n in (1, 33, 63, 101, 333, 511):
+        c = sm.plan(2**27 // n, n, 132)
+        assert c["kind"] == "rows" and c["num_warps"] == 1, (n, c)
+        assert c["ROWS"] * c["BLOCK_N"] == 32 * sm.VALUES_PER_THREAD or c["ROWS"] == 1, (n, c)
+    assert sm.plan(2**27 // 100, 100, 132)["num_warps"] == 8          # 100 columns: 16-byte rows
+    assert sm.plan(2**27 // 100, 100, 132, vec=1)["num_warps"] == 1   # the same width in a misaligned view
+    assert sm.plan(2**27 // 1537, 1537, 132)["num_warps"] > 1         # long rows: several warps, as measured (95%)
+    assert sm.plan(2**27 // 100, 100, 132, elem_bytes=2)["num_warps"] == 1   # bf16: 200 bytes, not 16-byte rows
+    assert sm.plan(2**27 // 104, 104, 132, elem_bytes=2)["num_warps"] == 8
+
+
+@in_parent
+def test_softmax_vector_width_follows_width_strides_and_start():
+    import torch
+
+    from phases.phase3_triton import softmax as sm
+    e = torch.empty
+    assert [sm.vector_elems(e(3, n)) for n in (100, 101, 102, 128)] == [4, 1, 2, 4]
+    assert sm.vector_elems(e(3, 101)[:, 1:]) == 1           # 100 wide, but rows 101 apart
+    assert sm.vector_elems(e(3, 104)[:, 4:]) == 4           # 100 wide, 104 apart, starting 16 bytes in
+    assert sm.vector_elems(e(3, 104)[:, 2:102]) == 2        # starting 8 bytes in
+    assert sm.vector_elems(e(3, 100), e(3, 104)[:, :100]) == 4 and sm.vector_elems(e(3, 100), e(3, 102)[:, :100]) == 2
+    assert [sm.contiguous_vector_elems(n) for n in (100, 101, 102, 32769)] == [4, 1, 2, 1]
+    assert sm.vector_elems(e(3, 104, dtype=torch.bfloat16)) == 8 and sm.vector_elems(e(3, 100, dtype=torch.bfloat16)) == 4
+
+
+@in_parent
+def test_softmax_split_step_covers_every_row_with_no_empty_part():
+    from phases.phase3_triton import softmax as sm
+    for chunk in (16, 512, 2048, 4096, 8192):
+        for n in list(range(chunk + 1, 3 * chunk, max(1, chunk // 97))) + [32769, 100000, 200000, 262144]:
+            split = -(-n // chunk)
+            step = sm.split_step(n, split, chunk)
+            assert step <= chunk and split * step >= n and (split - 1) * step < n, (n, chunk, step)
+            assert step % 32 == 0 or step == chunk, (n, chunk, step)
+    assert sm.split_step(32769, 17, 2048) == 1952 and sm.split_step(100000, 25, 4096) == 4000
 
 
 @in_parent
@@ -154,12 +199,16 @@ if INTERPRETED:
 
     # -------------------------------------------------------------------------- softmax, split rows
     @pytest.mark.parametrize("rows, cols, chunk", [(7, 300, 64), (9, 1000, 128), (13, 77, 16), (3, 4096, 512),
-                                                   (1, 33, 16)])
+                                                   (1, 33, 16), (5, 2100, 512), (2, 32769, 2048)])
+    @pytest.mark.parametrize("ahead", [1, 2])
     @in_child
-    def test_softmax_split_path_with_an_odd_number_of_parts(rows, cols, chunk):
-        """ceil(cols / chunk) parts: 5, 8, 5, 8 and 3 of them, the last part ragged (but at 4096)."""
+    def test_softmax_split_path_with_an_odd_number_of_parts(rows, cols, chunk, ahead):
+        """ceil(cols / chunk) parts: 5, 8, 5, 8, 3, 5 and 17 of them, the last part ragged (but at
+        4096); at 2100 and 32769 each part takes fewer columns than its lanes (448 of 512, 1952 of
+        2048: split_step); both load depths, whose unrolled loops (3 and 4 rows a pass) end
+        mid-pass here."""
         x = torch.randn(rows, cols) * 4
-        cfg = sm.split_config(cols, chunk, 1)
+        cfg = sm.split_config(cols, chunk, 1, ahead)
         assert cfg["SPLIT"] > 1
         out = torch.empty_like(x)
         v = check(out, lambda: sm.softmax(x, out, cfg), sm.reference(x), sm.REFERENCE, "fp32")
@@ -185,7 +234,39 @@ if INTERPRETED:
         with pytest.raises(ValueError, match="SPLIT = ceil"):
             sm.softmax(x, torch.empty_like(x), {**sm.split_config(300, 64, 1), "SPLIT": 6})
 
-    @pytest.mark.parametrize("rows, cols", [(5, 64), (3, 100), (2, 1537), (4, 5000)])
+    @in_child
+    def test_softmax_split_path_checker_rejects_parts_that_leave_columns_uncovered(monkeypatch):
+        """Parts one warp's 32 columns short of an even share: the row's last columns are never
+        written, and the checker must say so (the true share passes on the same data)."""
+        x = torch.randn(5, 2100) * 4
+        cfg = sm.split_config(2100, 512, 1, 2)
+        out = torch.empty_like(x)
+        ref = sm.reference(x)
+        good = check(out, lambda: sm.softmax(x, out, cfg), ref, sm.REFERENCE, "fp32")
+        true_step = sm.split_step
+        monkeypatch.setattr(sm, "split_step", lambda n, split, chunk: true_step(n, split, chunk) - 32)
+        bad = check(out, lambda: sm.softmax(x, out, cfg), ref, sm.REFERENCE, "fp32")
+        assert good["passed"] and not bad["passed"], (good, bad)
+
+    @in_child
+    def test_softmax_checker_rejects_rows_claimed_aligned_that_are_not():
+        """The rows kernel told its 101-column rows are in 4-element vectors (VEC=4 with the width
+        and stride divided by 4, as the wrapper does for 100): it then treats them as 100 wide, and
+        the checker must reject that; the wrapper's own VEC (1 here) passes."""
+        x = torch.randn(7, 101) * 4
+        out = torch.empty_like(x)
+        ref = sm.reference(x)
+        assert sm.vector_elems(x, out) == 1
+
+        def launch(vec):
+            sm.softmax_kernel[(2,)](x, out, 7, 101 // vec, 101 // vec, 101 // vec, 2, ROWS=4, BLOCK_N=128, STAGES=1,
+                                    VEC=vec, WIDE=False)
+        good = check(out, lambda: launch(1), ref, sm.REFERENCE, "fp32")
+        bad = check(out, lambda: launch(4), ref, sm.REFERENCE, "fp32")
+        assert good["passed"] and not bad["passed"], (good, bad)
+
+    @pytest.mark.parametrize("rows, cols", [(3, 1), (5, 63), (5, 64), (3, 100), (6, 101), (2, 333), (2, 1537),
+                                            (4, 5000), (2, 32769)])
     @in_child
     def test_softmax_default_rule_at_odd_widths(rows, cols):
         x = torch.randn(rows, cols) * 4
@@ -287,6 +368,9 @@ if INTERPRETED:
         assert rows[0]["bwd_atomic_tflops"] > 0 and not any(k.endswith("_failed") for k in rows[0]), rows
         soft = bench.softmax_rows(cpu, [100], elements=700)
         assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
+        for ahead in (1, 2):                       # 2 rows of 8200 on the interpreter's 4 "SMs": split
+            split = bench.softmax_rows(cpu, [8200], elements=16400, split_ahead=ahead)
+            assert f"AHEAD={ahead}" in split[0]["config"] and "failed" not in split[0], split
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
 
 

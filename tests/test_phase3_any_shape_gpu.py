@@ -59,8 +59,9 @@ def test_attention_every_forward_candidate_at_n_1537(d, causal):
         assert verdict["passed"], (label(cfg), verdict)
 
 
-@pytest.mark.parametrize("m, n", [(3000, 64), (1000, 100), (999, 1537), (64, 20000), (8, 30000), (40, 32769),
-                                  (30, 50000), (21, 100000), (5, 262144), (1, 262144), (2, 2**23)])
+@pytest.mark.parametrize("m, n", [(3000, 64), (1000, 100), (1000, 101), (600, 333), (999, 1537), (64, 20000),
+                                  (8, 30000), (40, 32769), (30, 50000), (21, 100000), (9, 100004), (5, 262144),
+                                  (1, 262144), (2, 2**23)])
 def test_softmax_rule_at_any_width(m, n):
     x = torch.randn(m, n, device=DEV) * 4
     out = torch.full_like(x, float("nan"))
@@ -68,6 +69,19 @@ def test_softmax_rule_at_any_width(m, n):
     torch.cuda.synchronize()
     v = compare(out, sm.reference(x), "fp32", sm.REFERENCE)
     assert v["passed"], (label(sm.plan(m, n, torch.cuda.get_device_properties(0).multi_processor_count)), v)
+
+
+@pytest.mark.parametrize("width, start", [(100, 1), (100, 2), (100, 4), (40000, 1), (40000, 4)])
+def test_softmax_rule_on_views_whose_rows_are_not_16_byte_aligned(width, start):
+    """Columns [start, start + width) of a wider tensor: rows 16-byte aligned only when start and
+    the stride are multiples of 4, so the kernels must load element-wise or in 8-byte vectors."""
+    base = torch.randn(300, width + 8, device=DEV) * 4
+    x = base[:, start:start + width]
+    out = torch.full_like(base, float("nan"))[:, 2:2 + width]
+    sm.softmax(x, out)
+    torch.cuda.synchronize()
+    v = compare(out, sm.reference(x), "fp32", sm.REFERENCE)
+    assert v["passed"], (sm.vector_elems(x, out), v)
 
 
 @pytest.mark.parametrize("m, n", [(77, 100000), (300, 40000)])

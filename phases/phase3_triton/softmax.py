@@ -9,14 +9,18 @@ moves just that. Unfused (the same five operations) is five kernels, 5 reads and
 plus the row vectors, about 4x the problem's bytes: its own traffic is the row's `algorithm_bytes`,
 and its 5 launches are counted. At ~0.6 FLOP/byte both are memory-bound, so the roofline predicts
 fused = a copy's speed and unfused ~4x slower. (Counts: counts.py.)
-Three kernels cover every row length; `plan()` picks one by a rule of the width and the GPU (what
-`softmax(x)` runs), and the exercise's tuner times it beside the other candidates:
-* `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent.
+Three kernels cover every row length; `plan()` picks one by a rule of the width, the rows'
+alignment and the GPU (what `softmax(x)` runs), and the exercise's tuner times it beside the other
+candidates:
+* `softmax_kernel`: whole rows in registers (several short rows per program), optionally persistent;
+  16-byte loads wherever rows start on 16 bytes (`vector_elems`: 100 fp32 columns do), one warp per
+  program for short rows that do not (101 columns), so a row is never cut across warps.
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
   second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
 * `softmax_split_kernel`: the multi-program row path: ceil(cols / CHUNK) resident programs share a
-  row, each holding its chunk in registers, exchanging (max, sum) through memory one row ahead,
-  so HBM sees exactly one read and one write at any width (plan() uses it past 32,768 columns).
+  row, each holding its share in registers, exchanging (max, sum) through memory one row ahead,
+  with the loads of the next two rows in flight, so HBM sees exactly one read and one write at any
+  width (plan() uses it past 32,768 columns).
 """
 import torch
 
@@ -50,24 +54,39 @@ from . import analysis, counts
 
 # ------------------------------------------------------------------------------ kernels
 @triton.jit
-def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, n_programs,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+def softmax_kernel(x_ptr, y_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v, n_programs,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, VEC: tl.constexpr,
+                   WIDE: tl.constexpr):
     """ROWS whole rows per tile, each padded to BLOCK_N (a power of two) with -inf. Program p takes
     tiles p, p + n_programs, ...: with one program per tile that is one tile each; with fewer
     (persistent) programs, STAGES > 1 has the compiler load the next tiles while this one is
-    reduced and written (a software pipeline through shared memory)."""
+    reduced and written (a software pipeline through shared memory).
+
+    The width and the strides arrive divided by VEC (see `vector_elems`) and are multiplied back
+    here: a product with a constant is one Triton knows to be a multiple of VEC, so every row
+    start is 16-byte aligned in its eyes and the loads and stores are 16-byte vectors, even when
+    the width (100) is not the multiple of 16 elements Triton's own specialization looks for.
+    Offsets inside a tile are int32 from one int64 tile start (fewer registers than an int64
+    address per element); WIDE keeps them int64 where ROWS x stride could pass 2^31."""
+    n_cols = n_cols_v * VEC
+    stride_x = stride_x_v * VEC
+    stride_y = stride_y_v * VEC
     cols = tl.arange(0, BLOCK_N)
+    local = tl.arange(0, ROWS)
+    if WIDE:
+        local = local.to(tl.int64)
     for tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), n_programs, num_stages=STAGES):
-        rows = tile * ROWS + tl.arange(0, ROWS)
-        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        rows = rows.to(tl.int64)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
+        first = tile * ROWS
+        mask = ((first + local)[:, None] < n_rows) & (cols[None, :] < n_cols)
+        x_tile = x_ptr + first.to(tl.int64) * stride_x
+        y_tile = y_ptr + first.to(tl.int64) * stride_y
+        x = tl.load(x_tile + local[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf"))
         x = x.to(tl.float32) * LOG2E               # exp(v) = exp2(v * log2 e): one multiply, then ex2
         x_max = tl.max(x, axis=1)                  # subtracting the max keeps exp2 from overflowing
         e = tl.math.exp2(x - x_max[:, None])       # padding: exp2(-inf) = 0, so it adds nothing
         inv = 1.0 / tl.sum(e, axis=1)              # one division per row, then multiplies
         y = e * inv[:, None]
-        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_tile + local[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -134,51 +153,17 @@ def _load_part(x_ptr, row, stride_x, cols, mask, zero, n_rows):
 
 
 @triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
-                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr):
-    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
-    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
-    once and written once. Persistent: group g takes rows g, g + n_groups, ...
-
-    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
-    critical path by working one row ahead: a part holds three chunks, the row it writes (i), the
-    row whose statistics it publishes (i+1) and the row being loaded (i+2). It publishes row i+1
-    before it waits for row i, which every part published an iteration earlier, so the wait is
-    usually over at once. A part's statistics and its "ready" flag are one 64-bit word (see
-    _publish_packed), written with a relaxed atomic: no release fence, which would wait for the
-    part's own stores of the previous row to land.
-
-    Words live in 4 slots per group (slot = iteration % 4), zeroed before each launch; the tag
-    (iteration % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
-    4 slots suffice: a part publishes row i+4 at the start of its iteration i+3, after its wait for
-    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
-    start of its iteration i+1, after it read row i's words in iteration i. (With 3 slots a fast
-    part could overwrite row i's words while a slow one, having just published row i+1, is still
-    waiting to read them.) The wrapper
-    launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
-    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging).
-
-    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
-    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
-    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
-    pid = tl.program_id(0)
-    group, part = pid // SPLIT, pid % SPLIT
-    cols = part * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < n_cols
-    parts = tl.arange(0, PARTS)
-    real = parts < SPLIT
-    slots = slots_ptr + group * (4 * SPLIT)
-    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
-    zero = tl.zeros([CHUNK], tl.int32)
-    x = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
-    _publish_packed(x, slots, part, 1)
-    x_next = _load_part(x_ptr, group + n_groups, stride_x, cols, mask, zero, n_rows)
-    it = 0
-    for row in range(group, n_rows, n_groups):
-        # issued first: in flight during the wait and the write
-        x_after = _load_part(x_ptr, row + 2 * n_groups, stride_x, cols, mask, zero, n_rows)
-        _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
+def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, stride_x, stride_y,
+                cols, mask, zero, parts, real, part,
+                SPLIT: tl.constexpr, AHEAD: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """One row of softmax_split_kernel for one part: issue the load of the row AHEAD + 1 rows on
+    (returned), publish the next row's (max, sum) from `x_pub`, wait for every part's words of
+    `row` and write it from `x_write`. A row past the last (the unrolled loop's tail) is neither
+    published nor waited for: every part of a group skips the same ones."""
+    x_new = _load_part(x_ptr, row + (AHEAD + 1) * n_groups, stride_x, cols, mask, zero, n_rows)
+    if row + n_groups < n_rows:
+        _publish_packed(x_pub, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
+    if row < n_rows:
         slot = slots + (it % 4) * SPLIT
         tag = it % 7 + 1
         words = tl.load(slot + parts, mask=real, other=0, volatile=True)   # volatile: from L2, past the incoherent L1
@@ -190,11 +175,88 @@ def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stri
         ss = tl.where(real, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(ms, axis=0)
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
-        y = tl.math.exp2(x - row_max) * inv
+        y = tl.math.exp2(x_write - row_max) * inv
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        x = x_next
-        x_next = x_after
-        it += 1
+    return x_new
+
+
+@triton.jit
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v,
+                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr,
+                         MAX_SPINS: tl.constexpr, VEC: tl.constexpr, AHEAD: tl.constexpr):
+    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
+    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
+    once and written once. Persistent: group g takes rows g, g + n_groups, ...
+
+    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
+    critical path by working one row ahead: a part publishes row i+1 before it waits for row i,
+    which every part published a step earlier, so the wait is usually over at once. A part's
+    statistics and its "ready" flag are one 64-bit word (see _publish_packed), written with a
+    relaxed atomic: no release fence, which would wait for the part's own stores of the previous
+    row to land.
+
+    Loads run AHEAD rows beyond the published one, so a part holds AHEAD + 2 chunks: the row it
+    writes (i), the row it publishes (i+1) and AHEAD rows loading (i+2, ...). AHEAD 1 keeps one
+    chunk's load in flight while the part waits and writes (16 KB per 8-warp program, ~32 KB per
+    SM: about what Little's law asks at copy speed, so a wait on a slow part costs bandwidth);
+    AHEAD 2 keeps two. The loop is unrolled AHEAD + 2 times, each step with the chunks in rotated
+    roles (_split_step): a loop that renamed them at its end (x = x_next; ...) compiles to
+    register moves, and a move of a chunk still loading waits for it, which would end every
+    load within the step that issued it (seen in the SASS of the rolled loop).
+
+    Words live in 4 slots per group (slot = step % 4), zeroed before each launch; the tag
+    (step % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
+    4 slots suffice: a part publishes row i+4 at the start of its step i+3, after its wait for
+    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
+    start of its step i+1, after it read row i's words in step i. (With 3 slots a fast part could
+    overwrite row i's words while a slow one, having just published row i+1, is still waiting to
+    read them.) The wrapper launches no more programs than can be resident at once, so every wait
+    ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the check rejects,
+    instead of hanging).
+
+    SPLIT is any count (ceil(cols / CHUNK)); part p takes the STEP columns from p x STEP, STEP
+    <= CHUNK being cols / SPLIT rounded up (split_step): an even share, so no part carries a
+    whole CHUNK while another holds a few columns (a row's step lasts as long as its longest part);
+    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
+    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
+    n_cols, stride_x, stride_y = n_cols_v * VEC, stride_x_v * VEC, stride_y_v * VEC   # see softmax_kernel
+    pid = tl.program_id(0)
+    group, part = pid // SPLIT, pid % SPLIT
+    x_ptr += part * STEP              # this part's columns: a scalar start, then constant lane offsets,
+    y_ptr += part * STEP              # which the loads and stores take as immediates (fewer registers)
+    cols = tl.arange(0, CHUNK)
+    mask = cols < tl.minimum(n_cols - part * STEP, STEP)          # this part's share, within the row
+    parts = tl.arange(0, PARTS)
+    real = parts < SPLIT
+    slots = slots_ptr + group * (4 * SPLIT)
+    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
+    zero = tl.zeros([CHUNK], tl.int32)
+    n = n_groups
+    a = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
+    _publish_packed(a, slots, part, 1)
+    b = _load_part(x_ptr, group + n, stride_x, cols, mask, zero, n_rows)
+    it = 0
+    if AHEAD == 1:        # a: row r (write), b: row r+1 (publish); each step loads row r+2
+        for r in range(group, n_rows, 3 * n):
+            c = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            b = _split_step(x_ptr, y_ptr, slots, c, a, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            it += 3
+    else:                 # and c: row r+2; each step loads row r+3
+        c = _load_part(x_ptr, group + 2 * n, stride_x, cols, mask, zero, n_rows)
+        for r in range(group, n_rows, 4 * n):
+            d = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            b = _split_step(x_ptr, y_ptr, slots, c, d, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            c = _split_step(x_ptr, y_ptr, slots, d, a, r + 3 * n, it + 3, n_rows, n, stride_x, stride_y,
+                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
+            it += 4
 
 
 _SPLIT_SLOTS: dict = {}
@@ -212,15 +274,50 @@ def _split_slots(device, n_groups: int, split: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ the rule, configs and wrapper
+VECTOR_BYTES = 16           # the widest load and store a thread issues
+
+
+def contiguous_vector_elems(n_cols: int, elem_bytes: int = 4) -> int:
+    """vector_elems of a contiguous tensor of this width (its rows start where the last ended)."""
+    vec = VECTOR_BYTES // elem_bytes
+    while n_cols % vec:
+        vec //= 2
+    return vec
+
+
+def vector_elems(*tensors: torch.Tensor) -> int:
+    """The most elements (a power of two, at most VECTOR_BYTES wide) that divide the width, every
+    row stride and every tensor's start: then each row starts on a VECTOR_BYTES boundary and the
+    kernels may tell Triton so. 4 for fp32 rows of 100 columns, 1 for 1537."""
+    size = tensors[0].element_size()
+    vec = VECTOR_BYTES // size
+    for t in tensors:
+        while vec > 1 and (t.shape[1] % vec or t.stride(0) % vec or (t.data_ptr() // size) % vec
+                           or t.data_ptr() % size):
+            vec //= 2
+    return vec
+
+
 VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight each, no spills
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
 SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
+SPLIT_AHEAD = 2             # split kernel: rows loaded beyond the published one
+WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per program (see plan())
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
 
-def plan(n_rows: int, n_cols: int, sms: int) -> dict:
-    """The config `softmax()` runs when given none: a rule of the width and the GPU's SM count.
+def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None, elem_bytes: int = 4) -> dict:
+    """The config `softmax()` runs when given none: a rule of the width, the rows' alignment
+    (`vec` elements of `elem_bytes`, see vector_elems; None: that of a contiguous tensor) and the
+    GPU's SM count. (The sizes below are fp32's, measured; other dtypes reuse them.)
+
+    * Rows up to WARP_ROW_MAX whose starts are not 16-byte aligned (101 columns) load one
+      element per lane, so a warp spans only 32 columns: with several warps per program a short
+      row is cut across warps (a barrier per reduction) and each lane holds 1-2 of its columns
+      (5 shuffles per element per reduction, 27% of copy measured at 100 columns before the rows
+      were vectorized). One warp per program holds whole rows, >= 4 columns a lane up to 128
+      columns and VALUES_PER_THREAD values a lane: the CUDA warp kernels' shape.
 
     * Rows up to REGISTER_ROW_MAX (padded to a power of two) are held whole in one program's
       registers, several short rows per program so each holds >= ROW_TILE_MIN elements, at
@@ -229,12 +326,18 @@ def plan(n_rows: int, n_cols: int, sms: int) -> dict:
       split across programs: ceil(n_cols / CHUNK) parts, each holding CHUNK columns, exchanging
       their (max, sum) (softmax_split_kernel): still one HBM read and one write per element.
       Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
-      takes the one that leaves the fewest lanes idle: padding past the row's end (an odd width's
-      last part) and program slots no whole group fills. Ties go to 4096, the size measured best.
+      takes the one that leaves the fewest lanes idle: lanes past the row's end (spread evenly
+      over the parts, split_step) and program slots no whole group fills. Ties go to 4096, the
+      size measured best. Loads run SPLIT_AHEAD rows ahead: two chunk loads in flight, at
+      104-128 registers a thread (ptxas for sm_90), which still fits 16 warps per SM.
     * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
       two-pass online kernel."""
     block = next_pow2(n_cols)
     few_rows = n_rows < sms and n_cols >= 2 * SPLIT_CHUNK_MIN
+    vec = contiguous_vector_elems(n_cols, elem_bytes) if vec is None else vec
+    if block <= WARP_ROW_MAX and vec < VECTOR_BYTES // elem_bytes:
+        rows = max(1, 32 * VALUES_PER_THREAD // block)
+        return {"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": 1, "num_stages": 1}
     if block <= REGISTER_ROW_MAX and not few_rows:
         tile = max(block, ROW_TILE_MIN)
         warps = max(4, min(32, tile // (32 * VALUES_PER_THREAD)))
@@ -248,16 +351,17 @@ def plan(n_rows: int, n_cols: int, sms: int) -> dict:
         busy = min(n_rows, slots // split) * split / slots
         use = n_cols / (split * chunk) * busy
         if use > best_use * 1.01:
-            best, best_use = split_config(n_cols, chunk, per_sm), use
+            best, best_use = split_config(n_cols, chunk, per_sm, SPLIT_AHEAD), use
     if best is not None:
         return best
     return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
 
 
-def split_config(n_cols: int, chunk: int, programs_per_sm: int) -> dict:
-    """ceil(n_cols / chunk) parts of `chunk` columns, VALUES_PER_THREAD per thread."""
+def split_config(n_cols: int, chunk: int, programs_per_sm: int, ahead: int = 1) -> dict:
+    """ceil(n_cols / chunk) parts of up to `chunk` columns, VALUES_PER_THREAD per thread, loads
+    `ahead` rows beyond the published one (softmax_split_kernel)."""
     return {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": programs_per_sm,
-            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1}
+            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1, "AHEAD": ahead}
 
 
 def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -> list[dict]:
@@ -272,6 +376,10 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
             for per_thread in (8, 16, 32):         # fp32 elements each thread holds
                 warps = max(4, min(32, tile // (32 * per_thread)))
                 out.append({"kind": "rows", "ROWS": rows, "BLOCK_N": block, "num_warps": warps, "num_stages": 1})
+    if block <= WARP_ROW_MAX:                      # one warp holding whole rows (plan()'s pick for unaligned ones)
+        for per_thread in (16, 32):
+            out.append({"kind": "rows", "ROWS": max(1, 32 * per_thread // block), "BLOCK_N": block, "num_warps": 1,
+                        "num_stages": 1})
     if block <= 1024:                              # small programs, 8 values per thread (CUDA's warp kernels' shape)
         for tile in (512, 1024, 2048):
             if tile >= block:
@@ -289,12 +397,13 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
     if n_cols >= 8192:                             # cooperative: ceil(cols / CHUNK) programs per row, one HBM read
-        # (CHUNK, programs per SM): 16 values per thread, three chunks per thread in registers
+        # (CHUNK, programs per SM): 16 values per thread, AHEAD + 2 chunks per thread in registers
         # (written, published, loading); all the programs must fit on the GPU at once, which the
         # wrapper checks.
         for chunk, per_sm in ((2048, 4), (4096, 2), (4096, 3), (8192, 1), (8192, 2)):
-            if -(-n_cols // chunk) <= 512:
-                out.append(split_config(n_cols, chunk, per_sm))
+            for ahead in (1, 2):
+                if -(-n_cols // chunk) <= 512:
+                    out.append(split_config(n_cols, chunk, per_sm, ahead))
     unique = []
     for c in out:
         if c not in unique:
@@ -309,7 +418,10 @@ def interpreter_configs(n_cols: int) -> list[dict]:
     return [{"kind": "rows", "ROWS": 4, "BLOCK_N": next_pow2(n_cols), "num_warps": 4},
             {"kind": "rows", "ROWS": 2, "BLOCK_N": next_pow2(n_cols), "num_warps": 4, "programs_per_sm": 1, "STAGES": 2},
             {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
-            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4}]
+            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4},
+            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4,
+             "AHEAD": 2},
+            {"kind": "rows", "ROWS": max(1, 512 // next_pow2(n_cols)), "BLOCK_N": next_pow2(n_cols), "num_warps": 1}]
 
 
 def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
@@ -318,13 +430,15 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     assert x.ndim == 2 and x.stride(1) == 1
     out = torch.empty_like(x) if out is None else out
     n_rows, n_cols = x.shape
-    cfg = config or plan(n_rows, n_cols, sm_count(x.device))
+    cfg = config or plan(n_rows, n_cols, sm_count(x.device), vector_elems(x, out), x.element_size())
     if cfg["kind"] == "rows":
         tiles = triton.cdiv(n_rows, cfg["ROWS"])
         programs = min(tiles, sm_count(x.device) * cfg["programs_per_sm"]) if "programs_per_sm" in cfg else tiles
-        softmax_kernel[(programs,)](x, out, n_rows, n_cols, x.stride(0), out.stride(0), programs,
-                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1),
-                                    **launch_options(cfg))
+        vec = vector_elems(x, out)
+        wide = cfg["ROWS"] * max(x.stride(0), out.stride(0)) + cfg["BLOCK_N"] >= 2**31
+        softmax_kernel[(programs,)](x, out, n_rows, n_cols // vec, x.stride(0) // vec, out.stride(0) // vec, programs,
+                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg.get("STAGES", 1), VEC=vec,
+                                    WIDE=wide, **launch_options(cfg))
     elif cfg["kind"] == "split":
         split_softmax(x, out, cfg, adapt=config is None)
     else:
@@ -334,6 +448,13 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
                                            CHUNK=cfg["CHUNK"], EVEN=n_cols % cfg["CHUNK"] == 0,
                                            KEEP=keep, STREAM=stream, **launch_options(cfg))
     return out
+
+
+def split_step(n_cols: int, split: int, chunk: int) -> int:
+    """Columns per part: n_cols / split rounded up to a warp's 32 (128 bytes of fp32, so parts
+    start on whole lines and on any vector boundary), at most `chunk`. split x step covers the row
+    and no part is empty, since (split - 1) x chunk < n_cols."""
+    return min(chunk, (-(-n_cols // split) + 31) // 32 * 32)
 
 
 def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None,
@@ -354,8 +475,11 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     split, chunk = cfg["SPLIT"], cfg["CHUNK"]
     if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
         raise ValueError(f"{label(cfg)}: needs a power-of-two CHUNK and SPLIT = ceil({n_cols} / CHUNK)")
-    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
-                  **launch_options(cfg))
+    if cfg.get("AHEAD", 1) not in (1, 2):
+        raise ValueError(f"{label(cfg)}: AHEAD (rows loaded beyond the published one) is 1 or 2")
+    vec = vector_elems(x, out)
+    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, STEP=split_step(n_cols, split, chunk),
+                  MAX_SPINS=1 if interpreting() else 1 << 16, VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
     per_sm = cfg["programs_per_sm"]
     if interpreting():
         n_groups, launches = -(-n_rows // 3), launches or 2
@@ -363,9 +487,10 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         n_groups, launches = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split)), 1
         if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
-    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
-    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
-                                        args, consts)
+    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
+            out.stride(0) // vec, n_groups)
+    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), consts["STEP"], vec, x.dtype, str(x.device)),
+                                        x.device, args, consts)
     if resident is not None and resident < per_sm:
         if not adapt or resident * sm_count(x.device) < split:
             raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
