@@ -1,0 +1,162 @@
+"""Phase 5's n samples of one prompt on a CPU (float32, tiny model): n samples share the prompt's
+KV blocks and prefill it once (each then recomputes only the prompt's tail); their tokens equal
+those of n separate requests (greedy, and seeded with sample i's seed); a shared block is never
+written; the block pool's counts stay exact through finish, abort and preemption; the server's
+`n` routes its choices here."""
+import json
+import random
+import urllib.request
+
+import pytest
+import torch
+
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
+from phases.phase5_inference.engine.sample_groups import sample_seed
+
+BLOCK = 16
+GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
+
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(named("tiny"), seed=0, dtype=torch.float32)
+
+
+def engine(weights, **config) -> LLMEngine:
+    return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", block_size=BLOCK, **config),
+                     weights=weights)
+
+
+def tokens(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50257) for _ in range(length)]
+
+
+def tail_of(prompt_len: int) -> int:
+    """Prompt tokens a sample after the first recomputes: from the last token's block on."""
+    return prompt_len - (prompt_len - 1) // BLOCK * BLOCK
+
+
+def run(eng: LLMEngine, check_writes: bool = True) -> dict[str, list[int]]:
+    """Step to the end; every request's tokens. check_writes: before each step, no sequence's
+    block that the step may write (from its first uncomputed token on) is held by another."""
+    out: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        if check_writes:
+            assert_no_shared_block_is_written(eng)
+        for o in eng.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
+def assert_no_shared_block_is_written(eng: LLMEngine) -> None:
+    pool = eng.scheduler.block_pool
+    for seq in eng.scheduler.running:
+        for block in seq.block_table[seq.num_cached_tokens // BLOCK:]:
+            assert pool._ref_count[block] == 1, f"{seq} may write block {block}, held by {pool._ref_count[block]}"
+
+
+def separately(weights, prompt: list[int], params_list: list[SamplingParams], **config) -> list[list[int]]:
+    eng = engine(weights, **config)
+    return [eng.generate([prompt], p)[0] for p in params_list]
+
+
+@pytest.mark.parametrize("prompt_len", [33, 41, 48, 10])
+def test_greedy_samples_equal_separate_requests_and_prefill_the_prompt_once(weights, prompt_len):
+    """33 = 2 blocks + 1 (the tail is one token), 41, 48 (a block multiple: its last block is the
+    tail), 10 (shorter than a block: nothing to share, each sample prefills alone)."""
+    n, prompt = 4, tokens(prompt_len, seed=prompt_len)
+    expected = separately(weights, prompt, [GREEDY])[0]
+    eng = engine(weights)
+    ids = eng.add_samples(prompt, GREEDY, n, request_id="s")
+    assert ids == [f"s-{i}" for i in range(n)]
+    out = run(eng)
+    assert [out[i] for i in ids] == [expected] * n
+    shared = (prompt_len - 1) // BLOCK * BLOCK
+    assert eng.telemetry["sibling_prompt_tokens"] == (n - 1) * shared
+    assert eng.telemetry["prefill_tokens"] == prompt_len + (n - 1) * tail_of(prompt_len)
+    assert eng.telemetry["cached_prompt_tokens"] == 0 and eng.telemetry["prompt_tokens"] == n * prompt_len
+    assert eng.num_free_blocks == eng.runner.num_kv_blocks and not eng._sample_groups
+
+
+def test_the_samples_hold_the_prompts_full_blocks_together(weights):
+    eng = engine(weights)
+    ids = eng.add_samples(tokens(70, seed=1), GREEDY, 4)
+    eng.step()                                          # the first sample's prefill: the others wait
+    assert eng.last_step["num_tokens"] == 70 and len(eng.scheduler.running) == 1
+    eng.step()                                          # the other three: the tail (6 tokens) each
+    assert eng.last_step == {**eng.last_step, "kind": "prefill", "num_seqs": 3, "num_tokens": 3 * 6}
+    tables = [eng._requests[i].block_table for i in ids]
+    assert all(t[:4] == tables[0][:4] for t in tables) and len({t[4] for t in tables}) == 4
+    assert eng.num_free_blocks == eng.runner.num_kv_blocks - (4 + 4)
+
+
+def test_seeded_sample_i_equals_a_separate_request_with_sample_is_seed(weights):
+    prompt, n = tokens(37, seed=2), 5
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=2**63 - 2, ignore_eos=True)
+    seeds = [sample_seed(params.seed, i) for i in range(n)]
+    assert seeds[:3] == [2**63 - 2, 2**63 - 1, 0]       # wraps inside the valid range
+    expected = separately(weights, prompt, [SamplingParams(**{**params.__dict__, "seed": s}) for s in seeds])
+    eng = engine(weights)
+    ids = eng.add_samples(prompt, params, n)
+    out = run(eng)
+    assert [out[i] for i in ids] == expected
+    assert len({tuple(e) for e in expected}) > 1        # the samples differ: each has its own stream
+
+
+@pytest.mark.parametrize("config", [{"enable_chunked_prefill": True, "max_num_batched_tokens": 24},
+                                    {"enable_prefix_caching": True}], ids=["chunked", "prefix-cache"])
+def test_samples_equal_separate_requests_with_chunked_prefill_and_prefix_caching(weights, config):
+    prompt, n = tokens(57, seed=3), 3
+    expected = separately(weights, prompt, [GREEDY])[0]
+    eng = engine(weights, max_model_len=128, **config)
+    other = eng.add_request(tokens(20, seed=4), GREEDY)          # another request beside the group
+    ids = eng.add_samples(prompt, GREEDY, n)
+    out = run(eng)
+    assert [out[i] for i in ids] == [expected] * n
+    assert out[other] == separately(weights, tokens(20, seed=4), [GREEDY])[0]
+    assert eng.telemetry["sibling_prompt_tokens"] == (n - 1) * 48
+    assert eng.num_free_blocks == eng.runner.num_kv_blocks
+
+
+def test_free_blocks_exact_after_preemption_and_abort(weights):
+    """12 blocks for 4 samples of 40 tokens decoding 30: preemptions; a preempted sample shares
+    again from a running sibling or prefills alone. Then an abort of the first sample (the others
+    keep their shared blocks) and of the rest."""
+    prompt, params = tokens(40, seed=5), SamplingParams(max_tokens=30, ignore_eos=True)
+    expected = separately(weights, prompt, [params])[0]
+    eng = engine(weights, num_kv_blocks=12)
+    ids = eng.add_samples(prompt, params, 4)
+    out = run(eng)
+    assert eng.num_preemptions > 0
+    assert [out[i] for i in ids] == [expected] * 4
+    pool = eng.scheduler.block_pool
+    assert eng.num_free_blocks == 12 and sorted(pool._ref_count) == [0] * 12
+    ids = eng.add_samples(prompt, params, 3)
+    for _ in range(4):
+        eng.step()
+    eng.abort(ids[0])
+    assert all(pool._ref_count[b] == 2 for b in eng._requests[ids[1]].block_table[:2])
+    for _ in range(3):
+        assert_no_shared_block_is_written(eng)
+        eng.step()
+    for rid in ids[1:]:
+        eng.abort(rid)
+    eng.step()
+    assert eng.num_free_blocks == 12 and sorted(pool._ref_count) == [0] * 12 and not eng._sample_groups
+
+
+def test_bad_n_and_a_group_of_two_prompts_are_refused(weights):
+    eng = engine(weights)
+    for n in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="n must be an integer >= 1"):
+            eng.add_samples([1, 2, 3], GREEDY, n)
+    eng.add_request([1, 2, 3], GREEDY, "a", sample_group="g")
+    with pytest.raises(ValueError, match="sample_group 'g' holds samples of another prompt"):
+        eng.add_request([1, 2, 4], GREEDY, "b", sample_group="g")
+    eng.add_request([5], GREEDY, "s-1")
+    with pytest.raises(ValueError, match="request_id 's-1' is already in use"):
+        eng.add_samples([1, 2, 3], GREEDY, 2, request_id="s")
+    assert "s-0" not in eng._requests                          # nothing queued
