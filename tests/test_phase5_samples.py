@@ -160,3 +160,46 @@ def test_bad_n_and_a_group_of_two_prompts_are_refused(weights):
     with pytest.raises(ValueError, match="request_id 's-1' is already in use"):
         eng.add_samples([1, 2, 3], GREEDY, 2, request_id="s")
     assert "s-0" not in eng._requests                          # nothing queued
+
+
+# ---------------------------------------------------------------------- the exercise (phase5.samples)
+def lab(*args, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    from common.paths import REPO_ROOT
+    return subprocess.run([sys.executable, "-m", "common.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ})
+
+
+def test_the_exercise_runs_on_cpu_with_checked_and_predicted_rows(tmp_path):
+    proc = lab("run", "phase5.samples", "--device", "cpu", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (tmp_path / "phase5" / "samples").rglob("*.json")
+    rec = json.loads(path.read_text())
+    assert [r["params"]["n"] for r in rec["rows"]] == [1, 2, 4]
+    for r in rec["rows"]:
+        n, m = r["params"]["n"], r["metrics"]
+        assert r["status"] == "ok" and r["check"]["passed"]
+        assert r["check"]["prefill_tokens"] == 17 + (n - 1) * 1          # 17 = one block + 1: a 1-token tail
+        assert m["output_tokens"] == 8 * n and m["output_tok_s"] > 0 and m["tpot_median_ms"] > 0
+        assert r["prediction"]["predicted_ms"] > 0 and m["predicted_decode_tok_s"] > 0
+        assert "below_ridge" in m and m["tpot_vs_1"] > 0
+    assert rec["summary"]["ridge_batch_spec"] > 0 and rec["summary"]["best_n"] in (1, 2, 4)
+
+
+def test_the_exercise_check_fails_when_the_prompt_is_prefilled_more_than_once():
+    from phases.phase5_inference.samples import check_samples
+    run = {"tokens": [[1, 2], [3, 4]], "prefill_tokens": 2 * 17}
+    assert check_samples({**run, "prefill_tokens": 18}, 2, 17, 2, BLOCK, 100)["passed"]
+    failed = check_samples(run, 2, 17, 2, BLOCK, 100)
+    assert not failed["passed"] and "prefilled 34 tokens, 18 expected" in failed["reason"]
+    assert "made 1 tokens" in check_samples({**run, "tokens": [[1], [3, 4]]}, 2, 17, 2, BLOCK, 100)["reason"]
+
+
+def test_the_exercise_refuses_n_below_one(tmp_path):
+    proc = lab("run", "phase5.samples", "--device", "cpu", "--param", "n=[0,4]", "--results", str(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "--param n=[0,4]" in out and "Traceback" not in out
+    assert not list(tmp_path.rglob("*.json"))
