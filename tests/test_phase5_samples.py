@@ -203,3 +203,19 @@ def test_the_exercise_refuses_n_below_one(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "--param n=[0,4]" in out and "Traceback" not in out
     assert not list(tmp_path.rglob("*.json"))
+
+
+# ---------------------------------------------------------------------- the first request's TTFT (ttft_decode)
+def test_the_first_requests_ttft_is_set_beside_the_steady_state_with_the_reason():
+    from phases.phase5_inference.ttft_decode import first_request_metrics
+    first = {"ttft_ms": 42.0, "tpot_ms": 5.0, "engine_stats": {"prefill_step_ms": {"median": 30.0}}}
+    m = first_request_metrics(first, [18.0, 17.0, 19.0], {"prefill_step_ms": {"median": 10.0}},
+                              {"graph_capture_s": 2.5, "startup_s": 30.0})
+    assert m["first_over_steady_ttft"] == pytest.approx(42 / 18)
+    assert m["first_request_why"] == (
+        "first request TTFT 42.0 ms against 18.0 ms steady (+24.0 ms); CUDA graphs were captured at start-up "
+        "(2.50 s, before any request), so it does not pay for them; the engine's prefill step took 30.0 ms against "
+        "10.0 ms (+20.0 ms: the first prefill of this shape, its kernels' selection and loading and its allocations, "
+        "which start-up did not warm); +4.0 ms lies outside the engine step (server, tokenizer, first connection)")
+    failed = first_request_metrics({"ttft_ms": None, "engine_stats": {}}, [18.0], {}, {})
+    assert failed["first_request_ttft_ms"] is None and "first_request_why" not in failed
