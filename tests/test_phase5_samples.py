@@ -219,3 +219,47 @@ def test_the_first_requests_ttft_is_set_beside_the_steady_state_with_the_reason(
         "which start-up did not warm); +4.0 ms lies outside the engine step (server, tokenizer, first connection)")
     failed = first_request_metrics({"ttft_ms": None, "engine_stats": {}}, [18.0], {}, {})
     assert failed["first_request_ttft_ms"] is None and "first_request_why" not in failed
+
+
+# ---------------------------------------------------------------------- best-of-n (phase5.best_of_n)
+def test_the_arithmetic_checker_grades_pass_at_n_and_the_majority_vote():
+    from phases.phase5_inference.models import arithmetic as ar
+    right, wrong, unfinished = ar.encode("57\n"), ar.encode("56\n"), ar.encode("57")
+    assert ar.prompt_ids(12, 45) == ar.encode("\n12+45=") and ar.decode(right) == "57\n"
+    assert ar.answer_of(right) == "57" and ar.answer_of(unfinished) is None and ar.answer_of(ar.encode("+\n")) is None
+    assert ar.grade(12, 45, [wrong, right, wrong]) == {"correct": 1, "pass": True, "majority": False}
+    assert ar.grade(12, 45, [right, wrong, unfinished, unfinished]) == {"correct": 1, "pass": True, "majority": True}
+    assert ar.grade(12, 45, [unfinished]) == {"correct": 0, "pass": False, "majority": False}
+
+
+def test_the_arithmetic_split_holds_its_questions_out_of_training():
+    from phases.phase5_inference.models import arithmetic as ar
+    questions, train, val = ar.split(digits=1, questions=10, train_lines=500, val_lines=50, seed=3)
+    lines = set(ar.decode(train.tolist()).split("\n"))
+    assert len(questions) == 10 and not any(f"{a}+{b}={a + b}" in lines for a, b in questions)
+    assert ar.split(1, 10, 500, 50, seed=3)[0] == questions and train.max() <= ar.NEWLINE
+
+
+def test_a_smaller_ns_samples_are_the_first_of_a_larger_ns(weights):
+    """Sample i of question q draws from seed + q * MAX_N + i, whatever n: pass@n cannot fall with n."""
+    from phases.phase5_inference.best_of_n import answer_all
+    eng = engine(weights)
+    questions, sampling = [(3, 4), (12, 9)], SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True)
+    two = answer_all(eng, questions, 2, sampling, seed=7)["samples"]
+    four = answer_all(eng, questions, 4, sampling, seed=7)["samples"]
+    assert [per[:2] for per in four] == two and two[0] != two[1]
+
+
+def test_best_of_n_trains_and_samples_on_cpu(tmp_path):
+    proc = lab("run", "phase5.best_of_n", "--device", "cpu", "--results", str(tmp_path), "--quick")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = (tmp_path / "phase5" / "best_of_n").rglob("*.json")
+    rec = json.loads(path.read_text())
+    assert [(r["variant"], r["params"]["n"]) for r in rec["rows"]] == [("greedy", 1), ("sampled", 1), ("sampled", 4)]
+    for r in rec["rows"]:
+        m = r["metrics"]
+        assert r["status"] == "ok" and r["check"]["passed"] and r["prediction"]["predicted_ms"] > 0
+        assert m["questions"] == 4 and m["samples"] == 4 * r["params"]["n"] and 0 <= m["pass_at_n"] <= 1
+    one, four = (r["metrics"] for r in rec["rows"][1:])
+    assert four["pass_at_n"] >= one["pass_at_n"]
+    assert rec["summary"]["train_steps"] == 10 and rec["summary"]["held_out_questions"] == 4
