@@ -12,11 +12,13 @@ each sample's attention over its context adds bytes. The goal (H200): 16 samples
 of one at <= 1.2x its TPOT.
 
 The default prompt is 8 blocks + 1 token, so each sample after the first recomputes one prompt token.
+Samples draw from the engine's shared generator unless `seeded` (then sample i from seed + i, its own
+stream: reproducible, at one noise draw per sample per step).
 """
 import time
 
 from common.exercise import Exercise, Needs, Result, Work, row
-from common.params import Float, Int
+from common.params import Bool, Float, Int
 from common.standalone import run_alone
 from common.timing import summarize
 
@@ -147,11 +149,11 @@ def run(ctx, params):
         max_model_len=prompt_tokens + output_tokens + block_size)))
     try:
         prompt = random_prompts(1, prompt_tokens, shape.vocab_size, params["seed"])[0]
-        sampling = SamplingParams(max_tokens=output_tokens, temperature=params["temperature"], seed=params["seed"],
-                                  ignore_eos=True)
+        sampling = SamplingParams(max_tokens=output_tokens, temperature=params["temperature"],
+                                  seed=params["seed"] if params["seeded"] else None, ignore_eos=True)
         sample_n(engine, prompt, SamplingParams(max_tokens=4, ignore_eos=True), max(levels))   # warm up every batch size
         identity = {"model": shape.name, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                    "temperature": params["temperature"], "dtype": dtype}
+                    "temperature": params["temperature"], "seeded": params["seeded"], "dtype": dtype}
         launches = engine.telemetry.get("kernels_per_decode_step") or 1
         rows = []
         for n in ctx.track(levels, "samples per prompt"):
@@ -192,7 +194,9 @@ EXERCISE = Exercise(
             "n": Int(LEVELS, min=1, max=1024, many=True, unit="samples of the prompt"),
             "prompt_tokens": Int(129, min=1, max=32768, unit="tokens"),
             "output_tokens": Int(128, min=2, max=32768, unit="tokens per sample"),
-            "temperature": Float(1.0, min=0.0, max=2.0, help="sampling temperature (0: greedy, every sample alike)")},
+            "temperature": Float(1.0, min=0.0, max=2.0, help="sampling temperature (0: greedy, every sample alike)"),
+            "seeded": Bool(False, help="each sample its own seeded generator (seed + i: reproducible, one noise "
+                                       "draw per sample per step) rather than the engine's shared one (one draw)")},
     cpu_params={**CPU_COMMON, "n": [1, 2, 4], "prompt_tokens": 17, "output_tokens": 8},
     quick_params={"n": [1, 4], "prompt_tokens": 17, "output_tokens": 4},
     footprint_bytes=weights_footprint_bytes, cpu_footprint_bytes=cpu_weights_footprint_bytes,
