@@ -93,6 +93,20 @@ def test_the_samples_hold_the_prompts_full_blocks_together(weights):
     assert eng.num_free_blocks == eng.runner.num_kv_blocks - (4 + 4)
 
 
+def test_one_token_tails_run_as_one_decode_step(weights):
+    """A prompt of 2 blocks + 1: the other samples' prefill is one token each over the shared
+    blocks, which the runner computes as a decode step (batched paged attention), not a prefill."""
+    eng = engine(weights)
+    calls = []
+    run_step = eng.runner.run
+    eng.runner.run = lambda seqs, is_prefill: calls.append((len(seqs), is_prefill)) or run_step(seqs, is_prefill)
+    eng.add_samples(tokens(33, seed=9), GREEDY, 5)
+    eng.step()
+    eng.step()
+    assert calls == [(1, True), (4, False)] and eng.last_step["kind"] == "prefill"
+    assert eng.telemetry["prefill_tokens"] == 33 + 4
+
+
 def test_seeded_sample_i_equals_a_separate_request_with_sample_is_seed(weights):
     prompt, n = tokens(37, seed=2), 5
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=2**63 - 2, ignore_eos=True)

@@ -148,6 +148,20 @@ def run(ctx, params):
         release_memory(ctx)
 
 
+TRAIN_BYTES_PER_PARAM = 16          # fp32 weights, gradients and AdamW's two moments
+ACTIVATION_BYTES_PER_TOKEN_WIDTH = 40    # per layer, a token's saved activations in units of the width (generous)
+
+
+def footprint_bytes(params) -> float:
+    """Training's peak: the fp32 weights, gradients and optimizer state, and a batch's activations
+    and logits (the engine after it sizes its KV pool to what is free)."""
+    shape = model_shape(params)
+    tokens = params["batch_size"] * 64
+    return (TRAIN_BYTES_PER_PARAM * shape.params()
+            + tokens * (ACTIVATION_BYTES_PER_TOKEN_WIDTH * shape.hidden_size * shape.num_hidden_layers
+                        + 3 * 4 * shape.vocab_size))
+
+
 def work(params) -> list[Work]:
     """Each n's decode step (all questions' samples in flight, up to max_num_seqs)."""
     shape = model_shape(params)
@@ -183,6 +197,7 @@ EXERCISE = Exercise(
                 "batch_size": 16, "hidden": 64, "layers": 1, "heads": 2},
     quick_params={"n": [1, 4], "digits": 1, "questions": 4, "train_steps": 10, "train_lines": 500, "batch_size": 8,
                   "hidden": 32, "layers": 1, "heads": 1},
+    footprint_bytes=footprint_bytes, cpu_footprint_bytes=footprint_bytes,
     work=work,
 )
 

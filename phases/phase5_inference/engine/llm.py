@@ -303,7 +303,8 @@ class LLMEngine:
         """Each scheduled sequence's new tokens: a speculative decode step's, or the runner's one."""
         if self.speculator is not None and not batch.is_prefill:
             return self.speculator.decode_step(self.runner, batch.seqs, [self._budget(s) for s in batch.seqs])
-        new_tokens = [[] if token is None else [token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
+        new_tokens = [[] if token is None else [token]
+                      for token in self.runner.run(batch.seqs, batch.is_prefill and not batch.as_decode)]
         if self.speculator is not None:
             self.speculator.proposer.prefill(batch.seqs)
         return new_tokens

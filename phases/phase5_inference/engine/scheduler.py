@@ -34,6 +34,9 @@ class ScheduledBatch:
     seqs: list[Sequence]
     is_prefill: bool
     num_tokens: int          # tokens the model processes this step (a cached prefix's not counted)
+    # a prefill in which every sequence computes one token after a cached prefix (n samples' one-token
+    # tails): the same computation as a decode step, which the runner does in one batched call
+    as_decode: bool = False
 
 
 class Scheduler:
@@ -117,7 +120,10 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             num_tokens += seq.num_tokens - seq.num_cached_tokens
-        return ScheduledBatch(admitted, True, num_tokens) if admitted else None
+        if not admitted:
+            return None
+        return ScheduledBatch(admitted, True, num_tokens, as_decode=num_tokens == len(admitted)
+                              and all(s.num_cached_tokens for s in admitted))
 
     def _sibling_blocks(self, seq: Sequence) -> list[int] | None:
         """The prompt blocks `seq` shares with a running sample of its prompt, or None: wait, one
