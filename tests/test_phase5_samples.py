@@ -95,8 +95,9 @@ def test_the_samples_hold_the_prompts_full_blocks_together(weights):
 
 def test_one_token_tails_run_as_one_decode_step(weights):
     """A prompt of 2 blocks + 1: the other samples' prefill is one token each over the shared
-    blocks, which the runner computes as a decode step (batched paged attention), not a prefill."""
-    eng = engine(weights)
+    blocks, which the runner computes as a decode step (batched paged attention), not a prefill.
+    The step's token budget counts the tails, not the prompts: 4 x 33 tokens would not fit in 64."""
+    eng = engine(weights, max_num_batched_tokens=64, max_model_len=64)
     calls = []
     run_step = eng.runner.run
     eng.runner.run = lambda seqs, is_prefill: calls.append((len(seqs), is_prefill)) or run_step(seqs, is_prefill)

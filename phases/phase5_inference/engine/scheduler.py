@@ -111,7 +111,10 @@ class Scheduler:
             seq = self.waiting[0]
             reserve = self.watermark_blocks if self.running else 0
             siblings = self._sibling_blocks(seq)
-            if (siblings is None or num_tokens + seq.num_tokens > self.max_num_batched_tokens
+            if siblings is None:
+                break
+            computed = seq.num_tokens - len(siblings) * self.block_pool.block_size    # at most: a cache hit saves more
+            if (num_tokens + computed > self.max_num_batched_tokens
                     or not self.block_pool.can_allocate(seq, reserve, True, siblings)):
                 break
             self.waiting.popleft()
