@@ -30,6 +30,7 @@ from .predictions.prediction import summed_prediction
 
 MAX_N = 1024                    # samples per question at most: the seeds of two questions never meet
 BLOCK_SIZE = 16
+KV_BLOCKS_PER_SEQ = 4           # a question and its answer fill one or two blocks; more blocks are idle host state
 
 
 def model_shape(params):
@@ -113,7 +114,7 @@ def run(ctx, params):
         engine = LLMEngine(EngineConfig(model=folder, dtype="bfloat16" if ctx.is_cuda else "float32",
                                         device=ctx.device.type, seed=params["seed"], block_size=BLOCK_SIZE,
                                         max_model_len=arithmetic.MAX_POSITIONS, max_num_seqs=params["max_num_seqs"],
-                                        gpu_memory_utilization=0.5))
+                                        num_kv_blocks=KV_BLOCKS_PER_SEQ * params["max_num_seqs"] + arithmetic.MAX_POSITIONS // BLOCK_SIZE))
     try:
         identity = {"model": shape.name, "params": info["params"], "digits": params["digits"],
                     "temperature": params["temperature"], "max_tokens": max_tokens, "dtype": dtype}
