@@ -185,7 +185,7 @@ EXERCISE = Exercise(
             "digits": Int(2, min=1, max=4, unit="digits of each addend"),
             "questions": Int(64, min=1, max=4096, unit="held-out questions"),
             "temperature": Float(1.0, min=0.05, max=2.0, help="sampling temperature of the n samples"),
-            "train_steps": Int(1500, min=1, max=100_000, unit="training steps"),
+            "train_steps": Int(2000, min=1, max=100_000, unit="training steps"),
             "train_lines": Int(200_000, min=100, max=10_000_000, unit="training lines (a+b=c)"),
             "batch_size": Int(128, min=1, max=4096, unit="training windows per step"),
             "lr": Float(2e-3, min=1e-6, max=1.0, help="peak learning rate"),
