@@ -278,3 +278,32 @@ def test_best_of_n_trains_and_samples_on_cpu(tmp_path):
     one, four = (r["metrics"] for r in rec["rows"][1:])
     assert four["pass_at_n"] >= one["pass_at_n"]
     assert rec["summary"]["train_steps"] == 10 and rec["summary"]["held_out_questions"] == 4
+
+
+def test_tensor_parallel_ranks_replay_the_sample_group(weights):
+    """Rank 0's DrivenEngine sends each add with its sample group; a following rank applies them
+    and shares the prompt's blocks the same way (the channel replaced by a list)."""
+    from phases.phase5_inference.engine.tp_ranks import DrivenEngine, follow
+
+    class Recorded:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, commands):
+            self.sent.append(commands)
+
+        def recv(self):
+            return self.sent.pop(0)
+
+    channel, prompt = Recorded(), tokens(40, seed=11)
+    lead, other = engine(weights), engine(weights)
+    driven = DrivenEngine(lead, channel)
+    for i in range(3):
+        driven.add_request(prompt, GREEDY, f"a-{i}", sample_group="a")
+    while driven.has_unfinished():
+        driven.step()
+    driven.stop()
+    follow(other, channel)
+    assert other.telemetry["sibling_prompt_tokens"] == lead.telemetry["sibling_prompt_tokens"] == 2 * 32
+    assert other.telemetry["prefill_tokens"] == lead.telemetry["prefill_tokens"] == 40 + 2 * 8
+    assert not other.has_unfinished() and other.num_free_blocks == other.runner.num_kv_blocks
