@@ -307,3 +307,28 @@ def test_tensor_parallel_ranks_replay_the_sample_group(weights):
     assert other.telemetry["sibling_prompt_tokens"] == lead.telemetry["sibling_prompt_tokens"] == 2 * 32
     assert other.telemetry["prefill_tokens"] == lead.telemetry["prefill_tokens"] == 40 + 2 * 8
     assert not other.has_unfinished() and other.num_free_blocks == other.runner.num_kv_blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("prompt_len", [33, 41])
+def test_gpu_samples_equal_separate_requests(prompt_len):
+    """On a GPU with CUDA graphs (float32: the comparison is of the sharing, not of rounding): a
+    one-token tail (its samples' prefill runs as a decode step) and a longer one; greedy and seeded."""
+    w = random_weights(named("tiny"), seed=0, dtype=torch.float32, device="cuda")
+
+    def gpu():
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cuda", block_size=BLOCK,
+                                      num_kv_blocks=256, max_num_seqs=16), weights=w)
+    prompt = tokens(prompt_len, seed=prompt_len)
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=5, ignore_eos=True)
+    for params, n in ((GREEDY, 8), (seeded, 4)):
+        alone = gpu()
+        expected = [alone.generate([prompt], SamplingParams(**{**params.__dict__, "seed": sample_seed(params.seed, i)}))[0]
+                    for i in range(n)]
+        eng = gpu()
+        ids = eng.add_samples(prompt, params, n)
+        out = run(eng)
+        assert [out[i] for i in ids] == expected
+        assert eng.telemetry["prefill_tokens"] == prompt_len + (n - 1) * tail_of(prompt_len)
+        assert eng.num_free_blocks == 256
