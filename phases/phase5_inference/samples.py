@@ -65,7 +65,7 @@ def sample_n(engine, prompt: list[int], sampling, n: int) -> dict:
             clocks[out.request_id] += [now] * len(out.new_token_ids)
     wall_s = time.perf_counter() - start
     return {"tokens": [tokens[i] for i in ids], "clocks": [clocks[i] for i in ids], "wall_s": wall_s,
-            "start": start, "decode_ms": decode_ms,
+            "started_s": start, "decode_ms": decode_ms,
             "prefill_tokens": engine.telemetry["prefill_tokens"] - prefill_before}
 
 
@@ -99,7 +99,7 @@ def level_row(ctx, shape, n: int, run: dict, check: dict, identity: dict, dtype:
     prediction = summed_prediction(ctx, decode_parts(shape, n, context), dtype, timing.median_ms, launches=launches,
                                    what="parts of a decode step at batch n (weight matmuls, attention)")
     total = n * output_tokens
-    first_token_ms = (min(c[0] for c in run["clocks"]) - run["start"]) * 1e3
+    first_token_ms = (min(c[0] for c in run["clocks"]) - run["started_s"]) * 1e3
     metrics = {"ms": timing.median_ms, "tpot_median_ms": timing.median_ms, "output_tokens": total,
                "wall_s": run["wall_s"], "output_tok_s": total / run["wall_s"],
                "decode_tok_s": n * 1e3 / timing.median_ms, "ttft_ms": first_token_ms,
