@@ -75,6 +75,15 @@ def test_ttft_decode_checks_the_engine_against_the_plain_model(cpu_run):
     assert by["pytorch-eager"]["metrics"]["agrees_with_engine_tokens"] == 1.0   # fp32: the same greedy tokens
 
 
+def test_ttft_decode_records_the_first_requests_ttft_beside_the_steady_state(cpu_run):
+    [rec] = records(cpu_run, "phase5.ttft_decode")
+    m = next(r for r in rec["rows"] if r["variant"] == "lab-engine-prefill")["metrics"]
+    assert m["first_request_ttft_ms"] > 0 and m["first_over_steady_ttft"] > 0
+    assert m["first_engine_prefill_step_ms"] > 0 and m["steady_engine_prefill_step_ms"] > 0
+    assert m["graph_capture_s"] == 0.0 and "no CUDA graphs were captured" in m["first_request_why"]
+    assert f"{m['first_request_ttft_ms']:.1f} ms against {m['ttft_p50_ms']:.1f} ms steady" in m["first_request_why"]
+
+
 def test_teacher_forced_check_fails_on_tokens_the_model_would_not_choose():
     from phases.phase5_inference.benchmark.baseline import PlainLlama
     from phases.phase5_inference.engine import random_weights

@@ -174,6 +174,22 @@ def test_n_choices_and_their_stream(client):
     assert [pieces[i] for i in range(3)] == texts
 
 
+def test_n_choices_share_the_prompts_blocks_and_equal_separately_seeded_requests(client, server):
+    """n = 3 of a 3-block prompt: the engine prefills it once (two choices read its 2 full blocks from
+    the first); choice j equals a request of n = 1 seeded seed + j."""
+    prompt, body = PROMPT * 4, {"ignore_eos": True, "return_token_ids": True}
+    alone = [client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=1.0, seed=5 + j,
+                                       extra_body=body).choices[0].model_extra["token_ids"] for j in range(3)]
+    telemetry = server.async_engine.engine.telemetry
+    before = telemetry["sibling_prompt_tokens"]
+    reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, n=3, temperature=1.0, seed=5,
+                                      extra_body=body)
+    prompt_len = reply.usage.prompt_tokens            # counted once per prompt
+    assert prompt_len > 32
+    assert telemetry["sibling_prompt_tokens"] - before == 2 * ((prompt_len - 1) // 16 * 16)
+    assert [c.model_extra["token_ids"] for c in sorted(reply.choices, key=lambda c: c.index)] == alone
+
+
 def test_logit_bias_and_penalties_over_http(client, tokenizer):
     forced = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0,
                                        logit_bias={"1234": 100}, extra_body={"ignore_eos": True,

@@ -12,6 +12,7 @@ from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 from .reporting import findings, plots, seed, speculative_report, tp_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
+SAMPLES = "phase5.samples"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
 QKERNELS, QENGINE, QQUALITY = "phase5.quant_kernels", "phase5.quant_engine", "phase5.quant_quality"
 
@@ -161,6 +162,12 @@ GOALS = Goals("phase5.goals", (
     Goal("median TPOT at 8 concurrent requests, x one request", BATCHING, "metrics.tpot_vs_1", 1.15,
          "the lab's bar: below the ridge a step reads the same weights whatever the batch, so TPOT should stay flat", op="<=", pick="min", fmt=ratio,
          where=lambda d: d[d["params.concurrency"] == 8]),
+    Goal("16 samples of one prompt: output tok/s, x one sample", SAMPLES, "metrics.x_output_tok_s_vs_1", 12.0,
+         "issue 35: below the ridge one weight read serves every sample in the step", fmt=ratio,
+         where=lambda d: d[d["params.n"] == 16]),
+    Goal("16 samples of one prompt: median TPOT, x one sample", SAMPLES, "metrics.tpot_vs_1", 1.2,
+         "issue 35: TPOT stays ~flat below the ridge (each row carries the roofline's own ratio, predicted_tpot_vs_1)", op="<=",
+         pick="min", fmt=ratio, where=lambda d: d[d["params.n"] == 16]),
     Goal("best level of the sweep (most tok/s), % of its predicted throughput", BATCHING,
          "metrics.pct_of_predicted_tok_s", 60, "the lab's bar: the roofline's throughput, prefills plus decode steps (analysis.serving_prediction)", where=best_level,
          detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),

@@ -37,7 +37,7 @@ class AsyncEngine:
         self.engine = engine
         self.max_queue = max_queue
         self._cond = threading.Condition()
-        self._pending_adds: list[tuple[str, list[int], object]] = []     # guarded by _cond
+        self._pending_adds: list[tuple[str, list[int], object, str | None]] = []     # guarded by _cond
         self._pending_aborts: list[str] = []                             # guarded by _cond
         self._stopping = False                                           # guarded by _cond
         self._queues: dict[str, asyncio.Queue] = {}    # in-flight requests; touched on the loop only
@@ -69,8 +69,10 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(self, prompt_ids: list[int], params, request_id: str | None = None):
-        """Yield the request's StepOutputs until one is finished. Raises QueueFull before queueing
+    async def generate(self, prompt_ids: list[int], params, request_id: str | None = None,
+                       sample_group: str | None = None):
+        """Yield the request's StepOutputs until one is finished (sample_group: the engine's key of
+        n samples of one prompt, which share its KV blocks). Raises QueueFull before queueing
         anything, ValueError if the engine rejects the request (first iteration), EngineStopped if
         the engine thread stops. Leaving early aborts the request."""
         self.start()
@@ -84,7 +86,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         with self._cond:
-            self._pending_adds.append((request_id, list(prompt_ids), params))
+            self._pending_adds.append((request_id, list(prompt_ids), params, sample_group))
             self._cond.notify()
         done = False
         try:
@@ -142,9 +144,9 @@ class AsyncEngine:
                     aborts, self._pending_aborts = self._pending_aborts, []
                 started = time.perf_counter()
                 rejected = []
-                for request_id, prompt_ids, params in adds:     # adds first: an abort may follow its add
+                for request_id, prompt_ids, params, group in adds:     # adds first: an abort may follow its add
                     try:
-                        self.engine.add_request(prompt_ids, params, request_id)
+                        self.engine.add_request(prompt_ids, params, request_id, sample_group=group)
                         active.add(request_id)
                     except ValueError as exc:
                         rejected.append((request_id, exc))

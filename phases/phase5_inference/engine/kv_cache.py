@@ -114,22 +114,32 @@ class BlockPool:
             self._block_of_key[key] = block
 
     # -------------------------------------------------------------------------- allocation
-    def can_allocate(self, seq: Sequence, reserve_blocks: int = 0, share_prefix: bool = False) -> bool:
-        """Room for all of `seq`'s tokens with `reserve_blocks` still free afterwards."""
+    def _matched(self, seq: Sequence, share_prefix: bool, sibling_blocks: list[int]) -> list[int]:
+        """The blocks `seq`'s allocation shares: a sample sibling's written prompt blocks
+        (sample_groups.py) or its cached prefix, whichever is longer."""
         matched = self.match_prefix(seq) if share_prefix and self.enable_prefix_caching else []
+        return list(sibling_blocks) if len(sibling_blocks) > len(matched) else matched
+
+    def can_allocate(self, seq: Sequence, reserve_blocks: int = 0, share_prefix: bool = False,
+                     sibling_blocks: list[int] = ()) -> bool:
+        """Room for all of `seq`'s tokens with `reserve_blocks` still free afterwards."""
+        matched = self._matched(seq, share_prefix, sibling_blocks)
         return self._new_blocks_needed(seq, matched) + reserve_blocks <= len(self._free)
 
-    def allocate(self, seq: Sequence, share_prefix: bool = False, key_blocks: bool = True) -> None:
+    def allocate(self, seq: Sequence, share_prefix: bool = False, key_blocks: bool = True,
+                 sibling_blocks: list[int] = ()) -> None:
         """Blocks for every token of `seq` (a prefill: the prompt, or prompt and output on
         recompute). share_prefix (the scheduler's allocations, whose prefill runs in the same
         step) with prefix caching on: its cached prefix's blocks are shared,
         seq.num_cached_tokens says how many tokens they hold (the prefill computes the rest), and
         its other full blocks are keyed (the prefill about to run writes them; key_blocks=False:
         a chunked prefill keys only its chunk's, through cache_computed_blocks). Without it every
-        token gets a fresh block and nothing is keyed (a caller that may not compute them)."""
+        token gets a fresh block and nothing is keyed (a caller that may not compute them).
+        sibling_blocks: full blocks of `seq`'s prompt a running sample of the same prompt holds,
+        their keys and values written: shared like a cached prefix, with or without the cache."""
         assert not seq.block_table, f"{seq} already holds blocks"
+        matched = self._matched(seq, share_prefix, sibling_blocks)
         share_prefix = share_prefix and self.enable_prefix_caching
-        matched = self.match_prefix(seq) if share_prefix else []
         needed = self._new_blocks_needed(seq, matched)
         if needed > len(self._free):
             raise RuntimeError(f"{seq}: needs {needed} blocks, {len(self._free)} free")
@@ -139,6 +149,7 @@ class BlockPool:
             self._ref_count[block] += 1
         seq.block_table = matched + [self._take_free() for _ in range(self.blocks_for(seq.num_tokens) - len(matched))]
         seq.num_cached_tokens = len(matched) * self.block_size
+        seq.num_sibling_tokens = seq.num_cached_tokens if sibling_blocks and matched == list(sibling_blocks) else 0
         if share_prefix and key_blocks:
             self.cache_computed_blocks(seq, seq.num_tokens)
 

@@ -26,6 +26,7 @@ from common.errors import LabError
 from .config import DEFAULT_MAX_MODEL_LEN, EngineConfig, draft_config, quantization_of, settled
 from .runner import ModelRunner
 from .scheduler import ScheduledBatch, Scheduler
+from .sample_groups import SampleGroup, sample_seed
 from .sequence import SamplingParams, Sequence
 from .speculator import DraftProposer, NgramProposer, Speculator
 from .shapes import LlamaShape
@@ -111,8 +112,10 @@ class LLMEngine:
             "max_num_batched_tokens": config.max_num_batched_tokens, "load_s": load_s,
             "startup_s": time.perf_counter() - start, "steps": 0,
             "prefix_caching": config.prefix_caching, "prompt_tokens": 0, "cached_prompt_tokens": 0,
+            "sibling_prompt_tokens": 0, "prefill_tokens": 0,
         }
         self._cached_prompt_tokens: dict[str, int] = {}     # per request, from its first prefill
+        self._sample_groups: dict[str, SampleGroup] = {}    # live n-sample groups by key
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -169,8 +172,11 @@ class LLMEngine:
         return self.scheduler.block_pool.num_free_blocks
 
     # -------------------------------------------------------------------------- requests
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        """Queue a request; ValueError (one line) for anything it cannot run with."""
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    sample_group: str | None = None) -> str:
+        """Queue a request; ValueError (one line) for anything it cannot run with. sample_group: a
+        key naming the n samples of one prompt (add_samples): they share the prompt's KV blocks
+        (sample_groups.py), and every request of one key must have the same prompt."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
@@ -185,9 +191,42 @@ class LLMEngine:
         elif request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         seq = Sequence(request_id, prompt, params)
+        if sample_group is not None:
+            seq.sample_group = self._sample_group(sample_group, prompt)
         self._requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
+
+    def add_samples(self, prompt_token_ids: list[int], params: SamplingParams, n: int,
+                    request_id: str | None = None) -> list[str]:
+        """n samples of one prompt (OpenAI's n), sharing its KV blocks: one prefill of the prompt,
+        then each sample recomputes only its tail (sample_groups.py). Sample i draws from
+        params.seed + i when seeded. Request ids: request_id-i (request_id None: generated)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        if request_id is None:
+            request_id = f"samples-{next(self._request_counter)}"
+        ids = [f"{request_id}-{i}" for i in range(n)]
+        taken = next((i for i in ids if i in self._requests), None)
+        if taken is not None:
+            raise ValueError(f"request_id {taken!r} is already in use by an unfinished request")
+        # the samples differ only in their seeds, each valid: a request refused is refused at the first
+        return [self.add_request(prompt_token_ids, dataclasses.replace(params, seed=sample_seed(params.seed, i)),
+                                 sample_id, sample_group=request_id) for i, sample_id in enumerate(ids)]
+
+    def _sample_group(self, key: str, prompt: list[int]) -> SampleGroup | None:
+        """The live group `key` names (made on its first sample), or None under speculative
+        decoding: the draft's cache is not shared, so each sample prefills alone."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"sample_group must be a non-empty string, got {key!r}")
+        if self.speculator is not None:
+            return None
+        group = self._sample_groups.get(key)
+        if group is None:
+            group = self._sample_groups[key] = SampleGroup(key, prompt)
+        elif group.prompt != tuple(prompt):
+            raise ValueError(f"sample_group {key!r} holds samples of another prompt: one group, one prompt")
+        return group
 
     def _check_logits_features(self, params: SamplingParams) -> None:
         """ValueError naming what this engine cannot honour: logits features under speculative
@@ -264,19 +303,22 @@ class LLMEngine:
         """Each scheduled sequence's new tokens: a speculative decode step's, or the runner's one."""
         if self.speculator is not None and not batch.is_prefill:
             return self.speculator.decode_step(self.runner, batch.seqs, [self._budget(s) for s in batch.seqs])
-        new_tokens = [[] if token is None else [token] for token in self.runner.run(batch.seqs, batch.is_prefill)]
+        new_tokens = [[] if token is None else [token]
+                      for token in self.runner.run(batch.seqs, batch.is_prefill and not batch.as_decode)]
         if self.speculator is not None:
             self.speculator.proposer.prefill(batch.seqs)
         return new_tokens
 
     def _count_cached_prompt(self, seqs: list[Sequence]) -> None:
-        """Telemetry of a request's first prefill: its prompt tokens, and those the prefix cache
-        served (a recompute after preemption is not counted again)."""
+        """Telemetry of a request's first prefill: its prompt tokens, those the prefix cache
+        served and those a sibling sample's blocks served (a recompute after preemption is not
+        counted again)."""
         for seq in seqs:
             if seq.num_output_tokens == 0 and seq.request_id not in self._cached_prompt_tokens:
                 self._cached_prompt_tokens[seq.request_id] = seq.num_cached_tokens
                 self.telemetry["prompt_tokens"] += seq.num_prompt_tokens
-                self.telemetry["cached_prompt_tokens"] += seq.num_cached_tokens
+                self.telemetry["cached_prompt_tokens"] += seq.num_cached_tokens - seq.num_sibling_tokens
+                self.telemetry["sibling_prompt_tokens"] += seq.num_sibling_tokens
 
     def _output(self, seq: Sequence, emitted: list[int]) -> StepOutput:
         out = StepOutput(seq.request_id, emitted, seq.is_finished, seq.finish_reason, seq.num_prompt_tokens,
@@ -289,6 +331,8 @@ class LLMEngine:
 
     def _record_step(self, batch: ScheduledBatch, start: float) -> None:
         self.telemetry["steps"] += 1
+        if batch.is_prefill:
+            self.telemetry["prefill_tokens"] += batch.num_tokens     # tokens the model computed (chunked: decode rows too)
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
                           "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}
 
@@ -303,6 +347,9 @@ class LLMEngine:
             self.speculator.proposer.forget(seq)
         self._requests.pop(seq.request_id, None)
         self._cached_prompt_tokens.pop(seq.request_id, None)
+        group = seq.sample_group
+        if group is not None and not group.members and self._sample_groups.get(group.key) is group:
+            del self._sample_groups[group.key]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Offline: add every prompt, step until they are all done; output token ids in prompt order."""

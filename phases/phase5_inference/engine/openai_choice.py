@@ -19,6 +19,7 @@ class Choice:
     def __init__(self, serving: "Serving", parsed: GenerationRequest, index: int, prompt_index: int, params,
                  arrived: float):
         self.serving, self.parsed, self.index, self.params = serving, parsed, index, params
+        self.prompt_index = prompt_index
         self.prompt_ids = parsed.prompts[prompt_index]
         self.prompt_text = parsed.prompt_texts[prompt_index]
         self.detokenizer = serving.tokenizer.detokenizer(self.prompt_ids)
@@ -36,9 +37,10 @@ class Choice:
         self.started = arrived                  # the request's arrival (perf_counter): TTFT counts its parsing
         self.first_token_s: float | None = None
 
-    async def start(self, request_id: str):
-        """The engine's first output (ApiError if the request cannot run)."""
-        self.outputs = self.serving.async_engine.generate(self.prompt_ids, self.params, request_id)
+    async def start(self, request_id: str, sample_group: str | None = None):
+        """The engine's first output (ApiError if the request cannot run). sample_group: the key
+        this prompt's n choices share (their prompt's KV blocks are shared in the engine)."""
+        self.outputs = self.serving.async_engine.generate(self.prompt_ids, self.params, request_id, sample_group)
         try:
             return await anext(self.outputs)
         except QueueFull as exc:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .sample_groups import sample_seed
 from .sequence import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
@@ -81,8 +82,7 @@ class GenerationRequest:
         choice j of a seeded request draws from seed + j."""
         for p in range(len(self.prompts)):
             for j in range(self.n):
-                seed = None if self.params.seed is None else (self.params.seed + j) % 2**63
-                yield p * self.n + j, p, replace(self.params, seed=seed)
+                yield p * self.n + j, p, replace(self.params, seed=sample_seed(self.params.seed, j))
 
 
 def parse_request(body: dict, serving: "Serving", chat: bool) -> GenerationRequest:

@@ -8,7 +8,8 @@ sequence is preempted: its blocks are freed and it goes back to the front of the
 to recompute its prompt and generated tokens in a later prefill (vLLM's recompute preemption).
 
 With prefix caching a prefill computes only the tokens after the cached prefix it shares
-(kv_cache.BlockPool). With chunked prefill (enable_chunked_prefill) a step while anything is
+(kv_cache.BlockPool); n samples of one prompt share its blocks the same way (sample_groups.py).
+With chunked prefill (enable_chunked_prefill) a step while anything is
 waiting or part-prefilled mixes, within max_num_batched_tokens, the running sequences' decode rows
 and prefill chunks with the first chunks of newly admitted ones (_schedule_chunked).
 
@@ -33,6 +34,9 @@ class ScheduledBatch:
     seqs: list[Sequence]
     is_prefill: bool
     num_tokens: int          # tokens the model processes this step (a cached prefix's not counted)
+    # a prefill in which every sequence computes one token after a cached prefix (n samples' one-token
+    # tails): the same computation as a decode step, which the runner does in one batched call
+    as_decode: bool = False
 
 
 class Scheduler:
@@ -55,6 +59,8 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        if seq.sample_group is not None:
+            seq.sample_group.members.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -85,10 +91,11 @@ class Scheduler:
         while self.waiting and budget and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             reserve = self.watermark_blocks if self.running else 0
-            if not self.block_pool.can_allocate(seq, reserve, share_prefix=True):
+            siblings = self._sibling_blocks(seq)
+            if siblings is None or not self.block_pool.can_allocate(seq, reserve, True, siblings):
                 break
             self.waiting.popleft()
-            self.block_pool.allocate(seq, share_prefix=True, key_blocks=False)
+            self.block_pool.allocate(seq, share_prefix=True, key_blocks=False, sibling_blocks=siblings)
             seq.num_new_tokens = min(seq.num_tokens - seq.num_cached_tokens, budget)
             self.block_pool.cache_computed_blocks(seq, seq.prefill_end)     # written by this step
             budget -= seq.num_new_tokens
@@ -103,16 +110,28 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             reserve = self.watermark_blocks if self.running else 0
-            if (num_tokens + seq.num_tokens > self.max_num_batched_tokens
-                    or not self.block_pool.can_allocate(seq, reserve, share_prefix=True)):
+            siblings = self._sibling_blocks(seq)
+            if siblings is None:
+                break
+            computed = seq.num_tokens - len(siblings) * self.block_pool.block_size    # at most: a cache hit saves more
+            if (num_tokens + computed > self.max_num_batched_tokens
+                    or not self.block_pool.can_allocate(seq, reserve, True, siblings)):
                 break
             self.waiting.popleft()
-            self.block_pool.allocate(seq, share_prefix=True)
+            self.block_pool.allocate(seq, share_prefix=True, sibling_blocks=siblings)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
             num_tokens += seq.num_tokens - seq.num_cached_tokens
-        return ScheduledBatch(admitted, True, num_tokens) if admitted else None
+        if not admitted:
+            return None
+        return ScheduledBatch(admitted, True, num_tokens, as_decode=num_tokens == len(admitted)
+                              and all(s.num_cached_tokens for s in admitted))
+
+    def _sibling_blocks(self, seq: Sequence) -> list[int] | None:
+        """The prompt blocks `seq` shares with a running sample of its prompt, or None: wait, one
+        is prefilling it this step (sample_groups.py)."""
+        return [] if seq.sample_group is None else seq.sample_group.shared_blocks(seq, self.block_pool.block_size)
 
     def slots_needed(self, seq: Sequence) -> int:
         """Cache slots `seq`'s next decode step writes into: its tokens and the lookahead."""
@@ -201,5 +220,7 @@ class Scheduler:
 
     def _retire(self, seq: Sequence, reason: str) -> None:
         self.block_pool.free(seq)
+        if seq.sample_group is not None:
+            seq.sample_group.members.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -114,7 +114,8 @@ class Sequence:
     _ids = itertools.count()
 
     __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
-                 "block_table", "block_hashes", "num_cached_tokens", "num_new_tokens", "finish_reason", "new_logprobs", "prompt_logprobs")
+                 "block_table", "block_hashes", "num_cached_tokens", "num_new_tokens", "finish_reason", "new_logprobs", "prompt_logprobs",
+                 "sample_group", "num_sibling_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
         self.seq_id = next(Sequence._ids)
@@ -132,6 +133,8 @@ class Sequence:
         # (logprob of the token, [(top token id, logprob), ...]); the engine hands them out per step
         self.new_logprobs: list = []
         self.prompt_logprobs: list | None = None
+        self.sample_group = None                # a sample_groups.SampleGroup when it is one of n samples
+        self.num_sibling_tokens = 0             # of num_cached_tokens, those read from a sibling sample's blocks
 
     @property
     def num_tokens(self) -> int:

@@ -123,8 +123,11 @@ async def _start_choices(serving, parsed, request_id: str, arrived: float) -> li
     """Every choice's request in the engine and its first output, or ApiError with none left running."""
     choices = [Choice(serving, parsed, index, p, params, arrived) for index, p, params in parsed.choices()]
     suffix = len(choices) > 1
-    firsts = await asyncio.gather(*(c.start(f"{request_id}-{c.index}" if suffix else request_id) for c in choices),
-                                  return_exceptions=True)
+
+    def group_of(choice):       # n > 1: the choices of one prompt share its KV blocks (sample_groups.py)
+        return f"{request_id}-prompt{choice.prompt_index}" if parsed.n > 1 else None
+    firsts = await asyncio.gather(*(c.start(f"{request_id}-{c.index}" if suffix else request_id, group_of(c))
+                                    for c in choices), return_exceptions=True)
     failed = next((f for f in firsts if isinstance(f, BaseException)), None)
     if failed is not None:
         for choice in choices:

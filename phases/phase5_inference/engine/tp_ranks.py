@@ -350,9 +350,9 @@ class DrivenEngine:
         self.channel = channel
         self._pending: list[tuple] = []
 
-    def add_request(self, prompt_token_ids, params, request_id=None) -> str:
-        request_id = self.engine.add_request(prompt_token_ids, params, request_id)
-        self._pending.append(("add", list(prompt_token_ids), params, request_id))
+    def add_request(self, prompt_token_ids, params, request_id=None, sample_group=None) -> str:
+        request_id = self.engine.add_request(prompt_token_ids, params, request_id, sample_group=sample_group)
+        self._pending.append(("add", list(prompt_token_ids), params, request_id, sample_group))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -388,7 +388,7 @@ def follow(engine, channel: Channel) -> None:
             if command[0] == "stop":
                 return
             if command[0] == "add":
-                engine.add_request(command[1], command[2], command[3])
+                engine.add_request(command[1], command[2], command[3], sample_group=command[4])
             elif command[0] == "abort":
                 engine.abort(command[1])
         engine.step()
