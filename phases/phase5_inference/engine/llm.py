@@ -23,6 +23,7 @@ import torch
 
 from common.errors import LabError
 
+from . import overlap
 from .config import DEFAULT_MAX_MODEL_LEN, EngineConfig, draft_config, quantization_of, settled
 from .runner import ModelRunner
 from .scheduler import ScheduledBatch, Scheduler
@@ -113,6 +114,11 @@ class LLMEngine:
             "prefix_caching": config.prefix_caching, "prompt_tokens": 0, "cached_prompt_tokens": 0,
         }
         self._cached_prompt_tokens: dict[str, int] = {}     # per request, from its first prefill
+        # overlapped scheduling (overlap.py): on unless off in the config or speculating / tensor parallel
+        self.overlap = config.async_scheduling is not False and config.speculative_model == "none" and self.tp is None
+        self.overlap_stats = overlap.OverlapStats()
+        self._in_flight: overlap.InFlightStep | None = None
+        self.telemetry["async_scheduling"] = self.overlap
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -238,26 +244,73 @@ class LLMEngine:
                                               seq.num_output_tokens))
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests left, or a step in flight still to be read (its tokens may all be discarded)."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # -------------------------------------------------------------------------- a step
     def step(self) -> list[StepOutput]:
         """One scheduler step: a prefill batch or a decode batch, one new token per sequence in it
-        (with speculative decoding, a decode step gives each sequence 1 to k + 1 tokens)."""
+        (with speculative decoding, a decode step gives each sequence 1 to k + 1 tokens). With
+        async scheduling a decode step's tokens are read after the next step is launched
+        (`_step_ahead`): each call still reads one step's tokens."""
         start = time.perf_counter()
         outputs, self._abort_outputs = self._abort_outputs, []
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return outputs
+        if self._in_flight is None:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return outputs
+            reason = "off"
+            if self.overlap:
+                reason = overlap.sync_reason(batch.seqs, batch.is_prefill, self.speculator is not None)
+            if reason is not None:
+                if self.overlap:
+                    self.overlap_stats.count(self.overlap_stats.sync_steps, reason)
+                return outputs + self._step_sync(batch, start)
+            self._in_flight = self._launch(batch.seqs, None)
+        return outputs + self._step_ahead(start)
+
+    def _step_sync(self, batch: ScheduledBatch, start: float) -> list[StepOutput]:
         if batch.is_prefill:
             self._count_cached_prompt(batch.seqs)
         new_tokens = self._run(batch)
         emitted = self.scheduler.postprocess(batch.seqs, new_tokens)
-        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
-                    if tokens or seq.is_finished]           # a prefill chunk short of the prompt's end: nothing yet
+        outputs = [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
+                   if tokens or seq.is_finished]            # a prefill chunk short of the prompt's end: nothing yet
         for seq in [s for s in batch.seqs if s.is_finished]:
             self._forget(seq)
         self._record_step(batch, start)
+        return outputs
+
+    def _launch(self, seqs: list[Sequence], previous: "overlap.InFlightStep | None") -> overlap.InFlightStep:
+        """Queue a decode step of `seqs` (their input: each one's pending token in `previous`, if
+        given) and the copy of its tokens to the host; nothing waits for the device."""
+        pending = None if previous is None else (previous.tokens, previous.rows_of(seqs))
+        tokens = self.runner.launch_decode(seqs, pending)
+        return overlap.InFlightStep(seqs, tokens, self.runner.tokens_in_flight.start(tokens))
+
+    def _step_ahead(self, start: float) -> list[StepOutput]:
+        """Launch the next decode step from the one in flight (if the scheduler need not see its
+        tokens first: overlap.batch_ahead), then read the one in flight: append its tokens, stop
+        the finished (a token for a sequence that finished or was aborted meanwhile is dropped)."""
+        current, stats = self._in_flight, self.overlap_stats
+        seqs, reason = overlap.batch_ahead(self.scheduler, current, self.max_model_len)
+        if seqs:
+            self._in_flight = self._launch(seqs, current)
+            stats.steps_ahead += 1
+        else:
+            self._in_flight = None
+            stats.count(stats.drains, reason)
+        tokens, wait_ms, busy = overlap.timed_wait(self.runner.tokens_in_flight, current.ticket)
+        live = [(seq, [token]) for seq, token in zip(current.seqs, tokens) if not seq.is_finished]
+        emitted = self.scheduler.postprocess([seq for seq, _ in live], [new for _, new in live])
+        outputs = [self._output(seq, new) for (seq, _), new in zip(live, emitted)]
+        for seq, _ in live:
+            if seq.is_finished:
+                self._forget(seq)
+        self._record_step(ScheduledBatch(current.seqs, False, len(current.seqs)), start)
+        stats.read(self.last_step["ms"], wait_ms, busy)
+        self.last_step.update(host_ms=self.last_step["ms"] - wait_ms, gpu_wait_ms=wait_ms, overlapped=bool(seqs))
+        self.telemetry["overlap"] = stats.summary()
         return outputs
 
     def _run(self, batch: ScheduledBatch) -> list[list[int]]:
@@ -312,5 +365,7 @@ class LLMEngine:
         seqs = [self._requests[self.add_request(prompt, p)] for prompt, p in zip(prompts, params_list)]
         while not all(seq.is_finished for seq in seqs):
             self.step()
+        if self._in_flight is not None and not self.scheduler.has_unfinished():
+            self.step()                 # the step launched past the last token: read and dropped
         return [seq.output_token_ids for seq in seqs]
 
