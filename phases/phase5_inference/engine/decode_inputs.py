@@ -87,7 +87,8 @@ class DecodeInputs:
             used = 4 * self.rows + padded * self.blocks_per_seq
             views = self._views[padded] = (self.tensor[:used], self._host[:used])
         views[0].copy_(views[1], non_blocking=True)
-        self._sent.record()
+        if self._sent is not None:
+            self._sent.record()
 
     def gather_ids(self, n: int, tokens: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows 0 .. n of the device token ids from `tokens` (a previous step's, on the device) at

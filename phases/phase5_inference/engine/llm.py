@@ -244,8 +244,9 @@ class LLMEngine:
                                               seq.num_output_tokens))
 
     def has_unfinished(self) -> bool:
-        """Requests left, or a step in flight still to be read (its tokens may all be discarded)."""
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        """Requests left. A step may still be in flight without any (launched for sequences that
+        turned out to have finished): the next step() reads it and drops its tokens."""
+        return self.scheduler.has_unfinished()
 
     # -------------------------------------------------------------------------- a step
     def step(self) -> list[StepOutput]:

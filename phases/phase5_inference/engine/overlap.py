@@ -100,8 +100,8 @@ class TokensInFlight:
         self._next = 0
 
     def start(self, tokens: torch.Tensor) -> tuple:
-        if not self.is_cuda:
-            return (tokens,)
+        if not self.is_cuda:             # a copy now, as the device's is queued now: `tokens` may be a
+            return (tokens.clone(),)     # view of a graph's output buffer, rewritten by the next step
         i, n = self._next, tokens.shape[0]
         self._next ^= 1
         self._hosts[i][:n].copy_(tokens, non_blocking=True)
