@@ -119,6 +119,8 @@ class LLMEngine:
         self.overlap_stats = overlap.OverlapStats()
         self._in_flight: overlap.InFlightStep | None = None
         self.telemetry["async_scheduling"] = self.overlap
+        if self.overlap:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -308,10 +310,7 @@ class LLMEngine:
         for seq, _ in live:
             if seq.is_finished:
                 self._forget(seq)
-        self._record_step(ScheduledBatch(current.seqs, False, len(current.seqs)), start)
-        stats.read(self.last_step["ms"], wait_ms, busy)
-        self.last_step.update(host_ms=self.last_step["ms"] - wait_ms, gpu_wait_ms=wait_ms, overlapped=bool(seqs))
-        self.telemetry["overlap"] = stats.summary()
+        self._record_step(ScheduledBatch(current.seqs, False, len(current.seqs)), start, (wait_ms, busy, bool(seqs)))
         return outputs
 
     def _run(self, batch: ScheduledBatch) -> list[list[int]]:
@@ -341,10 +340,19 @@ class LLMEngine:
             out.prompt_logprobs = seq.prompt_logprobs
         return out
 
-    def _record_step(self, batch: ScheduledBatch, start: float) -> None:
+    def _record_step(self, batch: ScheduledBatch, start: float, read: tuple | None = None) -> None:
+        """last_step and the step count; read (gpu wait ms, device still busy, next step launched
+        ahead): an overlapped step's readback, its host and wait time into the overlap stats."""
         self.telemetry["steps"] += 1
+        ms = (time.perf_counter() - start) * 1e3
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
-                          "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}
+                          "num_tokens": batch.num_tokens, "ms": ms}
+        if read is not None:
+            wait_ms, busy, ahead = read
+            self.overlap_stats.read(ms, wait_ms, busy)
+            self.last_step.update(host_ms=ms - wait_ms, gpu_wait_ms=wait_ms, launched_ahead=ahead)
+        if self.overlap:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
 
     def _budget(self, seq: Sequence) -> int:
         """Tokens `seq` may still emit before max_tokens or max_model_len stops it."""

@@ -26,7 +26,7 @@ SYNC_SPECULATIVE = "speculative decoding"          # the verify step's acceptanc
 SYNC_LOGITS_PROCESSING = "logits processing"       # penalties, logit_bias, min_tokens read generated tokens
 SYNC_LOGPROBS = "logprobs"                         # read back per step with the token
 # why scheduling ahead stopped: the step in flight is read first, then the scheduler runs as usual
-DRAIN_WAITING = "waiting requests"                 # a prefill may be due (arrival, preempted recompute)
+DRAIN_WAITING = "waiting requests"                 # one can be admitted: a prefill (arrival, preempted recompute)
 DRAIN_PREEMPTION = "preemption"                    # the pending tokens' slots do not fit the free blocks
 DRAIN_NOT_IN_FLIGHT = "running sequence not in flight"   # e.g. a chunked prefill in progress
 DRAIN_ALL_DONE = "every sequence finishes"         # all in flight stop by length: nothing to launch
@@ -55,15 +55,15 @@ def batch_ahead(scheduler, in_flight: "InFlightStep", max_model_len: int) -> tup
     """The next decode batch, scheduled before the step in flight is read: every running sequence
     whose pending token may not end it, each with a block for that token's slot (position
     num_tokens). ([], reason) where the scheduler must see the tokens first (the caller drains)."""
-    running = scheduler.running
-    if scheduler.waiting and len(running) < scheduler.max_num_seqs:
-        return [], DRAIN_WAITING
+    running, pool = scheduler.running, scheduler.block_pool
+    if scheduler.waiting and len(running) < scheduler.max_num_seqs and pool.can_allocate(
+            scheduler.waiting[0], scheduler.watermark_blocks if running else 0, share_prefix=True):
+        return [], DRAIN_WAITING                  # as the scheduler's admission test (Scheduler._schedule_prefill)
     if any(id(s) not in in_flight.row_of for s in running):
         return [], DRAIN_NOT_IN_FLIGHT
     batch = [s for s in running if not finishes_by_length(s, max_model_len)]
     if not batch:
         return [], DRAIN_ALL_DONE
-    pool = scheduler.block_pool
     needed = sum(pool.blocks_for(s.num_tokens + 1) - len(s.block_table) for s in batch)
     if needed > pool.num_free_blocks:
         return [], DRAIN_PREEMPTION
