@@ -161,12 +161,35 @@ class LLMEngine:
         or turn it off (None), between runs: no request may be unfinished."""
         if self.has_unfinished():
             raise LabError("speculate() between runs only: requests are still unfinished")
+        self._drop_in_flight()
         if proposer is None:
             self.speculator = None
             return
         if not 1 <= k <= self.max_speculative_tokens:
             raise LabError(f"k must be in [1, {self.max_speculative_tokens}] (the engine's num_speculative_tokens)")
         self.speculator = Speculator(proposer, k, self.device, self.config.seed)
+
+    def set_async_scheduling(self, on: bool) -> None:
+        """Overlapped scheduling on or off between runs (an A/B in one process, one set of CUDA
+        graphs), its stats started again: no request may be unfinished; on is refused where the
+        engine cannot overlap."""
+        if self.has_unfinished():
+            raise LabError("set_async_scheduling() between runs only: requests are still unfinished")
+        if on and (self.speculator is not None or self.tp is not None):
+            raise LabError("async_scheduling is not supported with speculative decoding or tensor_parallel > 1")
+        self._drop_in_flight()
+        self.overlap = self.telemetry["async_scheduling"] = bool(on)
+        self.overlap_stats = overlap.OverlapStats()
+        self.telemetry.pop("overlap", None)
+        if on:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
+
+    def _drop_in_flight(self) -> None:
+        """With no request unfinished, a step still in flight (launched for sequences that turned
+        out to have finished) is waited for and its tokens dropped."""
+        if self._in_flight is not None and not self.scheduler.has_unfinished():
+            self.runner.tokens_in_flight.wait(self._in_flight.ticket)
+            self._in_flight = None
 
     @property
     def num_preemptions(self) -> int:
@@ -374,7 +397,6 @@ class LLMEngine:
         seqs = [self._requests[self.add_request(prompt, p)] for prompt, p in zip(prompts, params_list)]
         while not all(seq.is_finished for seq in seqs):
             self.step()
-        if self._in_flight is not None and not self.scheduler.has_unfinished():
-            self.step()                 # the step launched past the last token: read and dropped
+        self._drop_in_flight()
         return [seq.output_token_ids for seq in seqs]
 
