@@ -257,3 +257,23 @@ def test_option_is_refused_where_it_cannot_run(weights):
     speculating = LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", speculative_model="ngram",
                                          num_speculative_tokens=2), weights=weights)
     assert not speculating.overlap and speculating.telemetry["async_scheduling"] is False
+
+
+def test_switching_between_runs(weights):
+    """set_async_scheduling flips the overlap between runs of one engine (the GPU A/B's way), with
+    its stats started again; refused while a request is unfinished, and on under speculation."""
+    eng = engine(weights, True)
+    prompt = prompt_of(30, seed=90)
+    ahead = eng.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))
+    eng.set_async_scheduling(False)
+    assert not eng.overlap and "overlap" not in eng.telemetry
+    assert eng.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True)) == ahead
+    eng.set_async_scheduling(True)
+    assert eng.telemetry["overlap"]["steps_read"] == 0
+    eng.add_request(prompt, SamplingParams(max_tokens=10))
+    with pytest.raises(LabError, match="between runs only"):
+        eng.set_async_scheduling(False)
+    speculating = LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", speculative_model="ngram",
+                                         num_speculative_tokens=2), weights=weights)
+    with pytest.raises(LabError, match="async_scheduling is not supported"):
+        speculating.set_async_scheduling(True)
