@@ -90,10 +90,11 @@ class DecodeInputs:
         if self._sent is not None:
             self._sent.record()
 
-    def gather_ids(self, n: int, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+    def gather_ids(self, n: int, tokens: torch.Tensor, rows: torch.Tensor | None) -> None:
         """Rows 0 .. n of the device token ids from `tokens` (a previous step's, on the device) at
-        `rows`: queued after the send, so the step reads them without the host having seen them."""
-        self.tensor[:n].copy_(tokens.index_select(0, rows))
+        `rows` (None: its first n, in order): queued after the send, so the step reads them
+        without the host having seen them."""
+        self.tensor[:n].copy_(tokens[:n] if rows is None else tokens.index_select(0, rows))
 
     def write_probe_row(self, context_tokens: int, block_size: int) -> None:
         """Row 0 alone: a token at position context_tokens - 1 attending over blocks 0, 1, ... of

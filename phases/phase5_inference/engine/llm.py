@@ -285,12 +285,11 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if batch is None:
                 return outputs
-            reason = "off"
-            if self.overlap:
-                reason = overlap.sync_reason(batch.seqs, batch.is_prefill, self.speculator is not None)
+            if not self.overlap:
+                return outputs + self._step_sync(batch, start)
+            reason = overlap.sync_reason(batch.seqs, batch.is_prefill, self.speculator is not None)
             if reason is not None:
-                if self.overlap:
-                    self.overlap_stats.count(self.overlap_stats.sync_steps, reason)
+                self.overlap_stats.count(self.overlap_stats.sync_steps, reason)
                 return outputs + self._step_sync(batch, start)
             self._in_flight = self._launch(batch.seqs, None)
         return outputs + self._step_ahead(start)

@@ -195,7 +195,9 @@ class ModelRunner:
             logits, greedy = self._decode(seqs)
         else:
             tokens, rows = pending
-            logits, greedy = self._decode(seqs, pending=(tokens, on_device(rows, torch.int64, tokens.device)))
+            same_rows = all(row == r for r, row in enumerate(rows))       # the common step: nobody left
+            index = None if same_rows else on_device(rows, torch.int64, tokens.device)
+            logits, greedy = self._decode(seqs, pending=(tokens, index))
         if greedy is not None and not any(s.params.needs_sampler for s in seqs):
             return greedy
         return self.sampler.pick(logits, seqs, greedy)
@@ -291,7 +293,7 @@ class ModelRunner:
         return self._decode(seqs, positions)
 
     def _decode(self, seqs: list[Sequence], positions: list[int] | None = None,
-                pending: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                pending: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token (or of
         the token at positions[row], or of its pending token gathered on the device from
         pending = (tokens, rows): launch_decode). Views of the graphs' buffers under graphs:
