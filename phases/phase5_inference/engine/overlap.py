@@ -78,7 +78,7 @@ class InFlightStep:
     and their copy to the host."""
     seqs: list[Sequence]
     tokens: torch.Tensor            # int64 [len(seqs)] on the device
-    ticket: tuple
+    ticket: tuple[int, int]         # TokensInFlight.start's: which host buffer, how many tokens
     row_of: dict[int, int] = field(default_factory=dict)     # id(seq) -> row
 
     def __post_init__(self):
@@ -91,7 +91,8 @@ class InFlightStep:
 class TokensInFlight:
     """Device token ids to host lists without stalling the next launch: `start` queues the copy
     into one of two pinned buffers and records an event, `wait` blocks on that event alone. Two
-    buffers, because step n+1's copy is queued before step n's buffer has been read."""
+    buffers, because step n+1's copy is queued before step n's buffer has been read. On a CPU the
+    copy is done at once, into the same two buffers (so the CPU tests hold the alternation too)."""
 
     def __init__(self, size: int, device: torch.device):
         self.is_cuda = device.type == "cuda"
@@ -99,22 +100,22 @@ class TokensInFlight:
         self._events = [torch.cuda.Event() for _ in range(2)] if self.is_cuda else None
         self._next = 0
 
-    def start(self, tokens: torch.Tensor) -> tuple:
-        if not self.is_cuda:             # a copy now, as the device's is queued now: `tokens` may be a
-            return (tokens.clone(),)     # view of a graph's output buffer, rewritten by the next step
+    @torch.inference_mode()          # the buffers are made under inference mode (runner.prepare)
+    def start(self, tokens: torch.Tensor) -> tuple[int, int]:
         i, n = self._next, tokens.shape[0]
         self._next ^= 1
-        self._hosts[i][:n].copy_(tokens, non_blocking=True)
-        self._events[i].record()
-        return (i, n)
+        self._hosts[i][:n].copy_(tokens, non_blocking=self.is_cuda)
+        if self.is_cuda:
+            self._events[i].record()
+        return i, n
 
-    def wait(self, ticket: tuple) -> tuple[list[int], bool]:
+    def wait(self, ticket: tuple[int, int]) -> tuple[list[int], bool]:
         """(the token ids, whether the device was still busy when the host came to read them)."""
-        if not self.is_cuda:
-            return ticket[0].tolist(), False
         i, n = ticket
-        busy = not self._events[i].query()
-        self._events[i].synchronize()
+        busy = False
+        if self.is_cuda:
+            busy = not self._events[i].query()
+            self._events[i].synchronize()
         return self._hosts[i][:n].tolist(), busy
 
 
