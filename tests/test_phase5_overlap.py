@@ -8,11 +8,15 @@ the device-side gather of the previous step's tokens is what feeds each step.
 """
 import asyncio
 import functools
+import json
 import random
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import REPO, clean_env
 
 from common.errors import LabError
 from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
@@ -277,3 +281,17 @@ def test_switching_between_runs(weights):
                                          num_speculative_tokens=2), weights=weights)
     with pytest.raises(LabError, match="async_scheduling is not supported"):
         speculating.set_async_scheduling(True)
+
+
+# ------------------------------------------------------------------------------ the GPU A/B script, on a CPU
+def test_ab_script_runs_small_on_a_cpu_and_refuses_bad_input():
+    script = [sys.executable, str(REPO / "scripts" / "overlap_ab.py")]
+    bad = subprocess.run(script + ["--decode-tokens", "0"], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --decode-tokens must be >= 1"
+    run = subprocess.run(script + ["--model", "tiny", "--device", "cpu", "--decode-tokens", "6", "--concurrency", "3",
+                                   "--output-tokens", "4", "--offline-seqs", "3", "--offline-max-tokens", "12"],
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout)["results"]
+    assert [r["workload"] for r in results] == ["batch-1 decode", "3 concurrent", "nano-vllm offline"]
+    assert all(r["tokens_equal"] and r["on"]["overlap"]["steps_ahead"] > 0 for r in results)

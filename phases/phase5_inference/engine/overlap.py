@@ -28,7 +28,7 @@ SYNC_LOGPROBS = "logprobs"                         # read back per step with the
 # why scheduling ahead stopped: the step in flight is read first, then the scheduler runs as usual
 DRAIN_WAITING = "waiting requests"                 # one can be admitted: a prefill (arrival, preempted recompute)
 DRAIN_PREEMPTION = "preemption"                    # the pending tokens' slots do not fit the free blocks
-DRAIN_NOT_IN_FLIGHT = "running sequence not in flight"   # e.g. a chunked prefill in progress
+DRAIN_NOT_IN_FLIGHT = "running sequence not in flight"   # a guard: a decode step holds every running one
 DRAIN_ALL_DONE = "every sequence finishes"         # all in flight stop by length: nothing to launch
 
 
