@@ -88,7 +88,7 @@ class DecodeInputs:
             views = self._views[padded] = (self.tensor[:used], self._host[:used])
         views[0].copy_(views[1], non_blocking=True)
         if self._sent is not None:
-            self._sent.record()
+            self._sent.record(torch.cuda.current_stream(self.tensor.device))
 
     def gather_ids(self, n: int, tokens: torch.Tensor, rows: torch.Tensor | None) -> None:
         """Rows 0 .. n of the device token ids from `tokens` (a previous step's, on the device) at

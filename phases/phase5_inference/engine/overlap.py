@@ -106,7 +106,7 @@ class TokensInFlight:
         self._next ^= 1
         self._hosts[i][:n].copy_(tokens, non_blocking=self.is_cuda)
         if self.is_cuda:
-            self._events[i].record()
+            self._events[i].record(torch.cuda.current_stream(tokens.device))
         return i, n
 
     def wait(self, ticket: tuple[int, int]) -> tuple[list[int], bool]:
