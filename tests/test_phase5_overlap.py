@@ -295,3 +295,51 @@ def test_ab_script_runs_small_on_a_cpu_and_refuses_bad_input():
     results = json.loads(run.stdout)["results"]
     assert [r["workload"] for r in results] == ["batch-1 decode", "3 concurrent", "nano-vllm offline"]
     assert all(r["tokens_equal"] and r["on"]["overlap"]["steps_ahead"] > 0 for r in results)
+
+
+# ------------------------------------------------------------------------------ on a GPU: real graphs, events, pinned buffers
+def gpu_ab(dtype: str, requests: dict, arrivals=None, **config):
+    """One GPU engine (its own seeded tiny weights, CUDA graphs), the requests run synchronously
+    then overlapped (set_async_scheduling between the runs): (sync, ahead, engine)."""
+    config = {"num_kv_blocks": 512, **config}           # a test-sized pool, not 90% of the GPU
+    eng = LLMEngine(EngineConfig(model="tiny", dtype=dtype, device="cuda", max_num_seqs=16, **config))
+    eng.set_async_scheduling(False)
+    sync = drive(eng, requests, arrivals)
+    eng.set_async_scheduling(True)
+    return sync, drive(eng, requests, arrivals), eng
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_overlap_equals_sync_where_the_batches_are_the_same(dtype):
+    """EOS ignored and lengths known: every step's batch is the synchronous one's, so the tokens
+    are equal in bf16 too (greedy through the graphs' argmax, and seeded sampling)."""
+    requests = mixed_requests(12, seed=20)
+    requests["seeded"] = (prompt_of(40, seed=21), SamplingParams(max_tokens=25, temperature=0.9, top_p=0.9, seed=7,
+                                                                  ignore_eos=True))
+    sync, ahead, eng = gpu_ab(dtype, requests)
+    assert ahead == sync
+    stats = eng.telemetry["overlap"]
+    assert stats["steps_ahead"] > 20 and stats["gpu_wait_ms_per_step"] >= 0
+    one = {"one": (prompt_of(50, seed=22), SamplingParams(max_tokens=40, ignore_eos=True))}
+    sync, ahead, _ = gpu_ab(dtype, one)
+    assert ahead == sync
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_overlap_equals_sync_with_stops_arrivals_and_preemption():
+    """fp32 (batch-invariant here, as test_phase5_engine's GPU tests hold it): stop tokens met one
+    step late, requests arriving mid-run, and a pool small enough to preempt."""
+    requests = mixed_requests(10, seed=23)
+    free_run, _, _ = gpu_ab("float32", requests)
+    for i, rid in enumerate(list(requests)[:4]):
+        prompt, params = requests[rid]
+        requests[rid] = (prompt, SamplingParams(max_tokens=params.max_tokens, ignore_eos=True,
+                                                stop_token_ids=(free_run[rid][0][min(i + 1, 3)],)))
+    arrivals = {rid: 2 * i for i, rid in enumerate(requests)}
+    sync, ahead, _ = gpu_ab("float32", requests, arrivals)
+    assert ahead == sync
+    sync, ahead, eng = gpu_ab("float32", mixed_requests(16, seed=24), num_kv_blocks=24, block_size=16)
+    assert ahead == sync and eng.num_preemptions > 0
