@@ -47,6 +47,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = False   # a step of <= max_num_batched_tokens mixes prefill chunks with decode rows
     enable_prefix_caching: bool = False    # share cached full KV blocks of a common prefix (off until the GPU
                                            # path, prefill over cached blocks, is checked on a GPU)
+    async_scheduling: bool | None = None   # decode step n+1 launched before step n's tokens are read (overlap.py);
+                                           # None: on where it can run (not speculating, tensor_parallel 1)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -95,6 +97,13 @@ class EngineConfig:
         if self.enable_prefix_caching and self.speculative_model != "none":
             raise LabError("enable_prefix_caching is not supported with speculative decoding (the draft's cache "
                            "and the verify step's rollback do not share blocks): turn one off")
+        if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
+            raise LabError(f"async_scheduling must be true, false or unset, got {self.async_scheduling!r}")
+        if self.async_scheduling and self.speculative_model != "none":
+            raise LabError("async_scheduling is not supported with speculative decoding (its verify step reads "
+                           "the accepted tokens on the host): turn one off")
+        if self.async_scheduling and tp > 1:
+            raise LabError("async_scheduling is not supported with tensor_parallel > 1: turn one off")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise LabError(f"enable_chunked_prefill must be true or false, got {self.enable_chunked_prefill!r}")
         if self.enable_chunked_prefill and self.speculative_model != "none":

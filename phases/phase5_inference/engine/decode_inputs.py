@@ -30,6 +30,7 @@ class DecodeInputs:
         self._words = memoryview(self._host_np)
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._tables = self._host_np[4 * n:].reshape(n, blocks_per_seq)
+        self._sent = torch.cuda.Event() if self.is_cuda else None     # the last send's copy has left the host twin
         self.forget_written_tables()
 
     def forget_written_tables(self) -> None:
@@ -38,19 +39,27 @@ class DecodeInputs:
         new list, kept alive here so its identity cannot be reused). Forgotten: every row rewritten."""
         self._written_tables: list[tuple[list[int] | None, int]] = [(None, 0)] * self.rows
 
-    def write(self, seqs: list[Sequence], positions: list[int] | None, block_size: int) -> int:
+    def write(self, seqs: list[Sequence], positions: list[int] | None, block_size: int, pending: bool = False) -> int:
         """Row r feeds seqs[r]'s last token (or its token at positions[r]); returns the longest
-        context. The caller synchronizes before the next write (the host twin is reused)."""
+        context. pending: row r feeds instead the token seqs[r] has sampled but not appended yet,
+        at position num_tokens (its id written 0 here: `gather_ids` puts it in on the device).
+        Waits for the previous send's copy to leave the host twin before rewriting it."""
         n, m, bs = len(seqs), self.rows, block_size
         if n > m:
             raise LabError(f"{n} decode rows exceed the runner's {m}")
+        if self._sent is not None:
+            self._sent.synchronize()
         words = self._words                               # the columns, written one int at a time
         tables, written_tables = self._tables, self._written_tables
         max_context = 0
         for row, s in enumerate(seqs):
             token_ids, table = s.token_ids, s.block_table
-            p = len(token_ids) - 1 if positions is None else positions[row]
-            words[row] = token_ids[p]
+            if pending:
+                p = len(token_ids)
+                words[row] = 0
+            else:
+                p = len(token_ids) - 1 if positions is None else positions[row]
+                words[row] = token_ids[p]
             words[m + row] = p
             words[2 * m + row] = table[p // bs] * bs + p % bs
             words[3 * m + row] = p + 1
@@ -78,6 +87,14 @@ class DecodeInputs:
             used = 4 * self.rows + padded * self.blocks_per_seq
             views = self._views[padded] = (self.tensor[:used], self._host[:used])
         views[0].copy_(views[1], non_blocking=True)
+        if self._sent is not None:
+            self._sent.record(torch.cuda.current_stream(self.tensor.device))
+
+    def gather_ids(self, n: int, tokens: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Rows 0 .. n of the device token ids from `tokens` (a previous step's, on the device) at
+        `rows` (None: its first n, in order): queued after the send, so the step reads them
+        without the host having seen them."""
+        self.tensor[:n].copy_(tokens[:n] if rows is None else tokens.index_select(0, rows))
 
     def write_probe_row(self, context_tokens: int, block_size: int) -> None:
         """Row 0 alone: a token at position context_tokens - 1 attending over blocks 0, 1, ... of

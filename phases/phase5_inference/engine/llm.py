@@ -23,6 +23,7 @@ import torch
 
 from common.errors import LabError
 
+from . import overlap
 from .config import DEFAULT_MAX_MODEL_LEN, EngineConfig, draft_config, quantization_of, settled
 from .runner import ModelRunner
 from .scheduler import ScheduledBatch, Scheduler
@@ -116,6 +117,13 @@ class LLMEngine:
         }
         self._cached_prompt_tokens: dict[str, int] = {}     # per request, from its first prefill
         self._sample_groups: dict[str, SampleGroup] = {}    # live n-sample groups by key
+        # overlapped scheduling (overlap.py): on unless off in the config or speculating / tensor parallel
+        self.overlap = config.async_scheduling is not False and config.speculative_model == "none" and self.tp is None
+        self.overlap_stats = overlap.OverlapStats()
+        self._in_flight: overlap.InFlightStep | None = None
+        self.telemetry["async_scheduling"] = self.overlap
+        if self.overlap:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -156,12 +164,35 @@ class LLMEngine:
         or turn it off (None), between runs: no request may be unfinished."""
         if self.has_unfinished():
             raise LabError("speculate() between runs only: requests are still unfinished")
+        self._drop_in_flight()
         if proposer is None:
             self.speculator = None
             return
         if not 1 <= k <= self.max_speculative_tokens:
             raise LabError(f"k must be in [1, {self.max_speculative_tokens}] (the engine's num_speculative_tokens)")
         self.speculator = Speculator(proposer, k, self.device, self.config.seed)
+
+    def set_async_scheduling(self, on: bool) -> None:
+        """Overlapped scheduling on or off between runs (an A/B in one process, one set of CUDA
+        graphs), its stats started again: no request may be unfinished; on is refused where the
+        engine cannot overlap."""
+        if self.has_unfinished():
+            raise LabError("set_async_scheduling() between runs only: requests are still unfinished")
+        if on and (self.speculator is not None or self.tp is not None):
+            raise LabError("async_scheduling is not supported with speculative decoding or tensor_parallel > 1")
+        self._drop_in_flight()
+        self.overlap = self.telemetry["async_scheduling"] = bool(on)
+        self.overlap_stats = overlap.OverlapStats()
+        self.telemetry.pop("overlap", None)
+        if on:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
+
+    def _drop_in_flight(self) -> None:
+        """With no request unfinished, a step still in flight (launched for sequences that turned
+        out to have finished) is waited for and its tokens dropped."""
+        if self._in_flight is not None and not self.scheduler.has_unfinished():
+            self.runner.tokens_in_flight.wait(self._in_flight.ticket)
+            self._in_flight = None
 
     @property
     def num_preemptions(self) -> int:
@@ -277,26 +308,70 @@ class LLMEngine:
                                               seq.num_output_tokens))
 
     def has_unfinished(self) -> bool:
+        """Requests left. A step may still be in flight without any (launched for sequences that
+        turned out to have finished): the next step() reads it and drops its tokens."""
         return self.scheduler.has_unfinished()
 
     # -------------------------------------------------------------------------- a step
     def step(self) -> list[StepOutput]:
         """One scheduler step: a prefill batch or a decode batch, one new token per sequence in it
-        (with speculative decoding, a decode step gives each sequence 1 to k + 1 tokens)."""
+        (with speculative decoding, a decode step gives each sequence 1 to k + 1 tokens). With
+        async scheduling a decode step's tokens are read after the next step is launched
+        (`_step_ahead`): each call still reads one step's tokens."""
         start = time.perf_counter()
         outputs, self._abort_outputs = self._abort_outputs, []
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return outputs
+        if self._in_flight is None:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return outputs
+            if not self.overlap:
+                return outputs + self._step_sync(batch, start)
+            reason = overlap.sync_reason(batch.seqs, batch.is_prefill, self.speculator is not None)
+            if reason is not None:
+                self.overlap_stats.count(self.overlap_stats.sync_steps, reason)
+                return outputs + self._step_sync(batch, start)
+            self._in_flight = self._launch(batch.seqs, None)
+        return outputs + self._step_ahead(start)
+
+    def _step_sync(self, batch: ScheduledBatch, start: float) -> list[StepOutput]:
         if batch.is_prefill:
             self._count_cached_prompt(batch.seqs)
         new_tokens = self._run(batch)
         emitted = self.scheduler.postprocess(batch.seqs, new_tokens)
-        outputs += [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
-                    if tokens or seq.is_finished]           # a prefill chunk short of the prompt's end: nothing yet
+        outputs = [self._output(seq, tokens) for seq, tokens in zip(batch.seqs, emitted)
+                   if tokens or seq.is_finished]            # a prefill chunk short of the prompt's end: nothing yet
         for seq in [s for s in batch.seqs if s.is_finished]:
             self._forget(seq)
         self._record_step(batch, start)
+        return outputs
+
+    def _launch(self, seqs: list[Sequence], previous: "overlap.InFlightStep | None") -> overlap.InFlightStep:
+        """Queue a decode step of `seqs` (their input: each one's pending token in `previous`, if
+        given) and the copy of its tokens to the host; nothing waits for the device."""
+        pending = None if previous is None else (previous.tokens, previous.rows_of(seqs))
+        tokens = self.runner.launch_decode(seqs, pending)
+        return overlap.InFlightStep(seqs, tokens, self.runner.tokens_in_flight.start(tokens))
+
+    def _step_ahead(self, start: float) -> list[StepOutput]:
+        """Launch the next decode step from the one in flight (if the scheduler need not see its
+        tokens first: overlap.batch_ahead), then read the one in flight: append its tokens, stop
+        the finished (a token for a sequence that finished or was aborted meanwhile is dropped)."""
+        current, stats = self._in_flight, self.overlap_stats
+        seqs, reason = overlap.batch_ahead(self.scheduler, current, self.max_model_len)
+        if seqs:
+            self._in_flight = self._launch(seqs, current)
+            stats.steps_ahead += 1
+        else:
+            self._in_flight = None
+            stats.count(stats.drains, reason)
+        tokens, wait_ms, busy = overlap.timed_wait(self.runner.tokens_in_flight, current.ticket)
+        live = [(seq, [token]) for seq, token in zip(current.seqs, tokens) if not seq.is_finished]
+        emitted = self.scheduler.postprocess([seq for seq, _ in live], [new for _, new in live])
+        outputs = [self._output(seq, new) for (seq, _), new in zip(live, emitted)]
+        for seq, _ in live:
+            if seq.is_finished:
+                self._forget(seq)
+        self._record_step(ScheduledBatch(current.seqs, False, len(current.seqs)), start, (wait_ms, busy, bool(seqs)))
         return outputs
 
     def _run(self, batch: ScheduledBatch) -> list[list[int]]:
@@ -329,12 +404,21 @@ class LLMEngine:
             out.prompt_logprobs = seq.prompt_logprobs
         return out
 
-    def _record_step(self, batch: ScheduledBatch, start: float) -> None:
+    def _record_step(self, batch: ScheduledBatch, start: float, read: tuple | None = None) -> None:
+        """last_step and the step count; read (gpu wait ms, device still busy, next step launched
+        ahead): an overlapped step's readback, its host and wait time into the overlap stats."""
         self.telemetry["steps"] += 1
         if batch.is_prefill:
             self.telemetry["prefill_tokens"] += batch.num_tokens     # tokens the model computed (chunked: decode rows too)
+        ms = (time.perf_counter() - start) * 1e3
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
-                          "num_tokens": batch.num_tokens, "ms": (time.perf_counter() - start) * 1e3}
+                          "num_tokens": batch.num_tokens, "ms": ms}
+        if read is not None:
+            wait_ms, busy, ahead = read
+            self.overlap_stats.read(ms, wait_ms, busy)
+            self.last_step.update(host_ms=ms - wait_ms, gpu_wait_ms=wait_ms, launched_ahead=ahead)
+        if self.overlap:
+            self.telemetry["overlap"] = self.overlap_stats.summary()
 
     def _budget(self, seq: Sequence) -> int:
         """Tokens `seq` may still emit before max_tokens or max_model_len stops it."""
@@ -359,5 +443,6 @@ class LLMEngine:
         seqs = [self._requests[self.add_request(prompt, p)] for prompt, p in zip(prompts, params_list)]
         while not all(seq.is_finished for seq in seqs):
             self.step()
+        self._drop_in_flight()
         return [seq.output_token_ids for seq in seqs]
 

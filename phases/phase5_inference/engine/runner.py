@@ -23,8 +23,9 @@ from .config import EngineConfig
 from .cuda_graphs import CudaGraphs, decode_splits
 from .kv_cache import activation_reserve_bytes, allocate_kv_cache, kv_block_bytes, kv_pool_blocks
 from .decode_inputs import DecodeInputs
+from .overlap import TokensInFlight
 from .model import AttentionMetadata, LlamaModel, QuantizationConfig
-from .sampler import Sampler, token_logprobs
+from .sampler import Sampler, on_device, token_logprobs
 from .sequence import Sequence
 from .shapes import LlamaShape
 
@@ -138,6 +139,7 @@ class ModelRunner:
                                                                 self.dtype, device)
         self.decode_inputs = DecodeInputs(self.max_num_seqs, self.max_blocks_per_seq, device)
         self.read_tokens = self.token_readback(self.max_num_seqs)
+        self.tokens_in_flight = TokensInFlight(self.max_num_seqs, device)
         self.telemetry.update(num_kv_blocks=self.num_kv_blocks,
                               kv_pool_bytes=self.kv_cache.numel() * self.kv_cache.element_size(),
                               kv_capacity_tokens=self.num_kv_blocks * self.block_size,
@@ -181,6 +183,24 @@ class ModelRunner:
             for i, token in zip(done, picked):
                 tokens[i] = token
         return tokens
+
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], pending: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """One decode step queued without waiting for the device: each sequence's sampled token,
+        int64 on the device (overlap.py reads them later). pending (tokens, rows): row r's input
+        is instead seqs[r]'s pending token, tokens[rows[r]] from the step before (still on the
+        device, not in seq.token_ids), at position num_tokens; its blocks cover that slot. Only for
+        steps whose sampling needs nothing from the host (overlap.sync_reason)."""
+        if pending is None:
+            logits, greedy = self._decode(seqs)
+        else:
+            tokens, rows = pending
+            same_rows = all(row == r for r, row in enumerate(rows))       # the common step: nobody left
+            index = None if same_rows else on_device(rows, torch.int64, tokens.device)
+            logits, greedy = self._decode(seqs, pending=(tokens, index))
+        if greedy is not None and not any(s.params.needs_sampler for s in seqs):
+            return greedy
+        return self.sampler.pick(logits, seqs, greedy)
 
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token after a
@@ -272,13 +292,17 @@ class ModelRunner:
         caller synchronizes before the next call (views of the graphs' buffers under graphs)."""
         return self._decode(seqs, positions)
 
-    def _decode(self, seqs: list[Sequence], positions: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _decode(self, seqs: list[Sequence], positions: list[int] | None = None,
+                pending: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token (or of
-        the token at positions[row]). The caller synchronizes (sampling does) before the next call
-        rewrites the host buffer."""
+        the token at positions[row], or of its pending token gathered on the device from
+        pending = (tokens, rows): launch_decode). Views of the graphs' buffers under graphs:
+        valid until the next replay."""
         n = len(seqs)
-        max_context = self.decode_inputs.write(seqs, positions, self.block_size)
+        max_context = self.decode_inputs.write(seqs, positions, self.block_size, pending=pending is not None)
         self.decode_inputs.send(n, self.graphs.bucket_of[n] if self.graphs else n)
+        if pending is not None:
+            self.decode_inputs.gather_ids(n, *pending)
         if self.graphs:
             return self.graphs.decode(n, max_context)
         return self.decode_forward(n, decode_splits(n, self.shape.num_key_value_heads, max_context, self.sms)), None

@@ -54,6 +54,19 @@ class Sampler:
         params = [s.params for s in seqs]
         wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw = logits[on_device(wants_logprobs, torch.int64, logits.device)] if wants_logprobs else None
+        tokens = self.pick(logits, seqs, argmax).tolist()
+        if wants_logprobs:
+            entries = token_logprobs(raw, [tokens[i] for i in wants_logprobs],
+                                     [params[i].logprobs for i in wants_logprobs])
+            for i, entry in zip(wants_logprobs, entries):
+                seqs[i].new_logprobs.append(entry)
+        return tokens
+
+    def pick(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None) -> torch.Tensor:
+        """`sample`'s token ids left on the device (int64 [batch]), no logprobs: without logits
+        processing nothing here waits for the device, so an overlapped step launches the next
+        one before reading these (overlap.py)."""
+        params = [s.params for s in seqs]
         greedy = logits.argmax(dim=-1) if argmax is None else argmax
         processed = [i for i, p in enumerate(params) if p.processes_logits]
         if processed:
@@ -67,13 +80,7 @@ class Sampler:
         if rows:
             greedy = greedy.clone() if not processed else greedy
             greedy[on_device(rows, torch.int64, logits.device)] = self._draw(logits, rows, seqs)
-        tokens = greedy.tolist()
-        if wants_logprobs:
-            entries = token_logprobs(raw, [tokens[i] for i in wants_logprobs],
-                                     [params[i].logprobs for i in wants_logprobs])
-            for i, entry in zip(wants_logprobs, entries):
-                seqs[i].new_logprobs.append(entry)
-        return tokens
+        return greedy
 
     def _draw(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
         """Sampled tokens of `rows`: temperature, top-k, top-p, min-p, then the exponential race
@@ -148,11 +155,11 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1)                     # ascending
     if use_k:
-        k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=logits.device)
+        k = on_device([min(k, vocab) if k > 0 else vocab for k in top_k], torch.int64, logits.device)
         kth_largest = sorted_logits.gather(1, (vocab - k)[:, None])
         sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, float("-inf"))
     if use_p:
-        p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)
+        p = on_device(top_p, logits.dtype, logits.device)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         outside = cumulative <= 1 - p[:, None]
         outside[:, -1] = False                                     # the most likely token always stays

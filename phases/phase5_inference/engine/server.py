@@ -489,12 +489,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", default=False, action=argparse.BooleanOptionalAction,
                         help="share the cached KV blocks of a prompt prefix seen before (default: off; refused "
                              "with speculative decoding)")
+    parser.add_argument("--async-scheduling", default=None, action=argparse.BooleanOptionalAction,
+                        help="launch each decode step before the last one's tokens are read (default: on where it "
+                             "can run, not with speculative decoding or --tensor-parallel > 1; asked for there: refused)")
 
 
 ENGINE_FIELDS = ("model", "seed", "dtype", "device", "block_size", "gpu_memory_utilization", "num_kv_blocks",
                  "max_num_seqs", "max_num_batched_tokens", "max_model_len", "cuda_graphs", "attention_backend",
                  "quantization", "quant_path", "quant_group_size", "speculative_model", "num_speculative_tokens",
-                 "tensor_parallel", "allreduce", "enable_chunked_prefill", "enable_prefix_caching")
+                 "tensor_parallel", "allreduce", "enable_chunked_prefill", "enable_prefix_caching",
+                 "async_scheduling")
 
 
 def config_from_args(args: argparse.Namespace):
