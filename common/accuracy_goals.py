@@ -12,7 +12,7 @@ from .formats import num, pct
 from .spec import Goal, Goals
 
 ANCHOR = "the lab's bar for a roofline that predicts (calibrated on the same machine)"
-ISSUE = "issue 36: simulators with profiled operator models reach 4-12% end to end (LLMCompass, Vidur, KernelSight-LM)"
+ISSUE = "published simulators with profiled operator models reach 4-12% end to end (LLMCompass, Vidur, KernelSight-LM)"
 PHASES = (1, 2, 3, 4, 5, 6, 7)
 SCOPES = {"accuracy.all": (PHASES, None), **{f"accuracy.p{n}": ((n,), None) for n in PHASES},
           "accuracy.latency": ((0, *PHASES), ("latency",))}

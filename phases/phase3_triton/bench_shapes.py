@@ -17,7 +17,7 @@ softmax: the whole tensor); a failed check prints FAILED and no time.
 * Softmax (fp32): widths 64 to 262,144, odd ones included, 2^27 elements per tensor. GB/s of
   the problem's bytes (read x, write y) and the percentage of a copy of the same tensor.
 
-Goals (issue 37): forward >= 90% of SDPA's best, backward >= 80%, softmax >= 90% of copy. The
+Goals: forward >= 90% of SDPA's best, backward >= 80%, softmax >= 90% of copy. The
 last lines count the shapes that meet each. Timings: the lab's harness (CUDA events, L2 flushed
 before each sample, median).
 """

@@ -7,7 +7,7 @@ level's decode step beside its roofline.
 
     lab run phase5.best_of_n [--param n=[1,4,16]] [--param digits=3]
 
-The claim measured (issue 35, the talk in shared/seeds/001): below the ridge extra samples are
+The claim measured (the talk in shared/seeds/001_b29bfe611a5ae8f8.txt): below the ridge extra samples are
 nearly free, so a small model sampled many times with a verifier buys accuracy for little time.
 Sample i of question q draws from seed + q * MAX_N + i, and a seeded sample's tokens do not depend
 on its batch, so the samples of a smaller n are the first ones of a larger n: pass@n never falls.

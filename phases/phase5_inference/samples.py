@@ -5,7 +5,7 @@ prediction of each decode step and its ridge.
 
     lab run phase5.samples [--param n=[1,16]] [--param prompt_tokens=129]
 
-The claim measured (issue 35, after the talk in shared/seeds/001): a decode step reads every weight
+The claim measured (after the talk in shared/seeds/001_b29bfe611a5ae8f8.txt): a decode step reads every weight
 once whatever the batch, so below the ridge (peak FLOP/s over bandwidth, ~200 sequences for bf16 on
 an H200) extra samples are nearly free: tok/s grows ~linearly with n while TPOT stays ~flat; only
 each sample's attention over its context adds bytes. The goal (H200): 16 samples >= 12x the tok/s

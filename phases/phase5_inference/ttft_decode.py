@@ -73,7 +73,7 @@ def decode_row(ctx, variant: str, identity: dict, shape, tpot_runs_ms: list[floa
 
 
 def first_request_metrics(first: dict, steady_ttfts_ms: list[float], steady_stats: dict, telemetry: dict) -> dict:
-    """The server's first request beside the steady state (issue 35, item 6): its TTFT and TPOT, the
+    """The server's first request beside the steady state: its TTFT and TPOT, the
     engine's own prefill step in each, the start-up's CUDA-graph capture (done before any request),
     and why they differ, in words built from those numbers: what the engine's prefill step adds
     (first use of its kernels: Triton and cuBLAS selection and loading, the allocator's first

@@ -1,7 +1,7 @@
 """Phase 5's steps for the profiler check (common/kernel_trace_check.py): the lab engine's batch-1
 decode step (its CUDA graph replayed, over the mean context of ttft_decode's and batching's
 requests) beside its kernel list (kernel_lists.decode_step); for quant_engine, the same step with
-the projections in int4 through the engine's CUDA kernel (the batch-1 breakdown of issue 31: where
+the projections in int4 through the engine's CUDA kernel (the batch-1 breakdown: where
 an int4 step's time goes beside a bf16 one).
 
     python -m common.kernel_trace_check --exercise phase5.ttft_decode --param model=llama-3.1-8b
