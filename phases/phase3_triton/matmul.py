@@ -4,7 +4,8 @@
     lab run phase3.matmul --param sizes=[8192] --param shapes=13x4096x14336,5000x6001x4104
 
 `shapes` (MxNxK,...) times both kernels and cuBLAS at your own products too, after the N x N x N
-sizes (triton_tma needs N and K multiples of 8 at 2 bytes: at others its row says so).
+sizes (triton_tma takes any shape: where K or N is not a multiple of 8 at 2 bytes it first copies
+A or B into 16-byte rows, tma_padding.py, and its row counts the copy's bytes and launch).
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
 right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
@@ -37,6 +38,7 @@ from common.triton_tuner import label, launch_options, tune, tuning_summary
 from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
+from .tma_padding import TMA_ROW_BYTES, padded_for_tma, padding_bytes, tma_readable
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -129,21 +131,26 @@ def sum_splits_kernel(part_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.c
 
 
 @triton.jit
-def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
+def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K, stride_am, stride_bk, stride_cm, stride_cn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
-                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_TMA: tl.constexpr):
     """Persistent: program p computes work units p, p + NUM_PROGRAMS, ..., a unit being one tile
-    and one of SPLIT_K runs of K. Loads and stores go through TMA descriptors built on the device;
-    out-of-range rows, columns and K read as zeros and are not written, so no masks. SPLIT_K > 1
-    stores fp32 partial sums to part[split] (masked stores), summed by sum_splits_kernel.
-    SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-    if SPLIT_EPILOGUE:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
-    else:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    and one of SPLIT_K runs of K. A and B are read through TMA descriptors built on the device
+    (row pitches stride_am, stride_bk: multiples of 16 bytes, tma_padding sees to it); rows,
+    columns and K past the shape read as zeros, so no masks. C goes out through a descriptor too
+    when C_TMA (its rows 16-byte aligned), else through a masked pointer store at its own strides.
+    SPLIT_K > 1 stores fp32 partial sums to part[split] (masked stores), summed by
+    sum_splits_kernel. SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if C_TMA:
+        if SPLIT_EPILOGUE:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N // 2])
+        else:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for unit in tl.range(tl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, NUM_PROGRAMS,
@@ -162,6 +169,11 @@ def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
             offs_m = off_m + tl.arange(0, BLOCK_M)
             offs_n = off_n + tl.arange(0, BLOCK_N)
             tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        elif not C_TMA:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
         elif SPLIT_EPILOGUE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -311,31 +323,46 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA needs row-major tensors with 16-byte aligned rows and base addresses."""
-    return all(t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-               and t.stride(0) == t.shape[1] for t in tensors)
+    """Whether every tensor is one a TMA descriptor reads as it is (no padding copy needed)."""
+    return all(tma_readable(t) for t in tensors)
+
+
+def padded_operands(a: torch.Tensor, b: torch.Tensor) -> str:
+    """Which of A and B matmul_tma copies into 16-byte rows first ("A", "B", "A,B" or "")."""
+    return ",".join(name for name, t in (("A", a), ("B", b)) if not tma_readable(t))
+
+
+def padding_cost(m: int, n: int, k: int, itemsize: int) -> tuple[int, int]:
+    """(bytes, launches) of matmul_tma's padding copies for contiguous M x K and K x N operands:
+    an operand whose rows (K or N elements) are not a multiple of 16 bytes is copied, read and
+    written once, in one kernel."""
+    padded = [(rows, cols) for rows, cols in ((m, k), (k, n)) if (cols * itemsize) % TMA_ROW_BYTES]
+    return sum(padding_bytes(rows, cols, itemsize) for rows, cols in padded), len(padded)
 
 
 def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
-    """C = A @ B through TMA descriptors in a persistent kernel (row-major, 16-byte aligned rows).
+    """C = A @ B through TMA descriptors in a persistent kernel, at any shape and strides: an
+    operand whose rows are not 16-byte aligned (or not row-major) is copied once into padded rows
+    first (tma_padding; the copy is part of each call, and of the row's bytes). C keeps the
+    caller's shape: a C whose rows are not 16-byte aligned is written by masked pointer stores
+    (no padded C and no copy back: the same bytes, in narrower stores, and no second pass).
     `config` defaults to the rule's pick (config_for(..., tma=True))."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
-    if not tma_ok(a, b, out):
-        raise ValueError("matmul_tma needs contiguous row-major tensors whose rows are multiples of 16 bytes")
     cfg = config or default_config(a, b, tma=True)
+    a, b = padded_for_tma(a), padded_for_tma(b)
     ensure_allocator(a.device)
     split_k = cfg.get("SPLIT_K", 1)
     parts = _parts(M, N, split_k, a.device)
     units = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) * split_k
     programs = min(sm_count(a.device), units)
-    matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K,
+    matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K, a.stride(0), b.stride(0), out.stride(0), out.stride(1),
                                    BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                                    GROUP_M=cfg["GROUP_M"], SPLIT_K=split_k, NUM_PROGRAMS=programs,
                                    SPLIT_EPILOGUE=cfg["split"], FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"],
-                                   **launch_options(cfg))
+                                   C_TMA=tma_readable(out), **launch_options(cfg))
     if split_k > 1:
         _sum_splits(parts, out, split_k)
     return out
@@ -366,16 +393,19 @@ def shape_params(m: int, n: int, k: int, dtype: str) -> dict:
 def work(params) -> list[Work]:
     """Every row run() times: per dtype and shape, cuBLAS and the two Triton kernels, one problem
     each. A Triton row is two launches where the rule splits K (on a 132-SM GPU: the row itself
-    records what ran on the GPU it ran on)."""
+    records what ran on the GPU it ran on); triton_tma's row adds its padding copies' bytes and
+    launches at shapes whose rows are not 16-byte aligned."""
     out = []
     for dtype in params["dtypes"]:
         for m, n, k in timed_shapes(params):
             c = counts.matmul_count(m, n, k, dtype)
+            itemsize = TORCH_DTYPES[dtype].itemsize
             for variant in VARIANTS:
                 kernels = 1 if variant == "cublas" else launches(
-                    config_for(m, n, k, TORCH_DTYPES[dtype].itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
-                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes, c.dtype,
-                                launches=kernels))
+                    config_for(m, n, k, itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
+                extra = padding_cost(m, n, k, itemsize) if variant == "triton_tma" else (0, 0)
+                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + extra[0], c.dtype,
+                                launches=kernels + extra[1]))
     return out
 
 
@@ -385,13 +415,15 @@ MAX_N = 46340                      # N x N < 2^31: matmul_kernel's offsets (row 
 
 def footprint_bytes(p: dict) -> int:
     """A, B, C and the float64 reference at the largest product, plus the reference's float64
-    inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N)."""
+    inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N) and
+    triton_tma's padded copies of A and B (rows up to 16 bytes longer)."""
     itemsize = max(TORCH_DTYPES[d].itemsize for d in p["dtypes"])
 
     def at(m: int, n: int, k: int) -> int:
         ins, mn = m * k + k * n, m * n
         parts = 4 * MAX_SPLIT_K * mn if m * n < NOMINAL_SMS * 128 * 256 else 0
-        return itemsize * (ins + mn) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
+        padded = m * (k + 16) + k * (n + 16)
+        return itemsize * (ins + mn + padded) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
     return max(at(*shape) for shape in timed_shapes(p))
 
 
@@ -433,20 +465,21 @@ def run(ctx, params):
             if variant == "triton_tma" and ctx.is_rocm:
                 here.append(skipped(variant, size, "TMA descriptors are NVIDIA Hopper hardware; this is a ROCm GPU"))
                 continue
-            if variant == "triton_tma" and not tma_ok(a, b, c):
-                here.append(skipped(variant, size, f"TMA needs rows of a multiple of 16 bytes: K = {k} and N = {n} "
-                                                   f"must be multiples of {16 // t.itemsize}"))
-                continue
+            pad_bytes, pad_launches = padding_cost(m, n, k, t.itemsize) if variant == "triton_tma" else (0, 0)
 
-            def triton_row(variant=variant, impl=impl, cands=cands):
+            def triton_row(variant=variant, impl=impl, cands=cands, pad_bytes=pad_bytes, pad_launches=pad_launches):
                 cfg, trials = tune(ctx, (variant, m, n, k, dtype, ctx.device.type), cands,
                                    launch=lambda q: impl(a, b, c, q),
                                    check=lambda q: check(lambda: impl(a, b, c, q))())
                 tuning[f"{variant} {dtype} {shape_label(m, n, k)}"] = tuning_summary(trials)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
-                            check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg), **cost)
+                            check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg) + pad_launches,
+                            **{**cost, "bytes_moved": cost["bytes_moved"] + pad_bytes})
                 r["metrics"]["config"] = label(cfg)
                 r["metrics"]["rule_config"] = label(cands[0])
+                if variant == "triton_tma":
+                    r["metrics"]["padded_operands"] = padded_operands(a, b)
+                    r["metrics"]["padding_bytes"] = pad_bytes
                 return r
 
             here.append(attempt(variant, size, triton_row))
