@@ -81,7 +81,7 @@ MATMUL_GPU_SHAPES = [(1000, 777, 1537), (4001, 4103, 4104), (8, 4096, 14336), (1
 @pytest.mark.parametrize("shape", MATMUL_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matmul_irregular_and_skinny_shapes_on_gpu(shape):
     """Every candidate the rule gives (split-K ones included) at shapes no tile fits, tall-skinny
-    ones and a few-tile long-K one; triton_tma where the rows are 16-byte multiples."""
+    ones and a few-tile long-K one; triton_tma at every one (padded copies where rows are not 16-byte multiples)."""
     m, n, k = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     a, b = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(k, n, device=DEV).bfloat16()

@@ -196,16 +196,25 @@ def _cfg(bm, bn, bk, warps, stages, split_k=1, group_m=8, **extra):
 
 
 def split_k_for(M: int, N: int, K: int, itemsize: int, tiles: int, k_tiles: int, sms: int) -> int:
-    """How many runs to cut K into so that tiles x split fills the SMs (tall-skinny products,
-    few-tile products); 1 when the tiles alone fill them. Each run keeps at least
-    MIN_K_TILES_PER_SPLIT k-tiles, and the fp32 partial sums (written and read back: 8 bytes per
-    element of C per split) stay within a quarter of the bytes of A and B, so a split never costs
-    more traffic than it hides (N = 1024 squares are not split; 13 x 4096 x 14336 is)."""
-    if tiles >= sms:
+    """How many runs to cut K into so that the work units (tiles x split) fill the GPU: two waves
+    for a tall-skinny product (M <= 64: bound by streaming B, so twice the loads in flight), one
+    for any other; 1 when the tiles alone do that. Of the splits from the fewest that reach the
+    target up to twice that, the one whose last wave leaves the fewest SMs idle (the smaller on
+    a tie). Each run keeps at least MIN_K_TILES_PER_SPLIT k-tiles, and the fp32 partial sums
+    (written and read back: 8 bytes per element of C per split) stay within a quarter of the
+    bytes of A and B, so a split never costs more traffic than it hides (N = 1024 squares are not
+    split; 13 x 4096 x 14336 is)."""
+    target = (2 if M <= 64 else 1) * sms
+    if tiles >= target:
         return 1
-    want = -(-sms // tiles)                            # ceil: one wave over every SM
     by_traffic = (M * K + K * N) * itemsize // (4 * 8 * M * N)
-    return max(1, min(want, MAX_SPLIT_K, k_tiles // MIN_K_TILES_PER_SPLIT, by_traffic))
+    most = max(1, min(MAX_SPLIT_K, k_tiles // MIN_K_TILES_PER_SPLIT, by_traffic))
+    fewest = min(-(-target // tiles), most)
+
+    def wave_fill(split: int) -> float:
+        units = tiles * split
+        return units / (-(-units // sms) * sms)
+    return max(range(fewest, min(most, 2 * fewest) + 1), key=lambda split: (wave_fill(split), -split))
 
 
 def stages_for(bm: int, bn: int, bk: int, itemsize: int, smem_bytes: int, most: int = 5) -> int:
@@ -225,7 +234,8 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
       so each load is long, 4 warps;
     - otherwise 128 x 256 tiles (8 warps, two wgmma warpgroups) when they fill the SMs at least
       twice over, else 128 x 128, BLOCK_K 64 (128 bytes: one swizzle line);
-    then split-K when the tiles still leave SMs idle, stages from the shared memory left.
+    then split-K when the tiles leave SMs idle (fewer than two waves of them when tall-skinny:
+    split_k_for), stages from the shared memory left.
     Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config."""
     if M <= 64:
         bm = max(16, 1 << (M - 1).bit_length())
