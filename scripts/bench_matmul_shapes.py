@@ -17,6 +17,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,9 @@ def shapes(seed: int, irregular: int) -> list[tuple[int, int, int]]:
 def run(exercise: str, extra: list[str], results: Path) -> None:
     cmd = [sys.executable, "-m", "common.cli", "run", exercise, "--results", str(results), *extra]
     print("$", " ".join(cmd[1:]), flush=True)
+    start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=False)
+    print(f"({exercise}: {time.perf_counter() - start:.0f} s)", flush=True)
 
 
 def table(results: Path) -> None:
@@ -50,10 +53,16 @@ def table(results: Path) -> None:
         for r in rec["rows"]:
             p, m = r["params"], r.get("metrics") or {}
             shape = f"{p.get('m', p['n'])}x{p['n']}x{p.get('k', p['n'])}"
-            tf = m.get("tflops")
-            pct = m.get("pct_of_library")
-            print(f"{shape:>20}  {r['variant']:<22} {tf if tf is None else format(tf, '9.1f'):>9} "
-                  f"{'' if pct is None else format(pct, '11.1f') + '%':>12}  {r['status']} {r.get('reason') or ''}")
+            print(row_line(shape, r["variant"], m.get("tflops"), m.get("pct_of_library"), r["status"],
+                           r.get("reason")))
+
+
+def row_line(shape: str, variant: str, tflops: float | None, pct: float | None, status: str,
+             reason: str | None) -> str:
+    """One table line; a refused or failed row (no TFLOP/s) shows '-' and its reason."""
+    tf = "-" if tflops is None else format(tflops, ".1f")
+    pc = "" if pct is None else format(pct, ".1f") + "%"
+    return f"{shape:>20}  {variant:<22} {tf:>9} {pc:>12}  {status} {reason or ''}".rstrip()
 
 
 def main() -> int:
