@@ -66,9 +66,13 @@ def test_padding_bytes_and_launches_are_in_the_prediction():
     assert mm.padding_cost(13, 14335, 4099, 2) == (2 * (13 * 4099 + 4099 * 14335) * 2, 2)
     p = mm.EXERCISE.resolve_params(False, False, {"sizes": [256], "dtypes": ["bf16"], "shapes": "8x4097x14336"})
     rows = {w.label: w for w in mm.work(p)}
-    base, tma = rows["triton bf16 8x4097x14336"], rows["triton_tma bf16 8x4097x14336"]
-    assert tma.bytes - base.bytes == 2 * 14336 * 4097 * 2 and tma.launches == base.launches + 1
-    assert rows["triton_tma bf16 n=256"].bytes == rows["triton bf16 n=256"].bytes
+    library = rows["cublas bf16 8x4097x14336"]
+    for variant in ("triton", "triton_tma"):                  # both pad B (N odd) by their rule
+        w = rows[f"{variant} bf16 8x4097x14336"]
+        assert w.bytes - library.bytes == 2 * 14336 * 4097 * 2 and w.launches == 3   # copy, split-K matmul, sum
+        assert rows[f"{variant} bf16 n=256"].bytes == rows["cublas bf16 n=256"].bytes
+    assert all(c["pad_rows"] for c in mm.candidates(8, 4097, 14336, 2, 132))   # unpadded, it spills (compile_check)
+    assert not mm.copies_operands(mm.INTERPRETER_CONFIG, tma=False) and mm.copies_operands({}, tma=True)
 
 
 @pytest.mark.parametrize("sms", [132, 114, 78, 4])
@@ -133,15 +137,17 @@ if INTERPRETED:
                                        (64, 200, 1100)], ids=lambda s: "x".join(map(str, s)))
     @in_child
     def test_both_kernels_with_the_rules_tall_skinny_configs(shape):
-        """The rule's own pick on a 4-SM GPU (split-K in most: partial sums added in a fixed order)."""
+        """The rule's picks on a 4-SM GPU (split-K in most: partial sums added in a fixed order),
+        the plain kernel with its padding copies and, as the explicit configs run it, without."""
         m, n, k = shape
         a, b, c = operands(m, n, k, torch.float16)
         ref = a.double() @ b.double()
         for impl, tma in ((mm.matmul, False), (mm.matmul_tma, True)):
-            cfg = mm.config_for(m, n, k, 2, sms=4, tma=tma)
-            v = check(c, lambda impl=impl, cfg=cfg: impl(a, b, c, cfg), ref, mm.REFERENCE, "fp16")
-            assert v["passed"], (impl.__name__, cfg, v)
-            assert torch.equal(impl(a, b, None, cfg), c)          # the same bits again: no atomics
+            cands = mm.candidates(m, n, k, 2, sms=4, tma=tma, warp_specialize=False)
+            for cfg in cands + ([{**cands[0], "pad_rows": False}] if not tma else []):
+                v = check(c, lambda impl=impl, cfg=cfg: impl(a, b, c, cfg), ref, mm.REFERENCE, "fp16")
+                assert v["passed"], (impl.__name__, cfg, v)
+                assert torch.equal(impl(a, b, None, cfg), c)      # the same bits again: no atomics
         assert mm.config_for(8, 257, 2000, 2, sms=4)["SPLIT_K"] > 1
 
     @in_child

@@ -4,8 +4,9 @@
     lab run phase3.matmul --param sizes=[8192] --param shapes=13x4096x14336,5000x6001x4104
 
 `shapes` (MxNxK,...) times both kernels and cuBLAS at your own products too, after the N x N x N
-sizes (triton_tma takes any shape: where K or N is not a multiple of 8 at 2 bytes it first copies
-A or B into 16-byte rows, tma_padding.py, and its row counts the copy's bytes and launch).
+sizes. Both kernels take any shape: where K or N is not a multiple of 8 at 2 bytes, A or B is first
+copied into 16-byte rows (tma_padding.py; triton_tma always, triton by its rule's `pad_rows`), and
+the row counts the copy's bytes and launch.
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
 right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
@@ -235,7 +236,11 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     - otherwise 128 x 256 tiles (8 warps, two wgmma warpgroups) when they fill the SMs at least
       twice over, else 128 x 128, BLOCK_K 64 (128 bytes: one swizzle line);
     then split-K when the tiles leave SMs idle (fewer than two waves of them when tall-skinny:
-    split_k_for), stages from the shared memory left.
+    split_k_for), stages from the shared memory left. The plain kernel's config says pad_rows:
+    an operand whose rows are not 16-byte aligned is copied into padded rows first (as
+    matmul_tma's always are): unaligned rows cost it its vector loads and, at 128 x 256 tiles,
+    spill registers (compile_check: 255 registers and 8 KB spilled at N = 5003 unpadded, none
+    padded), so the unpadded form is no candidate either.
     Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config."""
     if M <= 64:
         bm = max(16, 1 << (M - 1).bit_length())
@@ -253,6 +258,8 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     cfg = _cfg(bm, bn, bk, warps, stages, split)
     if tma:
         cfg.update(split=bn == 256, flatten=True, ws=False)
+    else:
+        cfg["pad_rows"] = True
     return cfg
 
 
@@ -312,12 +319,15 @@ def default_config(a: torch.Tensor, b: torch.Tensor, tma: bool = False) -> dict:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
     """C = A @ B for 2-D tensors of one dtype (any strides), accumulated in fp32. `config` defaults
-    to the rule's pick for this shape and GPU (config_for)."""
+    to the rule's pick for this shape and GPU (config_for); with pad_rows, A or B whose rows are
+    not 16-byte aligned is copied into padded rows first (tma_padding), as matmul_tma does."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     cfg = config or default_config(a, b)
+    if copies_operands(cfg, tma=False):
+        a, b = padded_for_tma(a), padded_for_tma(b)
     split_k = cfg.get("SPLIT_K", 1)
     parts = _parts(M, N, split_k, a.device)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
@@ -337,13 +347,19 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     return all(tma_readable(t) for t in tensors)
 
 
+def copies_operands(cfg: dict, tma: bool) -> bool:
+    """Whether a call with this config copies unaligned operands into padded rows: matmul_tma's
+    always do, the plain kernel's when its config says pad_rows (config_for's do)."""
+    return tma or cfg.get("pad_rows", False)
+
+
 def padded_operands(a: torch.Tensor, b: torch.Tensor) -> str:
-    """Which of A and B matmul_tma copies into 16-byte rows first ("A", "B", "A,B" or "")."""
+    """Which of A and B a padding call copies into 16-byte rows first ("A", "B", "A,B" or "")."""
     return ",".join(name for name, t in (("A", a), ("B", b)) if not tma_readable(t))
 
 
 def padding_cost(m: int, n: int, k: int, itemsize: int) -> tuple[int, int]:
-    """(bytes, launches) of matmul_tma's padding copies for contiguous M x K and K x N operands:
+    """(bytes, launches) of the padding copies for contiguous M x K and K x N operands:
     an operand whose rows (K or N elements) are not a multiple of 16 bytes is copied, read and
     written once, in one kernel."""
     padded = [(rows, cols) for rows, cols in ((m, k), (k, n)) if (cols * itemsize) % TMA_ROW_BYTES]
@@ -403,7 +419,7 @@ def shape_params(m: int, n: int, k: int, dtype: str) -> dict:
 def work(params) -> list[Work]:
     """Every row run() times: per dtype and shape, cuBLAS and the two Triton kernels, one problem
     each. A Triton row is two launches where the rule splits K (on a 132-SM GPU: the row itself
-    records what ran on the GPU it ran on); triton_tma's row adds its padding copies' bytes and
+    records what ran on the GPU it ran on); a Triton row adds its padding copies' bytes and
     launches at shapes whose rows are not 16-byte aligned."""
     out = []
     for dtype in params["dtypes"]:
@@ -413,7 +429,9 @@ def work(params) -> list[Work]:
             for variant in VARIANTS:
                 kernels = 1 if variant == "cublas" else launches(
                     config_for(m, n, k, itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
-                extra = padding_cost(m, n, k, itemsize) if variant == "triton_tma" else (0, 0)
+                pick = config_for(m, n, k, itemsize, NOMINAL_SMS, tma=variant == "triton_tma")
+                extra = padding_cost(m, n, k, itemsize) if variant != "cublas" and copies_operands(
+                    pick, tma=variant == "triton_tma") else (0, 0)
                 out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + extra[0], c.dtype,
                                 launches=kernels + extra[1]))
     return out
@@ -475,21 +493,20 @@ def run(ctx, params):
             if variant == "triton_tma" and ctx.is_rocm:
                 here.append(skipped(variant, size, "TMA descriptors are NVIDIA Hopper hardware; this is a ROCm GPU"))
                 continue
-            pad_bytes, pad_launches = padding_cost(m, n, k, t.itemsize) if variant == "triton_tma" else (0, 0)
-
-            def triton_row(variant=variant, impl=impl, cands=cands, pad_bytes=pad_bytes, pad_launches=pad_launches):
+            def triton_row(variant=variant, impl=impl, cands=cands):
                 cfg, trials = tune(ctx, (variant, m, n, k, dtype, ctx.device.type), cands,
                                    launch=lambda q: impl(a, b, c, q),
                                    check=lambda q: check(lambda: impl(a, b, c, q))())
                 tuning[f"{variant} {dtype} {shape_label(m, n, k)}"] = tuning_summary(trials)
+                pads = copies_operands(cfg, tma=variant == "triton_tma")
+                pad_bytes, pad_launches = padding_cost(m, n, k, t.itemsize) if pads else (0, 0)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
                             check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg) + pad_launches,
                             **{**cost, "bytes_moved": cost["bytes_moved"] + pad_bytes})
                 r["metrics"]["config"] = label(cfg)
                 r["metrics"]["rule_config"] = label(cands[0])
-                if variant == "triton_tma":
-                    r["metrics"]["padded_operands"] = padded_operands(a, b)
-                    r["metrics"]["padding_bytes"] = pad_bytes
+                r["metrics"]["padded_operands"] = padded_operands(a, b) if pads else ""
+                r["metrics"]["padding_bytes"] = pad_bytes
                 return r
 
             here.append(attempt(variant, size, triton_row))
