@@ -342,11 +342,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     return out
 
 
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether every tensor is one a TMA descriptor reads as it is (no padding copy needed)."""
-    return all(tma_readable(t) for t in tensors)
-
-
 def copies_operands(cfg: dict, tma: bool) -> bool:
     """Whether a call with this config copies unaligned operands into padded rows: matmul_tma's
     always do, the plain kernel's when its config says pad_rows (config_for's do)."""
