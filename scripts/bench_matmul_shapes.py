@@ -11,7 +11,10 @@ bf16 tensor-core rungs and cuBLAS, plus N = 8192 for the mma.sync rungs' regular
 `lab run phase3.matmul` (bf16, `tune=false`: the rule's config alone, as a user gets it) through
 `--param shapes=...`, so every number is an ordinary checked record (correctness gates timing)
 under --results (a temporary folder unless given). mma.sync's rows at an odd N run its scalar-load
-path (B's rows are not 16-byte aligned): compare them with its rows where N % 8 == 0.
+path (B's rows are not 16-byte aligned): compare them with its rows where N % 8 == 0. Phase 3's
+Triton rows at an odd N copy B into 16-byte rows first (their `padded_operands` metric; the copy
+is timed and counted in the row's bytes). A row with no TFLOP/s (refused, failed) prints '-' and
+why; each exercise's wall time is printed after it.
 """
 import argparse
 import subprocess
