@@ -20,8 +20,12 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
   the next tile's loads.
 * Edges: a tile wholly inside C runs an unmasked loop; only the last tile row and column mask
   their loads, and the K tail is one masked step after the loop (TMA zero-fills instead).
-* Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles), K is cut into runs
-  whose fp32 partial sums a second kernel adds in a fixed order (deterministic, no atomics).
+* Unaligned rows (K or N not a multiple of 8 at 2 bytes): neither a descriptor nor a vector load
+  can take them, so the operand is copied once into rows padded to 16 bytes (tma_padding.py) and
+  the fast loop runs; C keeps the caller's shape (masked pointer stores where its rows are odd).
+* Split-K: when the tiles leave SMs idle (tall-skinny M <= 64: fewer than two waves; else one),
+  K is cut into runs whose fp32 partial sums a second kernel adds in a fixed order (deterministic,
+  no atomics).
 The config is a rule of (M, N, K, element size, SM count, shared memory): `config_for`; the run
 times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (common.triton_tuner.tune;
 `--param tune=false`: the rule's pick alone);
