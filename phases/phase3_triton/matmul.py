@@ -425,14 +425,13 @@ def work(params) -> list[Work]:
         for m, n, k in timed_shapes(params):
             c = counts.matmul_count(m, n, k, dtype)
             itemsize = TORCH_DTYPES[dtype].itemsize
-            for variant in VARIANTS:
-                kernels = 1 if variant == "cublas" else launches(
-                    config_for(m, n, k, itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
-                pick = config_for(m, n, k, itemsize, NOMINAL_SMS, tma=variant == "triton_tma")
-                extra = padding_cost(m, n, k, itemsize) if variant != "cublas" and copies_operands(
-                    pick, tma=variant == "triton_tma") else (0, 0)
-                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + extra[0], c.dtype,
-                                launches=kernels + extra[1]))
+            out.append(Work(f"cublas {dtype} {shape_label(m, n, k)}", c.flops, c.bytes, c.dtype))
+            for variant in VARIANTS[1:]:
+                tma = variant == "triton_tma"
+                pick = config_for(m, n, k, itemsize, NOMINAL_SMS, tma=tma)
+                pad_bytes, pad_launches = padding_cost(m, n, k, itemsize) if copies_operands(pick, tma) else (0, 0)
+                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + pad_bytes, c.dtype,
+                                launches=launches(pick) + pad_launches))
     return out
 
 
@@ -443,7 +442,7 @@ MAX_N = 46340                      # N x N < 2^31: matmul_kernel's offsets (row 
 def footprint_bytes(p: dict) -> int:
     """A, B, C and the float64 reference at the largest product, plus the reference's float64
     inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N) and
-    triton_tma's padded copies of A and B (rows up to 16 bytes longer)."""
+    the Triton kernels' padded copies of A and B (rows up to 16 bytes longer)."""
     itemsize = max(TORCH_DTYPES[d].itemsize for d in p["dtypes"])
 
     def at(m: int, n: int, k: int) -> int:
