@@ -56,8 +56,9 @@ def table(results: Path) -> None:
         for r in rec["rows"]:
             p, m = r["params"], r.get("metrics") or {}
             shape = f"{p.get('m', p['n'])}x{p['n']}x{p.get('k', p['n'])}"
+            padded = m.get("padded_operands")
             print(row_line(shape, r["variant"], m.get("tflops"), m.get("pct_of_library"), r["status"],
-                           r.get("reason")))
+                           r.get("reason") or (f"(padded {padded})" if padded else None)))
 
 
 def row_line(shape: str, variant: str, tflops: float | None, pct: float | None, status: str,
