@@ -11,12 +11,16 @@ bf16 tensor-core rungs and cuBLAS, plus N = 8192 for the mma.sync rungs' regular
 `lab run phase3.matmul` (bf16, `tune=false`: the rule's config alone, as a user gets it) through
 `--param shapes=...`, so every number is an ordinary checked record (correctness gates timing)
 under --results (a temporary folder unless given). mma.sync's rows at an odd N run its scalar-load
-path (B's rows are not 16-byte aligned): compare them with its rows where N % 8 == 0.
+path (B's rows are not 16-byte aligned): compare them with its rows where N % 8 == 0. Phase 3's
+Triton rows at an odd N copy B into 16-byte rows first (their `padded_operands` metric; the copy
+is timed and counted in the row's bytes). A row with no TFLOP/s (refused, failed) prints '-' and
+why; each exercise's wall time is printed after it.
 """
 import argparse
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +44,9 @@ def shapes(seed: int, irregular: int) -> list[tuple[int, int, int]]:
 def run(exercise: str, extra: list[str], results: Path) -> None:
     cmd = [sys.executable, "-m", "common.cli", "run", exercise, "--results", str(results), *extra]
     print("$", " ".join(cmd[1:]), flush=True)
+    start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=False)
+    print(f"({exercise}: {time.perf_counter() - start:.0f} s)", flush=True)
 
 
 def table(results: Path) -> None:
@@ -50,10 +56,17 @@ def table(results: Path) -> None:
         for r in rec["rows"]:
             p, m = r["params"], r.get("metrics") or {}
             shape = f"{p.get('m', p['n'])}x{p['n']}x{p.get('k', p['n'])}"
-            tf = m.get("tflops")
-            pct = m.get("pct_of_library")
-            print(f"{shape:>20}  {r['variant']:<22} {tf if tf is None else format(tf, '9.1f'):>9} "
-                  f"{'' if pct is None else format(pct, '11.1f') + '%':>12}  {r['status']} {r.get('reason') or ''}")
+            padded = m.get("padded_operands")
+            print(row_line(shape, r["variant"], m.get("tflops"), m.get("pct_of_library"), r["status"],
+                           r.get("reason") or (f"(padded {padded})" if padded else None)))
+
+
+def row_line(shape: str, variant: str, tflops: float | None, pct: float | None, status: str,
+             reason: str | None) -> str:
+    """One table line; a refused or failed row (no TFLOP/s) shows '-' and its reason."""
+    tf = "-" if tflops is None else format(tflops, ".1f")
+    pc = "" if pct is None else format(pct, ".1f") + "%"
+    return f"{shape:>20}  {variant:<22} {tf:>9} {pc:>12}  {status} {reason or ''}".rstrip()
 
 
 def main() -> int:

@@ -61,3 +61,13 @@ def test_the_benchmark_shapes_are_irregular_tall_skinny_and_tma_readable():
     assert all(k % 8 == 0 for _, _, k in shapes)                  # the TMA rungs read every one
     assert {m for m, _, _ in bench.SKINNY} == {8, 13, 32, 64}
     assert any(n % 2 for _, n, _ in shapes) and any(k % 64 for _, _, k in shapes) and any(k % 64 == 0 for *_, k in shapes)
+
+
+def test_the_benchmark_table_prints_a_refused_row_with_its_reason():
+    """A refused or failed row has no TFLOP/s: the line says '-' and why, it does not crash."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_matmul_shapes as bench
+    line = bench.row_line("8x4097x14336", "triton_tma", None, None, "skipped", "needs a Hopper GPU")
+    assert line.split()[:3] == ["8x4097x14336", "triton_tma", "-"] and line.endswith("skipped needs a Hopper GPU")
+    line = bench.row_line("4001x5003x4104", "triton", 231.96, 98.44, "ok", None)
+    assert line.split() == ["4001x5003x4104", "triton", "232.0", "98.4%", "ok"]

@@ -181,9 +181,13 @@ def test_work_lists_every_row_with_the_same_counts():
                         {"unfused seed 37x1537": counts.softmax_count(37, 1537, "unfused"),
                          "triton sweep 10x300": counts.softmax_count(10, 300, "triton")})
     assert len(got) == 8
-    got = _work_matches(mm.EXERCISE, {"sizes": [97], "dtypes": ["bf16"]},
-                        {"triton_tma bf16 n=97": counts.matmul_count(97, 97, 97, "bf16")})
+    got = _work_matches(mm.EXERCISE, {"sizes": [96], "dtypes": ["bf16"]},
+                        {"triton_tma bf16 n=96": counts.matmul_count(96, 96, 96, "bf16")})
     assert len(got) == 3
+    got = _work_matches(mm.EXERCISE, {"sizes": [97], "dtypes": ["bf16"]},
+                        {"cublas bf16 n=97": counts.matmul_count(97, 97, 97, "bf16")})
+    c = counts.matmul_count(97, 97, 97, "bf16")                 # 194-byte rows: A and B copied into 208-byte ones
+    assert got["triton_tma bf16 n=97"] == got["triton bf16 n=97"] == (c.flops, c.bytes + 2 * 2 * 97 * 97 * 2, c.dtype, 3)
     got = _work_matches(fa.EXERCISE, {"seed_sizes": [N], "sizes": [256], "dtypes": ["bf16"], "head_dims": [64],
                                       "causal": [True], "tokens": 512, "model_dim": 128},
                         {f"naive fp32 d=64 causal=False n={N} 2x4": counts.forward_count("naive", 2, 4, N, 64, "fp32", False),

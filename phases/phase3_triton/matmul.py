@@ -4,7 +4,9 @@
     lab run phase3.matmul --param sizes=[8192] --param shapes=13x4096x14336,5000x6001x4104
 
 `shapes` (MxNxK,...) times both kernels and cuBLAS at your own products too, after the N x N x N
-sizes (triton_tma needs N and K multiples of 8 at 2 bytes: at others its row says so).
+sizes. Both kernels take any shape: where K or N is not a multiple of 8 at 2 bytes, A or B is first
+copied into 16-byte rows (tma_padding.py; triton_tma always, triton by its rule's `pad_rows`), and
+the row counts the copy's bytes and launch.
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
 right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
@@ -18,8 +20,12 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
   the next tile's loads.
 * Edges: a tile wholly inside C runs an unmasked loop; only the last tile row and column mask
   their loads, and the K tail is one masked step after the loop (TMA zero-fills instead).
-* Split-K: when the tiles leave SMs idle (tall-skinny M <= 64, few tiles), K is cut into runs
-  whose fp32 partial sums a second kernel adds in a fixed order (deterministic, no atomics).
+* Unaligned rows (K or N not a multiple of 8 at 2 bytes): neither a descriptor nor a vector load
+  can take them, so the operand is copied once into rows padded to 16 bytes (tma_padding.py) and
+  the fast loop runs; C keeps the caller's shape (masked pointer stores where its rows are odd).
+* Split-K: when the tiles leave SMs idle (tall-skinny M <= 64: fewer than two waves; else one),
+  K is cut into runs whose fp32 partial sums a second kernel adds in a fixed order (deterministic,
+  no atomics).
 The config is a rule of (M, N, K, element size, SM count, shared memory): `config_for`; the run
 times the rule's pick and a neighbour or two (`candidates`) and keeps the fastest (common.triton_tuner.tune;
 `--param tune=false`: the rule's pick alone);
@@ -37,6 +43,7 @@ from common.triton_tuner import label, launch_options, tune, tuning_summary
 from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
+from .tma_padding import TMA_ROW_BYTES, padded_for_tma, padding_bytes, tma_readable
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -129,21 +136,26 @@ def sum_splits_kernel(part_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.c
 
 
 @triton.jit
-def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
+def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K, stride_am, stride_bk, stride_cm, stride_cn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
-                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_TMA: tl.constexpr):
     """Persistent: program p computes work units p, p + NUM_PROGRAMS, ..., a unit being one tile
-    and one of SPLIT_K runs of K. Loads and stores go through TMA descriptors built on the device;
-    out-of-range rows, columns and K read as zeros and are not written, so no masks. SPLIT_K > 1
-    stores fp32 partial sums to part[split] (masked stores), summed by sum_splits_kernel.
-    SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
-    if SPLIT_EPILOGUE:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
-    else:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    and one of SPLIT_K runs of K. A and B are read through TMA descriptors built on the device
+    (row pitches stride_am, stride_bk: multiples of 16 bytes, tma_padding sees to it); rows,
+    columns and K past the shape read as zeros, so no masks. C goes out through a descriptor too
+    when C_TMA (its rows 16-byte aligned), else through a masked pointer store at its own strides.
+    SPLIT_K > 1 stores fp32 partial sums to part[split] (masked stores), summed by
+    sum_splits_kernel. SPLIT_EPILOGUE stores C in two halves to halve its shared-memory buffer."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if C_TMA:
+        if SPLIT_EPILOGUE:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N // 2])
+        else:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for unit in tl.range(tl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, NUM_PROGRAMS,
@@ -162,6 +174,11 @@ def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
             offs_m = off_m + tl.arange(0, BLOCK_M)
             offs_n = off_n + tl.arange(0, BLOCK_N)
             tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        elif not C_TMA:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
         elif SPLIT_EPILOGUE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -184,16 +201,25 @@ def _cfg(bm, bn, bk, warps, stages, split_k=1, group_m=8, **extra):
 
 
 def split_k_for(M: int, N: int, K: int, itemsize: int, tiles: int, k_tiles: int, sms: int) -> int:
-    """How many runs to cut K into so that tiles x split fills the SMs (tall-skinny products,
-    few-tile products); 1 when the tiles alone fill them. Each run keeps at least
-    MIN_K_TILES_PER_SPLIT k-tiles, and the fp32 partial sums (written and read back: 8 bytes per
-    element of C per split) stay within a quarter of the bytes of A and B, so a split never costs
-    more traffic than it hides (N = 1024 squares are not split; 13 x 4096 x 14336 is)."""
-    if tiles >= sms:
+    """How many runs to cut K into so that the work units (tiles x split) fill the GPU: two waves
+    for a tall-skinny product (M <= 64: bound by streaming B, so twice the loads in flight), one
+    for any other; 1 when the tiles alone do that. Of the splits from the fewest that reach the
+    target up to twice that, the one whose last wave leaves the fewest SMs idle (the smaller on
+    a tie). Each run keeps at least MIN_K_TILES_PER_SPLIT k-tiles, and the fp32 partial sums
+    (written and read back: 8 bytes per element of C per split) stay within a quarter of the
+    bytes of A and B, so a split never costs more traffic than it hides (N = 1024 squares are not
+    split; 13 x 4096 x 14336 is)."""
+    target = (2 if M <= 64 else 1) * sms
+    if tiles >= target:
         return 1
-    want = -(-sms // tiles)                            # ceil: one wave over every SM
     by_traffic = (M * K + K * N) * itemsize // (4 * 8 * M * N)
-    return max(1, min(want, MAX_SPLIT_K, k_tiles // MIN_K_TILES_PER_SPLIT, by_traffic))
+    most = max(1, min(MAX_SPLIT_K, k_tiles // MIN_K_TILES_PER_SPLIT, by_traffic))
+    fewest = min(-(-target // tiles), most)
+
+    def wave_fill(split: int) -> float:
+        units = tiles * split
+        return units / (-(-units // sms) * sms)
+    return max(range(fewest, min(most, 2 * fewest) + 1), key=lambda split: (wave_fill(split), -split))
 
 
 def stages_for(bm: int, bn: int, bk: int, itemsize: int, smem_bytes: int, most: int = 5) -> int:
@@ -213,7 +239,12 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
       so each load is long, 4 warps;
     - otherwise 128 x 256 tiles (8 warps, two wgmma warpgroups) when they fill the SMs at least
       twice over, else 128 x 128, BLOCK_K 64 (128 bytes: one swizzle line);
-    then split-K when the tiles still leave SMs idle, stages from the shared memory left.
+    then split-K when the tiles leave SMs idle (fewer than two waves of them when tall-skinny:
+    split_k_for), stages from the shared memory left. The plain kernel's config says pad_rows:
+    an operand whose rows are not 16-byte aligned is copied into padded rows first (as
+    matmul_tma's always are): unaligned rows cost it its vector loads and, at 128 x 256 tiles,
+    spill registers (compile_check: 255 registers and 8 KB spilled at N = 5003 unpadded, none
+    padded), so the unpadded form is no candidate either.
     Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config."""
     if M <= 64:
         bm = max(16, 1 << (M - 1).bit_length())
@@ -231,6 +262,8 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     cfg = _cfg(bm, bn, bk, warps, stages, split)
     if tma:
         cfg.update(split=bn == 256, flatten=True, ws=False)
+    else:
+        cfg["pad_rows"] = True
     return cfg
 
 
@@ -290,12 +323,15 @@ def default_config(a: torch.Tensor, b: torch.Tensor, tma: bool = False) -> dict:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
     """C = A @ B for 2-D tensors of one dtype (any strides), accumulated in fp32. `config` defaults
-    to the rule's pick for this shape and GPU (config_for)."""
+    to the rule's pick for this shape and GPU (config_for); with pad_rows, A or B whose rows are
+    not 16-byte aligned is copied into padded rows first (tma_padding), as matmul_tma does."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     cfg = config or default_config(a, b)
+    if copies_operands(cfg, tma=False):
+        a, b = padded_for_tma(a), padded_for_tma(b)
     split_k = cfg.get("SPLIT_K", 1)
     parts = _parts(M, N, split_k, a.device)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
@@ -310,32 +346,48 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     return out
 
 
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA needs row-major tensors with 16-byte aligned rows and base addresses."""
-    return all(t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-               and t.stride(0) == t.shape[1] for t in tensors)
+def copies_operands(cfg: dict, tma: bool) -> bool:
+    """Whether a call with this config copies unaligned operands into padded rows: matmul_tma's
+    always do, the plain kernel's when its config says pad_rows (config_for's do)."""
+    return tma or cfg.get("pad_rows", False)
+
+
+def padded_operands(a: torch.Tensor, b: torch.Tensor) -> str:
+    """Which of A and B a padding call copies into 16-byte rows first ("A", "B", "A,B" or "")."""
+    return ",".join(name for name, t in (("A", a), ("B", b)) if not tma_readable(t))
+
+
+def padding_cost(m: int, n: int, k: int, itemsize: int) -> tuple[int, int]:
+    """(bytes, launches) of the padding copies for contiguous M x K and K x N operands:
+    an operand whose rows (K or N elements) are not a multiple of 16 bytes is copied, read and
+    written once, in one kernel."""
+    padded = [(rows, cols) for rows, cols in ((m, k), (k, n)) if (cols * itemsize) % TMA_ROW_BYTES]
+    return sum(padding_bytes(rows, cols, itemsize) for rows, cols in padded), len(padded)
 
 
 def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: dict | None = None):
-    """C = A @ B through TMA descriptors in a persistent kernel (row-major, 16-byte aligned rows).
+    """C = A @ B through TMA descriptors in a persistent kernel, at any shape and strides: an
+    operand whose rows are not 16-byte aligned (or not row-major) is copied once into padded rows
+    first (tma_padding; the copy is part of each call, and of the row's bytes). C keeps the
+    caller's shape: a C whose rows are not 16-byte aligned is written by masked pointer stores
+    (no padded C and no copy back: the same bytes, in narrower stores, and no second pass).
     `config` defaults to the rule's pick (config_for(..., tma=True))."""
     require(a, b)
     assert a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0] and a.dtype == b.dtype
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
-    if not tma_ok(a, b, out):
-        raise ValueError("matmul_tma needs contiguous row-major tensors whose rows are multiples of 16 bytes")
     cfg = config or default_config(a, b, tma=True)
+    a, b = padded_for_tma(a), padded_for_tma(b)
     ensure_allocator(a.device)
     split_k = cfg.get("SPLIT_K", 1)
     parts = _parts(M, N, split_k, a.device)
     units = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) * split_k
     programs = min(sm_count(a.device), units)
-    matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K,
+    matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K, a.stride(0), b.stride(0), out.stride(0), out.stride(1),
                                    BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                                    GROUP_M=cfg["GROUP_M"], SPLIT_K=split_k, NUM_PROGRAMS=programs,
                                    SPLIT_EPILOGUE=cfg["split"], FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"],
-                                   **launch_options(cfg))
+                                   C_TMA=tma_readable(out), **launch_options(cfg))
     if split_k > 1:
         _sum_splits(parts, out, split_k)
     return out
@@ -366,16 +418,20 @@ def shape_params(m: int, n: int, k: int, dtype: str) -> dict:
 def work(params) -> list[Work]:
     """Every row run() times: per dtype and shape, cuBLAS and the two Triton kernels, one problem
     each. A Triton row is two launches where the rule splits K (on a 132-SM GPU: the row itself
-    records what ran on the GPU it ran on)."""
+    records what ran on the GPU it ran on); a Triton row adds its padding copies' bytes and
+    launches at shapes whose rows are not 16-byte aligned."""
     out = []
     for dtype in params["dtypes"]:
         for m, n, k in timed_shapes(params):
             c = counts.matmul_count(m, n, k, dtype)
-            for variant in VARIANTS:
-                kernels = 1 if variant == "cublas" else launches(
-                    config_for(m, n, k, TORCH_DTYPES[dtype].itemsize, NOMINAL_SMS, tma=variant == "triton_tma"))
-                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes, c.dtype,
-                                launches=kernels))
+            itemsize = TORCH_DTYPES[dtype].itemsize
+            out.append(Work(f"cublas {dtype} {shape_label(m, n, k)}", c.flops, c.bytes, c.dtype))
+            for variant in VARIANTS[1:]:
+                tma = variant == "triton_tma"
+                pick = config_for(m, n, k, itemsize, NOMINAL_SMS, tma=tma)
+                pad_bytes, pad_launches = padding_cost(m, n, k, itemsize) if copies_operands(pick, tma) else (0, 0)
+                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + pad_bytes, c.dtype,
+                                launches=launches(pick) + pad_launches))
     return out
 
 
@@ -385,13 +441,15 @@ MAX_N = 46340                      # N x N < 2^31: matmul_kernel's offsets (row 
 
 def footprint_bytes(p: dict) -> int:
     """A, B, C and the float64 reference at the largest product, plus the reference's float64
-    inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N)."""
+    inputs or a check chunk, plus split-K's fp32 partial sums (at most MAX_SPLIT_K x M x N) and
+    the Triton kernels' padded copies of A and B (rows up to 16 bytes longer)."""
     itemsize = max(TORCH_DTYPES[d].itemsize for d in p["dtypes"])
 
     def at(m: int, n: int, k: int) -> int:
         ins, mn = m * k + k * n, m * n
         parts = 4 * MAX_SPLIT_K * mn if m * n < NOMINAL_SMS * 128 * 256 else 0
-        return itemsize * (ins + mn) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
+        padded = m * (k + 16) + k * (n + 16)
+        return itemsize * (ins + mn + padded) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
     return max(at(*shape) for shape in timed_shapes(p))
 
 
@@ -433,20 +491,20 @@ def run(ctx, params):
             if variant == "triton_tma" and ctx.is_rocm:
                 here.append(skipped(variant, size, "TMA descriptors are NVIDIA Hopper hardware; this is a ROCm GPU"))
                 continue
-            if variant == "triton_tma" and not tma_ok(a, b, c):
-                here.append(skipped(variant, size, f"TMA needs rows of a multiple of 16 bytes: K = {k} and N = {n} "
-                                                   f"must be multiples of {16 // t.itemsize}"))
-                continue
-
             def triton_row(variant=variant, impl=impl, cands=cands):
                 cfg, trials = tune(ctx, (variant, m, n, k, dtype, ctx.device.type), cands,
                                    launch=lambda q: impl(a, b, c, q),
                                    check=lambda q: check(lambda: impl(a, b, c, q))())
                 tuning[f"{variant} {dtype} {shape_label(m, n, k)}"] = tuning_summary(trials)
+                pads = copies_operands(cfg, tma=variant == "triton_tma")
+                pad_bytes, pad_launches = padding_cost(m, n, k, t.itemsize) if pads else (0, 0)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
-                            check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg), **cost)
+                            check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg) + pad_launches,
+                            **{**cost, "bytes_moved": cost["bytes_moved"] + pad_bytes})
                 r["metrics"]["config"] = label(cfg)
                 r["metrics"]["rule_config"] = label(cands[0])
+                r["metrics"]["padded_operands"] = padded_operands(a, b) if pads else ""
+                r["metrics"]["padding_bytes"] = pad_bytes
                 return r
 
             here.append(attempt(variant, size, triton_row))
