@@ -16,7 +16,8 @@ ATTENTION, MATMUL, OTHER = "attention", "matmul", "other"
 GROUPS = (ATTENTION, MATMUL, OTHER)
 # Name fragments, lower case, checked in this order (attention first: a flash kernel runs matmuls).
 TRACE_WORDS = ((ATTENTION, ("flash", "fmha", "attn", "attention", "sdpa", "paged")),
-               (MATMUL, ("gemm", "gemv", "xmma", "cutlass", "nvjet", "matmul", "splitk", "cublas", "wgmma", "mma_")))
+               (MATMUL, ("gemm", "gemv", "xmma", "cutlass", "nvjet", "matmul", "splitk", "cublas", "wgmma", "mma_",
+                         "w4a16", "w8a16", "int4pack")))   # the weight-only quantized kernels (int4 CUDA, Triton, tinygemm)
 
 
 def trace_group(name: str) -> str:
