@@ -58,7 +58,6 @@ def test_softmax_rule_holds_rows_in_registers_then_splits_them():
     assert sm.plan(4095, 32769, 132)["CHUNK"] == 2048              # 17 parts of 2048, not 9 of 4096 (one column in the last)
     for n in (8192, 100000, 262144):                               # the exercise tunes around the rule's pick
         assert sm.candidates(n, 2**27 // n, 132)[0] == sm.plan(2**27 // n, n, 132)
-    assert all(sm.plan(2**27 // n, n, 132)["AHEAD"] == 2 for n in (32769, 100004, 262144))   # two loads in flight
 
 
 @in_parent
@@ -91,18 +90,6 @@ def test_softmax_vector_width_follows_width_strides_and_start():
     assert sm.vector_elems(e(3, 100), e(3, 104)[:, :100]) == 4 and sm.vector_elems(e(3, 100), e(3, 102)[:, :100]) == 2
     assert [sm.contiguous_vector_elems(n) for n in (100, 101, 102, 32769)] == [4, 1, 2, 1]
     assert sm.vector_elems(e(3, 104, dtype=torch.bfloat16)) == 8 and sm.vector_elems(e(3, 100, dtype=torch.bfloat16)) == 4
-
-
-@in_parent
-def test_softmax_split_step_covers_every_row_with_no_empty_part():
-    from phases.phase3_triton import softmax as sm
-    for chunk in (16, 512, 2048, 4096, 8192):
-        for n in list(range(chunk + 1, 3 * chunk, max(1, chunk // 97))) + [32769, 100000, 200000, 262144]:
-            split = -(-n // chunk)
-            step = sm.split_step(n, split, chunk)
-            assert step <= chunk and split * step >= n and (split - 1) * step < n, (n, chunk, step)
-            assert step % 32 == 0 or step == chunk, (n, chunk, step)
-    assert sm.split_step(32769, 17, 2048) == 1952 and sm.split_step(100000, 25, 4096) == 4000
 
 
 @in_parent
@@ -200,15 +187,12 @@ if INTERPRETED:
     # -------------------------------------------------------------------------- softmax, split rows
     @pytest.mark.parametrize("rows, cols, chunk", [(7, 300, 64), (9, 1000, 128), (13, 77, 16), (3, 4096, 512),
                                                    (1, 33, 16), (5, 2100, 512), (2, 32769, 2048)])
-    @pytest.mark.parametrize("ahead", [1, 2])
     @in_child
-    def test_softmax_split_path_with_an_odd_number_of_parts(rows, cols, chunk, ahead):
+    def test_softmax_split_path_with_an_odd_number_of_parts(rows, cols, chunk):
         """ceil(cols / chunk) parts: 5, 8, 5, 8, 3, 5 and 17 of them, the last part ragged (but at
-        4096); at 2100 and 32769 each part takes fewer columns than its lanes (448 of 512, 1952 of
-        2048: split_step); both load depths, whose unrolled loops (3 and 4 rows a pass) end
-        mid-pass here."""
+        4096; at 32769 the 17th part holds one column)."""
         x = torch.randn(rows, cols) * 4
-        cfg = sm.split_config(cols, chunk, 1, ahead)
+        cfg = sm.split_config(cols, chunk, 1)
         assert cfg["SPLIT"] > 1
         out = torch.empty_like(x)
         v = check(out, lambda: sm.softmax(x, out, cfg), sm.reference(x), sm.REFERENCE, "fp32")
@@ -233,20 +217,6 @@ if INTERPRETED:
             sm.softmax(x, torch.empty_like(x), {**sm.split_config(300, 64, 1), "SPLIT": 4})
         with pytest.raises(ValueError, match="SPLIT = ceil"):
             sm.softmax(x, torch.empty_like(x), {**sm.split_config(300, 64, 1), "SPLIT": 6})
-
-    @in_child
-    def test_softmax_split_path_checker_rejects_parts_that_leave_columns_uncovered(monkeypatch):
-        """Parts one warp's 32 columns short of an even share: the row's last columns are never
-        written, and the checker must say so (the true share passes on the same data)."""
-        x = torch.randn(5, 2100) * 4
-        cfg = sm.split_config(2100, 512, 1, 2)
-        out = torch.empty_like(x)
-        ref = sm.reference(x)
-        good = check(out, lambda: sm.softmax(x, out, cfg), ref, sm.REFERENCE, "fp32")
-        true_step = sm.split_step
-        monkeypatch.setattr(sm, "split_step", lambda n, split, chunk: true_step(n, split, chunk) - 32)
-        bad = check(out, lambda: sm.softmax(x, out, cfg), ref, sm.REFERENCE, "fp32")
-        assert good["passed"] and not bad["passed"], (good, bad)
 
     @in_child
     def test_softmax_checker_rejects_rows_claimed_aligned_that_are_not():
@@ -368,9 +338,8 @@ if INTERPRETED:
         assert rows[0]["bwd_atomic_tflops"] > 0 and not any(k.endswith("_failed") for k in rows[0]), rows
         soft = bench.softmax_rows(cpu, [100], elements=700)
         assert soft[0]["rows"] == 7 and soft[0]["pct_of_copy"] > 0 and "failed" not in soft[0], soft
-        for ahead in (1, 2):                       # 2 rows of 8200 on the interpreter's 4 "SMs": split
-            split = bench.softmax_rows(cpu, [8200], elements=16400, split_ahead=ahead)
-            assert f"AHEAD={ahead}" in split[0]["config"] and "failed" not in split[0], split
+        split = bench.softmax_rows(cpu, [8200], elements=16400)      # 2 rows of 8200 on the interpreter's 4 "SMs"
+        assert "kind=split" in split[0]["config"] and "failed" not in split[0], split
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
 
 

@@ -1,7 +1,7 @@
 """Flash attention and softmax at shapes nobody tuned for, against the library, in one command:
 
     python -m phases.phase3_triton.bench_shapes [--only attention|softmax] [--json out.json]
-    python -m phases.phase3_triton.bench_shapes --only softmax [--split-ahead 1|2]   # softmax alone
+    python -m phases.phase3_triton.bench_shapes --only softmax   # softmax alone
 
 Issue 37's check, on one GPU in under three minutes. Each kernel runs the config its rule picks
 (`forward_config`, `backward_config`, `softmax.plan`: what a user gets when passing no config),
@@ -138,9 +138,8 @@ def attention_line(r: dict) -> str:
             f"fwd [{r['fwd_config']}] bwd [{r['bwd_config']}] atomic [{r['bwd_atomic_config']}]")
 
 
-def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS, split_ahead: int | None = None) -> list[dict]:
-    """One row per width: copy, torch.softmax and ours (plan()'s config, checked then timed).
-    `split_ahead` replaces the rule's AHEAD where it picks the split kernel (an A/B of its depth)."""
+def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS) -> list[dict]:
+    """One row per width: copy, torch.softmax and ours (plan()'s config, checked then timed)."""
     from . import softmax as sm
     from common.triton_shim import sm_count
     out = []
@@ -150,12 +149,10 @@ def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS, split_ahead: 
         x = torch.randn(m, n, device=device, generator=g) * 4
         y = torch.empty_like(x)
         cfg = sm.plan(m, n, sm_count(device))
-        given = {**cfg, "AHEAD": split_ahead} if split_ahead and cfg["kind"] == "split" else None
-        cfg = given or cfg
         gbytes = sm.bytes_fused(m, n) / 1e9
         row = {"cols": n, "rows": m, "config": sm.label(cfg)}
         y.fill_(float("nan"))
-        sm.softmax(x, y, given)                       # no config: the rule's, as a user gets it
+        sm.softmax(x, y)                              # no config: the rule's, as a user gets it
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         verdict = compare(y, lambda a, b: _softmax_ref_chunk(x, a, b), "fp32", sm.REFERENCE, expected_shape=tuple(x.shape))
@@ -163,7 +160,7 @@ def softmax_rows(device, widths, elements: int = SOFTMAX_ELEMENTS, split_ahead: 
         row["copy_gbps"] = gbytes / (copy_ms * 1e-3)
         row["torch_gbps"] = gbytes / (timed_ms(lambda: torch.softmax(x, dim=1), device) * 1e-3)
         if verdict["passed"]:
-            row["gbps"] = gbytes / (timed_ms(lambda: sm.softmax(x, y, given), device) * 1e-3)
+            row["gbps"] = gbytes / (timed_ms(lambda: sm.softmax(x, y), device) * 1e-3)
             row["pct_of_copy"] = 100 * row["gbps"] / row["copy_gbps"]
         else:
             row["failed"] = verdict["reason"]
@@ -219,7 +216,6 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", type=int, nargs="+", default=list(ATTN_HEAD_DIMS), choices=[64, 128])
     p.add_argument("--widths", type=int, nargs="+", default=list(SOFTMAX_WIDTHS), help="softmax columns")
     p.add_argument("--no-atomic", action="store_true", help="skip the atomic-dQ backward (fewer compiles)")
-    p.add_argument("--split-ahead", type=int, choices=[1, 2], help="softmax: the split kernel's AHEAD instead of the rule's")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -234,7 +230,7 @@ def main(argv=None) -> int:
     attn = [] if args.only == "softmax" else attention_rows(device, args.sizes, args.head_dims, (False, True),
                                                             atomic=not args.no_atomic)
     print(f"# attention: {time.perf_counter() - start:.0f} s (compiling included)", flush=True)
-    soft = [] if args.only == "attention" else softmax_rows(device, args.widths, split_ahead=args.split_ahead)
+    soft = [] if args.only == "attention" else softmax_rows(device, args.widths)
     lines = summary(attn, soft)
     print("\n".join(lines) + f"\n# {time.perf_counter() - start:.0f} s", flush=True)
     if args.json:

@@ -18,9 +18,9 @@ candidates:
 * `softmax_online_kernel`: long rows in chunks, a running max and sum (the online softmax), then a
   second, backwards pass that finds the row in L2 (evict-last hints, bounded rows in flight).
 * `softmax_split_kernel`: the multi-program row path: ceil(cols / CHUNK) resident programs share a
-  row, each holding its share in registers, exchanging (max, sum) through memory one row ahead,
-  with the loads of the next two rows in flight, so HBM sees exactly one read and one write at any
-  width (plan() uses it past 32,768 columns).
+  row, each holding CHUNK columns in registers, exchanging (max, sum) through memory one row
+  ahead, so HBM sees exactly one read and one write at any width (plan() uses it past 32,768
+  columns).
 """
 import torch
 
@@ -153,17 +153,51 @@ def _load_part(x_ptr, row, stride_x, cols, mask, zero, n_rows):
 
 
 @triton.jit
-def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, stride_x, stride_y,
-                cols, mask, zero, parts, real, part,
-                SPLIT: tl.constexpr, AHEAD: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """One row of softmax_split_kernel for one part: issue the load of the row AHEAD + 1 rows on
-    (returned), publish the next row's (max, sum) from `x_pub`, wait for every part's words of
-    `row` and write it from `x_write`. A row past the last (the unrolled loop's tail) is neither
-    published nor waited for: every part of a group skips the same ones."""
-    x_new = _load_part(x_ptr, row + (AHEAD + 1) * n_groups, stride_x, cols, mask, zero, n_rows)
-    if row + n_groups < n_rows:
-        _publish_packed(x_pub, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
-    if row < n_rows:
+def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols, stride_x, stride_y,
+                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr):
+    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
+    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
+    once and written once. Persistent: group g takes rows g, g + n_groups, ...
+
+    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
+    critical path by working one row ahead: a part holds three chunks, the row it writes (i), the
+    row whose statistics it publishes (i+1) and the row being loaded (i+2). It publishes row i+1
+    before it waits for row i, which every part published an iteration earlier, so the wait is
+    usually over at once. A part's statistics and its "ready" flag are one 64-bit word (see
+    _publish_packed), written with a relaxed atomic: no release fence, which would wait for the
+    part's own stores of the previous row to land.
+
+    Words live in 4 slots per group (slot = iteration % 4), zeroed before each launch; the tag
+    (iteration % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
+    4 slots suffice: a part publishes row i+4 at the start of its iteration i+3, after its wait for
+    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
+    start of its iteration i+1, after it read row i's words in iteration i. (With 3 slots a fast
+    part could overwrite row i's words while a slow one, having just published row i+1, is still
+    waiting to read them.) The wrapper
+    launches no more programs than can be resident at once, so every wait ends; MAX_SPINS bounds
+    it anyway (a timed-out part writes garbage, which the check rejects, instead of hanging).
+
+    SPLIT is any count (ceil(cols / CHUNK), so an odd width wastes at most one part's tail);
+    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
+    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
+    pid = tl.program_id(0)
+    group, part = pid // SPLIT, pid % SPLIT
+    cols = part * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    parts = tl.arange(0, PARTS)
+    real = parts < SPLIT
+    slots = slots_ptr + group * (4 * SPLIT)
+    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
+    zero = tl.zeros([CHUNK], tl.int32)
+    x = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
+    _publish_packed(x, slots, part, 1)
+    x_next = _load_part(x_ptr, group + n_groups, stride_x, cols, mask, zero, n_rows)
+    it = 0
+    for row in range(group, n_rows, n_groups):
+        # issued first: in flight during the wait and the write
+        x_after = _load_part(x_ptr, row + 2 * n_groups, stride_x, cols, mask, zero, n_rows)
+        _publish_packed(x_next, slots + ((it + 1) % 4) * SPLIT, part, (it + 1) % 7 + 1)
         slot = slots + (it % 4) * SPLIT
         tag = it % 7 + 1
         words = tl.load(slot + parts, mask=real, other=0, volatile=True)   # volatile: from L2, past the incoherent L1
@@ -175,88 +209,11 @@ def _split_step(x_ptr, y_ptr, slots, x_write, x_pub, row, it, n_rows, n_groups, 
         ss = tl.where(real, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
         row_max = tl.max(ms, axis=0)
         inv = 1.0 / tl.sum(ss * tl.math.exp2(ms - row_max), axis=0)
-        y = tl.math.exp2(x_write - row_max) * inv
+        y = tl.math.exp2(x - row_max) * inv
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    return x_new
-
-
-@triton.jit
-def softmax_split_kernel(x_ptr, y_ptr, slots_ptr, n_rows, n_cols_v, stride_x_v, stride_y_v,
-                         n_groups, SPLIT: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr,
-                         MAX_SPINS: tl.constexpr, VEC: tl.constexpr, AHEAD: tl.constexpr):
-    """Cooperative, for rows too long for one program's registers: SPLIT programs (the parts of a
-    group) share a row, each holding CHUNK columns in registers, so every element is read from HBM
-    once and written once. Persistent: group g takes rows g, g + n_groups, ...
-
-    The parts exchange each row's (max, sum) through memory, and the exchange is kept off the
-    critical path by working one row ahead: a part publishes row i+1 before it waits for row i,
-    which every part published a step earlier, so the wait is usually over at once. A part's
-    statistics and its "ready" flag are one 64-bit word (see _publish_packed), written with a
-    relaxed atomic: no release fence, which would wait for the part's own stores of the previous
-    row to land.
-
-    Loads run AHEAD rows beyond the published one, so a part holds AHEAD + 2 chunks: the row it
-    writes (i), the row it publishes (i+1) and AHEAD rows loading (i+2, ...). AHEAD 1 keeps one
-    chunk's load in flight while the part waits and writes (16 KB per 8-warp program, ~32 KB per
-    SM: about what Little's law asks at copy speed, so a wait on a slow part costs bandwidth);
-    AHEAD 2 keeps two. The loop is unrolled AHEAD + 2 times, each step with the chunks in rotated
-    roles (_split_step): a loop that renamed them at its end (x = x_next; ...) compiles to
-    register moves, and a move of a chunk still loading waits for it, which would end every
-    load within the step that issued it (seen in the SASS of the rolled loop).
-
-    Words live in 4 slots per group (slot = step % 4), zeroed before each launch; the tag
-    (step % 7 + 1) tells this row's word from the one 4 rows back and from the zeroed start.
-    4 slots suffice: a part publishes row i+4 at the start of its step i+3, after its wait for
-    row i+2 ended; that wait needs every part to have published row i+2, which each does at the
-    start of its step i+1, after it read row i's words in step i. (With 3 slots a fast part could
-    overwrite row i's words while a slow one, having just published row i+1, is still waiting to
-    read them.) The wrapper launches no more programs than can be resident at once, so every wait
-    ends; MAX_SPINS bounds it anyway (a timed-out part writes garbage, which the check rejects,
-    instead of hanging).
-
-    SPLIT is any count (ceil(cols / CHUNK)); part p takes the STEP columns from p x STEP, STEP
-    <= CHUNK being cols / SPLIT rounded up (split_step): an even share, so no part carries a
-    whole CHUNK while another holds a few columns (a row's step lasts as long as its longest part);
-    PARTS, the next power of two, is the width of the vector of words a part reads: lanes past
-    SPLIT count as ready, with max -3e38 and sum 0 (they add nothing to the combine)."""
-    n_cols, stride_x, stride_y = n_cols_v * VEC, stride_x_v * VEC, stride_y_v * VEC   # see softmax_kernel
-    pid = tl.program_id(0)
-    group, part = pid // SPLIT, pid % SPLIT
-    x_ptr += part * STEP              # this part's columns: a scalar start, then constant lane offsets,
-    y_ptr += part * STEP              # which the loads and stores take as immediates (fewer registers)
-    cols = tl.arange(0, CHUNK)
-    mask = cols < tl.minimum(n_cols - part * STEP, STEP)          # this part's share, within the row
-    parts = tl.arange(0, PARTS)
-    real = parts < SPLIT
-    slots = slots_ptr + group * (4 * SPLIT)
-    stride_x, stride_y = stride_x.to(tl.int64), stride_y.to(tl.int64)
-    zero = tl.zeros([CHUNK], tl.int32)
-    n = n_groups
-    a = _load_part(x_ptr, group, stride_x, cols, mask, zero, n_rows)
-    _publish_packed(a, slots, part, 1)
-    b = _load_part(x_ptr, group + n, stride_x, cols, mask, zero, n_rows)
-    it = 0
-    if AHEAD == 1:        # a: row r (write), b: row r+1 (publish); each step loads row r+2
-        for r in range(group, n_rows, 3 * n):
-            c = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            b = _split_step(x_ptr, y_ptr, slots, c, a, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            it += 3
-    else:                 # and c: row r+2; each step loads row r+3
-        c = _load_part(x_ptr, group + 2 * n, stride_x, cols, mask, zero, n_rows)
-        for r in range(group, n_rows, 4 * n):
-            d = _split_step(x_ptr, y_ptr, slots, a, b, r, it, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            a = _split_step(x_ptr, y_ptr, slots, b, c, r + n, it + 1, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            b = _split_step(x_ptr, y_ptr, slots, c, d, r + 2 * n, it + 2, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            c = _split_step(x_ptr, y_ptr, slots, d, a, r + 3 * n, it + 3, n_rows, n, stride_x, stride_y,
-                            cols, mask, zero, parts, real, part, SPLIT, AHEAD, MAX_SPINS)
-            it += 4
+        x = x_next
+        x_next = x_after
+        it += 1
 
 
 _SPLIT_SLOTS: dict = {}
@@ -302,7 +259,6 @@ VALUES_PER_THREAD = 16      # fp32 values a thread holds: 64 bytes in flight eac
 ROW_TILE_MIN = 4096         # elements a rows program holds at least (short rows: several per program)
 REGISTER_ROW_MAX = 32768    # the longest row one program holds in registers (32 warps x 32 values)
 SPLIT_CHUNK_MIN = 4096      # split rows only when there are 2 such chunks (few-rows case)
-SPLIT_AHEAD = 2             # split kernel: rows loaded beyond the published one
 WARP_ROW_MAX = 512          # unaligned rows up to this width: one warp per program (see plan())
 SPLIT_WARPS_PER_SM = 16     # split programs per SM x their warps (~100-128 registers a thread: 64K fit)
 
@@ -326,10 +282,10 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None, elem_bytes:
       split across programs: ceil(n_cols / CHUNK) parts, each holding CHUNK columns, exchanging
       their (max, sum) (softmax_split_kernel): still one HBM read and one write per element.
       Every chunk size keeps 16 warps per SM (CHUNK 2048 at 4 per SM, 4096 at 2, 8192 at 1); the rule
-      takes the one that leaves the fewest lanes idle: lanes past the row's end (spread evenly
-      over the parts, split_step) and program slots no whole group fills. Ties go to 4096, the
-      size measured best. Loads run SPLIT_AHEAD rows ahead: two chunk loads in flight, at
-      104-128 registers a thread (ptxas for sm_90), which still fits 16 warps per SM.
+      takes the one that leaves the fewest lanes idle: padding past the row's end (an odd width's
+      last part) and program slots no whole group fills. Ties go to 4096, the size measured best.
+      (An even share per part with two rows' loads in flight was measured slower on an H200, 2-15
+      points of copy bandwidth from 32,769 to 262,144 columns, and taken back.)
     * Rows wider than every chunking can hold at once (over ~1M columns on 132 SMs) take the
       two-pass online kernel."""
     block = next_pow2(n_cols)
@@ -351,17 +307,16 @@ def plan(n_rows: int, n_cols: int, sms: int, vec: int | None = None, elem_bytes:
         busy = min(n_rows, slots // split) * split / slots
         use = n_cols / (split * chunk) * busy
         if use > best_use * 1.01:
-            best, best_use = split_config(n_cols, chunk, per_sm, SPLIT_AHEAD), use
+            best, best_use = split_config(n_cols, chunk, per_sm), use
     if best is not None:
         return best
     return {"kind": "online", "CHUNK": 4096, "programs_per_sm": 4, "hints": True, "num_warps": 8, "num_stages": 2}
 
 
-def split_config(n_cols: int, chunk: int, programs_per_sm: int, ahead: int = 1) -> dict:
-    """ceil(n_cols / chunk) parts of up to `chunk` columns, VALUES_PER_THREAD per thread, loads
-    `ahead` rows beyond the published one (softmax_split_kernel)."""
+def split_config(n_cols: int, chunk: int, programs_per_sm: int) -> dict:
+    """ceil(n_cols / chunk) parts of `chunk` columns, VALUES_PER_THREAD per thread."""
     return {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": programs_per_sm,
-            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1, "AHEAD": ahead}
+            "num_warps": max(1, min(32, chunk // (32 * VALUES_PER_THREAD))), "num_stages": 1}
 
 
 def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -> list[dict]:
@@ -397,13 +352,12 @@ def candidates(n_cols: int, n_rows: int | None = None, sms: int | None = None) -
         out.append({"kind": "online", "CHUNK": 4096, "programs_per_sm": 2, "hints": False,
                     "num_warps": 8, "num_stages": 2})
     if n_cols >= 8192:                             # cooperative: ceil(cols / CHUNK) programs per row, one HBM read
-        # (CHUNK, programs per SM): 16 values per thread, AHEAD + 2 chunks per thread in registers
+        # (CHUNK, programs per SM): 16 values per thread, three chunks per thread in registers
         # (written, published, loading); all the programs must fit on the GPU at once, which the
         # wrapper checks.
         for chunk, per_sm in ((2048, 4), (4096, 2), (4096, 3), (8192, 1), (8192, 2)):
-            for ahead in (1, 2):
-                if -(-n_cols // chunk) <= 512:
-                    out.append(split_config(n_cols, chunk, per_sm, ahead))
+            if -(-n_cols // chunk) <= 512:
+                out.append(split_config(n_cols, chunk, per_sm))
     unique = []
     for c in out:
         if c not in unique:
@@ -419,8 +373,6 @@ def interpreter_configs(n_cols: int) -> list[dict]:
             {"kind": "rows", "ROWS": 2, "BLOCK_N": next_pow2(n_cols), "num_warps": 4, "programs_per_sm": 1, "STAGES": 2},
             {"kind": "online", "CHUNK": 256, "programs_per_sm": 1, "hints": True, "num_warps": 4},
             {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4},
-            {"kind": "split", "SPLIT": -(-n_cols // chunk), "CHUNK": chunk, "programs_per_sm": 1, "num_warps": 4,
-             "AHEAD": 2},
             {"kind": "rows", "ROWS": max(1, 512 // next_pow2(n_cols)), "BLOCK_N": next_pow2(n_cols), "num_warps": 1}]
 
 
@@ -450,13 +402,6 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None, config: dict | Non
     return out
 
 
-def split_step(n_cols: int, split: int, chunk: int) -> int:
-    """Columns per part: n_cols / split rounded up to a warp's 32 (128 bytes of fp32, so parts
-    start on whole lines and on any vector boundary), at most `chunk`. split x step covers the row
-    and no part is empty, since (split - 1) x chunk < n_cols."""
-    return min(chunk, (-(-n_cols // split) + 31) // 32 * 32)
-
-
 def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int | None = None,
                   adapt: bool = False) -> None:
     """The multi-program row path. On a GPU: one launch of n_groups x SPLIT programs, never more
@@ -475,11 +420,8 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
     split, chunk = cfg["SPLIT"], cfg["CHUNK"]
     if chunk & (chunk - 1) or chunk * split < n_cols or chunk * (split - 1) >= n_cols:
         raise ValueError(f"{label(cfg)}: needs a power-of-two CHUNK and SPLIT = ceil({n_cols} / CHUNK)")
-    if cfg.get("AHEAD", 1) not in (1, 2):
-        raise ValueError(f"{label(cfg)}: AHEAD (rows loaded beyond the published one) is 1 or 2")
-    vec = vector_elems(x, out)
-    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, STEP=split_step(n_cols, split, chunk),
-                  MAX_SPINS=1 if interpreting() else 1 << 16, VEC=vec, AHEAD=cfg.get("AHEAD", 1), **launch_options(cfg))
+    consts = dict(SPLIT=split, PARTS=next_pow2(split), CHUNK=chunk, MAX_SPINS=1 if interpreting() else 1 << 16,
+                  **launch_options(cfg))
     per_sm = cfg["programs_per_sm"]
     if interpreting():
         n_groups, launches = -(-n_rows // 3), launches or 2
@@ -487,10 +429,9 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor, cfg: dict, launches: int |
         n_groups, launches = max(1, min(n_rows, (sm_count(x.device) * per_sm) // split)), 1
         if x.device.type == "cuda" and sm_count(x.device) * per_sm < split:
             raise ValueError(f"{label(cfg)}: {split} parts of a row do not fit {per_sm} per SM at once")
-    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols // vec, x.stride(0) // vec,
-            out.stride(0) // vec, n_groups)
-    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), consts["STEP"], vec, x.dtype, str(x.device)),
-                                        x.device, args, consts)
+    args = (x, out, _split_slots(x.device, n_groups, split), n_rows, n_cols, x.stride(0), out.stride(0), n_groups)
+    resident = resident_programs_per_sm(softmax_split_kernel, (label(cfg), x.dtype, str(x.device)), x.device,
+                                        args, consts)
     if resident is not None and resident < per_sm:
         if not adapt or resident * sm_count(x.device) < split:
             raise ValueError(f"{label(cfg)}: an SM holds only {resident} of these programs at once, not {per_sm}")
