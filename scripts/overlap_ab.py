@@ -35,22 +35,11 @@ SEED = 0
 
 
 def copy_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
-    """Device copy bandwidth, bytes read plus written (as the lab's copy roofline counts them)."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes * 10 / (start.elapsed_time(end) / 1e3) / 1e9
+    """Device copy bandwidth, bytes read plus written: the lab's own measurement (common.exercise),
+    at 1 GiB as quant_engine times it; None off a GPU."""
+    from types import SimpleNamespace
+    from common.exercise import measure_copy_gbps
+    return measure_copy_gbps(SimpleNamespace(device=device), nbytes) if device.type == "cuda" else None
 
 
 def timed_run(engine: LLMEngine, prompts: list[list[int]], output_lens: list[int]) -> dict:

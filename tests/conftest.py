@@ -97,6 +97,21 @@ def passes_under_the_interpreter(test_file: str, allowed_skips: tuple[str, ...],
     assert all(any(reason in ln for reason in allowed_skips) for ln in skips), tail
 
 
+def kernels_pass_in_an_interpreter_child(test_file: str, timeout_s: int = 800) -> None:
+    """Run `test_file`'s CPU tests again in a child pytest with TRITON_INTERPRET=1 (it must be set
+    before triton is imported) and assert they passed; skip when the child says this machine's
+    triton interpreter cannot run (interpreter_helpers.py), rather than fail."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
+                           test_file], cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    unusable = [ln for ln in proc.stdout.splitlines() if "triton interpreter unusable here" in ln]
+    if unusable and " passed" not in proc.stdout:
+        pytest.skip(unusable[0][unusable[0].index("triton interpreter"):])
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+
+
 def lab_cmd() -> list[str]:
     exe = shutil.which("lab")
     return [exe] if exe else [sys.executable, "-m", "common.cli"]

@@ -17,11 +17,9 @@ fp16 and fp32 exercise the same code paths, and the GPU tests cover bf16.
 import importlib.util
 import math
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, clean_env
+from conftest import kernels_pass_in_an_interpreter_child
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -31,16 +29,7 @@ in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter c
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent test")
 @pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
 def test_kernels_under_the_interpreter():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
-                           "tests/test_phase3_interpreter.py"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    unusable = [ln for ln in proc.stdout.splitlines() if "triton interpreter unusable here" in ln]
-    if unusable and " passed" not in proc.stdout:
-        pytest.skip(unusable[0][unusable[0].index("triton interpreter"):])
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout, tail
+    kernels_pass_in_an_interpreter_child("tests/test_phase3_interpreter.py", timeout_s=600)
 
 
 # ------------------------------------------------------------------------------ child-only tests

@@ -14,12 +14,10 @@ reads a padded operand's pad.
 """
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, clean_env
+from conftest import kernels_pass_in_an_interpreter_child
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -30,16 +28,7 @@ in_parent = pytest.mark.skipif(INTERPRETED, reason="runs in the parent process")
 @in_parent
 @pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
 def test_matmul_any_shape_kernels_under_the_interpreter():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
-                           "tests/test_phase3_matmul_any_shape.py"],
-                          cwd=REPO, capture_output=True, text=True, timeout=800,
-                          env=clean_env(TRITON_INTERPRET="1", PYTHONWARNINGS="ignore"))
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    unusable = [ln for ln in proc.stdout.splitlines() if "triton interpreter unusable here" in ln]
-    if unusable and " passed" not in proc.stdout:
-        pytest.skip(unusable[0][unusable[0].index("triton interpreter"):])
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+    kernels_pass_in_an_interpreter_child("tests/test_phase3_matmul_any_shape.py", timeout_s=800)
 
 
 # ------------------------------------------------------------------------------ the rules (no kernel runs)
