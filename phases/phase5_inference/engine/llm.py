@@ -105,7 +105,7 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self._abort_outputs: list[StepOutput] = []
         self.last_step: dict = {}
-        self.telemetry = {
+        self._telemetry = {
             "model": config.model, "shape": self.shape.name, "dtype": config.dtype, "device": str(self.device),
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             **self.runner.telemetry, **(self.tp.describe() if self.tp is not None else {}),
@@ -121,9 +121,15 @@ class LLMEngine:
         self.overlap = config.async_scheduling is not False and config.speculative_model == "none" and self.tp is None
         self.overlap_stats = overlap.OverlapStats()
         self._in_flight: overlap.InFlightStep | None = None
-        self.telemetry["async_scheduling"] = self.overlap
+        self._telemetry["async_scheduling"] = self.overlap
+
+    @property
+    def telemetry(self) -> dict:
+        """The engine's counters and settings. The overlap's summary is derived from its stats when
+        this is read, not rebuilt on every step."""
         if self.overlap:
-            self.telemetry["overlap"] = self.overlap_stats.summary()
+            self._telemetry["overlap"] = self.overlap_stats.summary()
+        return self._telemetry
 
     def _tensor_parallel(self, config: EngineConfig):
         """This rank's TensorParallel (tensor_parallel > 1) on the device torchrun's LOCAL_RANK
@@ -181,11 +187,9 @@ class LLMEngine:
         if on and (self.speculator is not None or self.tp is not None):
             raise LabError("async_scheduling is not supported with speculative decoding or tensor_parallel > 1")
         self._drop_in_flight()
-        self.overlap = self.telemetry["async_scheduling"] = bool(on)
+        self.overlap = self._telemetry["async_scheduling"] = bool(on)
         self.overlap_stats = overlap.OverlapStats()
-        self.telemetry.pop("overlap", None)
-        if on:
-            self.telemetry["overlap"] = self.overlap_stats.summary()
+        self._telemetry.pop("overlap", None)
 
     def _drop_in_flight(self) -> None:
         """With no request unfinished, a step still in flight (launched for sequences that turned
@@ -391,9 +395,9 @@ class LLMEngine:
         for seq in seqs:
             if seq.num_output_tokens == 0 and seq.request_id not in self._cached_prompt_tokens:
                 self._cached_prompt_tokens[seq.request_id] = seq.num_cached_tokens
-                self.telemetry["prompt_tokens"] += seq.num_prompt_tokens
-                self.telemetry["cached_prompt_tokens"] += seq.num_cached_tokens - seq.num_sibling_tokens
-                self.telemetry["sibling_prompt_tokens"] += seq.num_sibling_tokens
+                self._telemetry["prompt_tokens"] += seq.num_prompt_tokens
+                self._telemetry["cached_prompt_tokens"] += seq.num_cached_tokens - seq.num_sibling_tokens
+                self._telemetry["sibling_prompt_tokens"] += seq.num_sibling_tokens
 
     def _output(self, seq: Sequence, emitted: list[int]) -> StepOutput:
         out = StepOutput(seq.request_id, emitted, seq.is_finished, seq.finish_reason, seq.num_prompt_tokens,
@@ -407,9 +411,9 @@ class LLMEngine:
     def _record_step(self, batch: ScheduledBatch, start: float, read: tuple | None = None) -> None:
         """last_step and the step count; read (gpu wait ms, device still busy, next step launched
         ahead): an overlapped step's readback, its host and wait time into the overlap stats."""
-        self.telemetry["steps"] += 1
+        self._telemetry["steps"] += 1
         if batch.is_prefill:
-            self.telemetry["prefill_tokens"] += batch.num_tokens     # tokens the model computed (chunked: decode rows too)
+            self._telemetry["prefill_tokens"] += batch.num_tokens     # tokens the model computed (chunked: decode rows too)
         ms = (time.perf_counter() - start) * 1e3
         self.last_step = {"kind": "prefill" if batch.is_prefill else "decode", "num_seqs": len(batch.seqs),
                           "num_tokens": batch.num_tokens, "ms": ms}
@@ -417,8 +421,6 @@ class LLMEngine:
             wait_ms, busy, ahead = read
             self.overlap_stats.read(ms, wait_ms, busy)
             self.last_step.update(host_ms=ms - wait_ms, gpu_wait_ms=wait_ms, launched_ahead=ahead)
-        if self.overlap:
-            self.telemetry["overlap"] = self.overlap_stats.summary()
 
     def _budget(self, seq: Sequence) -> int:
         """Tokens `seq` may still emit before max_tokens or max_model_len stops it."""
