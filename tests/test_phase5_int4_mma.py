@@ -127,6 +127,10 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
         assert 132 * im.RESIDENT_WARPS_PER_SM // 2 < warps <= 132 * im.RESIDENT_WARPS_PER_SM, (m, n, k, cfg)
     assert im.uses_dequantized(65) and not im.uses_dequantized(64)
+    # the weights' stream: the cp.async ring at batch 1 only, the register ring above, bulk copies on request
+    assert im.plan(1, 4096, 4096, 132)["stream"] == "async"
+    assert {im.plan(m, 4096, 4096, 132)["stream"] for m in (2, 8, 33, 64)} == {"registers"}
+    assert im.plan(1, 4096, 4096, 132, bulk=True)["stream"] == "bulk"
 
 
 @pytest.mark.parametrize("k,group,why", [(100, 32, "multiple of 8"), (256, 16, "powers of two"),
@@ -164,7 +168,7 @@ def test_the_kernel_builds_for_hopper_without_spills(tmp_path):
     from phases.phase2_cuda import build
     b = build.build(im.SOURCE, "sm_90", cache_dir=tmp_path)
     kernels = {name: res for name, res in b.resources.items() if "w4a16_mma" in name or "dequantize" in name}
-    assert len(kernels) == 17, sorted(kernels)          # 4 batch widths x 2 group kinds x 2 streams + dequantize
+    assert len(kernels) == 19, sorted(kernels)    # 4 batch widths x 2 group kinds x 2 streams, the batch-1 cp.async ring x 2, dequantize
     for name, res in kernels.items():
         assert res["spill_stores_bytes"] == 0 and res["spill_loads_bytes"] == 0, (name, res)
 
@@ -182,10 +186,13 @@ def test_kernel_matches_fp32_at_irregular_batches(n, k, group):
     for m in (1, 3, 17, 33, 64, 100):
         x = torch.randn(m, k, device=dev).to(torch.bfloat16)
         ref = x.float() @ dense.t()
-        for bulk in (False, True) if im.bulk_copies(dev) else (False,):
-            cfg = im.plan(m, n, k, im.sm_count(dev), bulk=bulk)
+        streams = ["registers"] + (["bulk"] if im.bulk_copies(dev) else []) + (["async"] if m <= 8 else [])
+        for stream in streams:
+            cfg = dict(im.plan(m, n, k, im.sm_count(dev), bulk=stream == "bulk"), stream=stream)
+            if stream == "async":
+                cfg["mb"] = 1
             verdict = compare(im.matmul(x, mw, cfg), ref, "bf16", "fp32 x @ dequantize(W)^T")
-            assert verdict["passed"], (m, bulk, verdict)
+            assert verdict["passed"], (m, stream, verdict)
         assert compare(im.multiply(x, mw), ref, "bf16", "fp32 x @ dequantize(W)^T")["passed"], m
 
 

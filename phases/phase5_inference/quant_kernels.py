@@ -174,7 +174,7 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
             mw = weights["w4_mma"]
             if variant == "w4_cuda":
                 return lambda: int4_mma.multiply(x, mw)
-            cfg = dict(int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms), bulk=True)
+            cfg = int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms, bulk=True)
             return lambda: int4_mma.matmul(x, mw, cfg)
         prefix, path = variant.split("_")
         if prefix == "bf16":

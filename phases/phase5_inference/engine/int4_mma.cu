@@ -297,8 +297,15 @@ struct WarpSlice {
 //     request is tracked by the SM's load unit, whose capacity caps the bytes in flight;
 //   STREAM_BULK: a ring of STAGES x STAGE_CHUNKS chunks per warp in shared memory, each stage one
 //     bulk copy (cp.async.bulk, the Hopper copy engine) issued by one lane and awaited on an mbarrier:
-//     kilobytes in flight per instruction, nothing held in registers.
-constexpr int STREAM_REGISTERS = 0, STREAM_BULK = 1;
+//     kilobytes in flight per instruction, nothing held in registers;
+//   STREAM_ASYNC: a ring of ASYNC_DEPTH chunks per warp in shared memory, each lane copying its own
+//     16-byte word and scale entries with cp.async (one commit group per chunk): deeper than the
+//     register ring (no register or scoreboard per load in flight) with no barrier between lanes.
+constexpr int STREAM_REGISTERS = 0, STREAM_BULK = 1, STREAM_ASYNC = 2;
+#ifndef LAB_ASYNC_DEPTH
+#define LAB_ASYNC_DEPTH 4
+#endif
+constexpr int ASYNC_DEPTH = LAB_ASYNC_DEPTH;         // chunks in flight per warp (512 bytes of weights each)
 constexpr int STAGES = 4, STAGE_CHUNKS = 4;           // 8 KB of weights in flight per warp
 constexpr int STAGE_SCALE_ENTRIES = 2 * STAGE_CHUNKS * 8;  // a stage's scale entries: at most one group per 32 inputs
 constexpr int BULK_RING_BYTES = WARPS * STAGES * STAGE_CHUNKS * 512 + WARPS * STAGES * STAGE_SCALE_ENTRIES * 8;
@@ -419,10 +426,90 @@ __device__ __forceinline__ void stream_bulk(WarpSlice<MB, SMALL_GROUP>& w, const
     }
 }
 
+// The cp.async ring: chunk i lands in slot i % ASYNC_DEPTH (its commit group); the copy for chunk
+// i + ASYNC_DEPTH - 1 is issued before chunk i is awaited, so ASYNC_DEPTH - 1 chunks stay in flight
+// while one is multiplied. Each lane copies and reads only its own word and scale entries, so a
+// lane's cp.async.wait_group alone orders them. Full chunks only; the caller does the tail.
+template <int MB, bool SMALL_GROUP>
+__host__ __device__ constexpr int async_ring_bytes() {
+    return WARPS * ASYNC_DEPTH * 32 * (16 + 8 * WarpSlice<MB, SMALL_GROUP>::METAS);
+}
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes16or8) {
+    if (bytes16or8 == 16)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(smem_address(dst)), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_address(dst)), "l"(src) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+template <int MB, bool SMALL_GROUP>
+__device__ __forceinline__ void stream_async(WarpSlice<MB, SMALL_GROUP>& w, const uint4* wp, unsigned char* smem,
+                                             int warp, int lane, bool staged) {
+    constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS, D = ASYNC_DEPTH;
+    static_assert((D & (D - 1)) == 0 && D >= 2, "the ring's depth is a power of two");
+    uint4* ring = reinterpret_cast<uint4*>(smem) + (size_t)warp * D * 32 + lane;                   // [D][32]
+    uint2* ring_meta = reinterpret_cast<uint2*>(smem + WARPS * D * 512) + (size_t)warp * D * METAS * 32 + lane;
+    const int n = w.n_full;
+    auto issue = [&](int slot, int i) {          // chunk i (< n) into `slot`
+        cp_async(ring + slot * 32, wp + (size_t)i * 32, 16);
+        const int c = w.c_begin + i;
+        if (SMALL_GROUP) {
+            cp_async(ring_meta + (slot * METAS) * 32, w.meta + (size_t)(2 * c) * 8, 8);
+            cp_async(ring_meta + (slot * METAS + METAS - 1) * 32, w.meta + (size_t)(2 * c + 1) * 8, 8);
+        } else {
+            cp_async(ring_meta + (slot * METAS) * 32, w.meta + (size_t)(unsigned(c) >> w.group_shift) * 8, 8);
+        }
+    };
+    auto commit = [] { asm volatile("cp.async.commit_group;" ::: "memory"); };
+#pragma unroll
+    for (int u = 0; u < D - 1; ++u) {
+        if (u < n) issue(u, u);
+        commit();
+    }
+    if (staged) {                                    // the staging group is older than every chunk's
+        cp_async_wait<D - 1>();
+        __syncthreads();
+    }
+    constexpr bool X_AHEAD = MB <= 2;
+    uint4 xs[2][MB][2];
+    if (X_AHEAD && n > 0) w.template load_x<false>(0, xs[0]);
+    auto step = [&](int u, int i) {                  // chunk i from slot u = i % D
+        if (i + D - 1 < n) issue((u + D - 1) % D, i + D - 1);
+        commit();
+        cp_async_wait<D - 1>();
+        const uint4 word = ring[u * 32];
+        uint2 sc[METAS];
+#pragma unroll
+        for (int j = 0; j < METAS; ++j) sc[j] = ring_meta[(u * METAS + j) * 32];
+        if (X_AHEAD) {
+            if (i + 1 < n) w.template load_x<false>(i + 1, xs[(u + 1) & 1]);
+        } else {
+            w.template load_x<false>(i, xs[u & 1]);
+        }
+        w.chunk(word, sc, xs[u & 1], i);
+    };
+    int i0 = 0;
+    for (; i0 + D <= n; i0 += D) {
+#pragma unroll
+        for (int u = 0; u < D; ++u) step(u, i0 + u);
+    }
+#pragma unroll
+    for (int u = 0; u < D; ++u)
+        if (i0 + u < n) step(u, i0 + u);
+    cp_async_wait<0>();
+}
+
 // Shared memory before the staged activations: the bulk ring while streaming, then the warps' sums.
-template <int MB, int STREAM>
+template <int MB, bool SMALL_GROUP, int STREAM>
 __host__ __device__ constexpr int smem_bytes() {
-    constexpr int sums = WARPS * MB * 4 * 32 * 4, ring = STREAM == STREAM_BULK ? BULK_RING_BYTES : 0;
+    constexpr int sums = WARPS * MB * 4 * 32 * 4;
+    constexpr int ring = STREAM == STREAM_BULK ? BULK_RING_BYTES
+                       : STREAM == STREAM_ASYNC ? async_ring_bytes<MB, SMALL_GROUP>() : 0;
     return sums > ring ? sums : ring;
 }
 
@@ -448,7 +535,7 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
     // The block's activations into shared memory (after the ring or the warps' sums: smem_bytes<>).
     const int2 cb = block_chunks(p);
     const int x_stride = (cb.y - cb.x) * CHUNK_K;
-    __nv_bfloat16* x_staged = reinterpret_cast<__nv_bfloat16*>(smem + smem_bytes<MB, STREAM>());
+    __nv_bfloat16* x_staged = reinterpret_cast<__nv_bfloat16*>(smem + smem_bytes<MB, SMALL_GROUP, STREAM>());
     const bool staged = p.x_smem_bytes > 0;
     if (staged) stage_x(p, cb, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
     WarpSlice<MB, SMALL_GROUP> w;
@@ -457,6 +544,8 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
     if (active) {
         if (STREAM == STREAM_REGISTERS) {
             stream_registers<MB, UNROLL, SMALL_GROUP>(w, wp, staged);
+        } else if (STREAM == STREAM_ASYNC) {
+            stream_async<MB, SMALL_GROUP>(w, wp, smem, warp, lane, staged);
         } else {
             stream_bulk<MB, SMALL_GROUP>(w, reinterpret_cast<const char*>(wp - lane), p.meta + (size_t)tile * p.groups * 8,
                                          smem, bars[warp], warp, lane, g, policy, staged);
@@ -466,7 +555,7 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
         wait_x_staging();                               // every thread of the block meets the barrier
     }
     float (&acc)[MB][4] = w.acc;
-    if (STREAM == STREAM_BULK) __syncthreads();         // every warp is done with the ring
+    if (STREAM != STREAM_REGISTERS) __syncthreads();    // every warp is done with the ring
 
     // The WK warps of a tile: summed in warp order through shared memory.
     auto sums = reinterpret_cast<float (*)[MB][4][32]>(smem);
@@ -557,7 +646,7 @@ template <int MB, bool SMALL_GROUP, int STREAM>
 cudaError_t launch_mb(const Problem& p, dim3 grid, cudaStream_t stream) {
     // Register ring depth: as deep as registers allow without spilling (two blocks per SM up to MB 2).
     constexpr int UNROLL = MB == 1 ? (SMALL_GROUP ? 2 : 6) : MB == 2 ? (SMALL_GROUP ? 2 : 4) : MB == 4 ? 4 : 2;
-    constexpr int bytes = smem_bytes<MB, STREAM>();
+    constexpr int bytes = smem_bytes<MB, SMALL_GROUP, STREAM>();
     static bool attribute_set = false;               // once per instantiation, before its first launch
     if (!attribute_set) {
         cudaError_t e = cudaFuncSetAttribute(w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM>,
@@ -590,7 +679,7 @@ cudaError_t launch_stream(const Problem& p, int mb, dim3 grid, cudaStream_t stre
 
 extern "C" {
 
-// mb: 8-row activation blocks per tile (1, 2, 4, 8); bulk: 1 streams the weights with bulk copies; grid (ceil(n_tiles / wn), splits, ceil(M / 64)).
+// mb: 8-row activation blocks per tile (1, 2, 4, 8); bulk: 0 the register ring, 1 bulk copies, 2 the cp.async ring (mb 1); grid (ceil(n_tiles / wn), splits, ceil(M / 64)).
 int lab_w4a16_mma(const void* x, const void* wq, const void* meta, void* y, void* partials, void* counters,
                   int M, int N, int K, int n_tiles, int k_chunks, int groups, int log2_blocks_per_group,
                   int wn, int wk, int splits, int mb, int fp16_scales, int bulk, void* stream) {
@@ -604,6 +693,11 @@ int lab_w4a16_mma(const void* x, const void* wq, const void* meta, void* y, void
     if (x_bytes <= X_SMEM_MAX_BYTES) p.x_smem_bytes = (int)x_bytes;
     dim3 grid((n_tiles + wn - 1) / wn, splits, (M + M_TILE - 1) / M_TILE);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (bulk == 2) {                                 // the cp.async ring: one 8-row block (batch 1) only
+        if (mb != 1) return cudaErrorInvalidValue;
+        return p.log2_blocks_per_group == 0 ? launch_mb<1, true, STREAM_ASYNC>(p, grid, s)
+                                            : launch_mb<1, false, STREAM_ASYNC>(p, grid, s);
+    }
     return bulk ? launch_stream<STREAM_BULK>(p, mb, grid, s) : launch_stream<STREAM_REGISTERS>(p, mb, grid, s);
 }
 

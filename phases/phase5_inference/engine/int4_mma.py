@@ -19,11 +19,16 @@ What decides its speed, and why it is laid out so (the .cu file's header has the
   `multiply` dequantizes them once into bf16 (one kernel, 2.5 bytes per weight) and lets cuBLAS
   multiply at its own rate instead (`uses_dequantized`, a rule of M alone).
 
-Two ways to stream the weights, one template parameter (the exercise times both, a rung each):
+Three ways to stream the weights, one template parameter (`plan`'s "stream"):
+  async       batch 1 (one 8-row block): a ring of ASYNC_DEPTH chunks per warp in shared memory, each
+              lane copying its own word and scale entries with cp.async (sm_80+): loads in flight cost
+              no registers or scoreboards, so the ring runs ahead of the mma without the register
+              ring's waits. From 2 rows on the register ring measured faster on the H200;
   registers   a ring of 16-byte loads per lane in registers (any GPU with bf16 mma, sm_80+): the
-              default, measured at least as fast as the bulk copies on the H200;
+              default from 2 rows;
   bulk        a ring of 2 KB bulk copies per warp into shared memory (cp.async.bulk on an mbarrier,
-              Hopper's copy engine; sm_90+), with each stage's scales copied beside it.
+              Hopper's copy engine; sm_90+), with each stage's scales copied beside it (a rung of the
+              exercise's ladder; measured slower than both).
 
 Formats taken: group sizes that are powers of two >= 32, or one group per row (per-channel, group
 size = K); zero points 0..15 (symmetric GPTQ-style weights have zero 8); scales bf16 or fp16 kept
@@ -231,7 +236,18 @@ def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: boo
     if k_split is None:
         k_split = min(floor_pow2(wanted), floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP)), WARPS * MAX_SPLITS)
     wk = min(k_split, WARPS)
-    return {"mb": mb, "wk": wk, "wn": WARPS // wk, "splits": k_split // wk, "bulk": bulk}
+    return {"mb": mb, "wk": wk, "wn": WARPS // wk, "splits": k_split // wk, "bulk": bulk, "stream": stream_of(m, bulk)}
+
+
+STREAMS = {"registers": 0, "bulk": 1, "async": 2}     # the launcher's `bulk` argument
+
+
+def stream_of(m: int, bulk: bool = False) -> str:
+    """How the weights are streamed: bulk copies when asked (a rung), the cp.async ring at batch 1
+    (one row: the ring is the only thing in flight and its depth decides), else the register ring."""
+    if bulk:
+        return "bulk"
+    return "async" if m == 1 else "registers"
 
 
 def launches(m: int) -> int:
@@ -297,8 +313,11 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
     if m == 0:
         return y
     cfg = config or plan(m, mw.out_features, mw.in_features, sm_count(x.device))
-    if cfg["bulk"] and not bulk_copies(x.device):
+    stream = cfg.get("stream") or stream_of(m, cfg["bulk"])
+    if stream == "bulk" and not bulk_copies(x.device):
         raise LabError("int4 matmul: the bulk-copy stream needs compute capability 9.0 (Hopper) or newer")
+    if stream == "async" and cfg["mb"] != 1:
+        raise LabError(f"int4 matmul: the cp.async ring takes one 8-row block (mb 1), got mb {cfg['mb']}")
     lib, _ = library()
     m_tiles = cdiv(m, MMA_MAX_M)
     grid_x = cdiv(mw.n_tiles, cfg["wn"])
@@ -311,7 +330,7 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
     code = lib.lab_w4a16_mma(build.ptr(x), build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(y), build.ptr(partials),
                              build.ptr(count), m, mw.out_features, mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups,
                              mw.log2_blocks_per_group, cfg["wn"], cfg["wk"], cfg["splits"], cfg["mb"],
-                             int(mw.fp16_scales), int(cfg["bulk"]), build.stream(x.device))
+                             int(mw.fp16_scales), STREAMS[stream], build.stream(x.device))
     build.check(lib, code, "int4 mma launch")
     return y
 
