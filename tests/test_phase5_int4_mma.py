@@ -226,3 +226,88 @@ def test_quantized_linear_cuda_path_and_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert compare(out, x.float() @ m.weight_format.dequantize().t() + lin.bias.float(), "bf16", "ref")["passed"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (1000, 1000)])
+def test_fused_prologues_match_the_kernels_they_replace(n, k):
+    """RMSNorm (with and without the residual add) and SiLU * up staged inside the kernel give the
+    unfused kernels' bf16 row times W; the check fails a reference that leaves the prologue out."""
+    from phases.phase5_inference.engine import fused_ops
+    dev = torch.device("cuda")
+    qw = int4_weight(n, k, 128).to(dev)
+    mw = im.relayout(qw)
+    dense = qw.dequantize(torch.float32)
+    assert im.prologue_fits(1, mw, im.sm_count(dev))
+    x, res = (torch.randn(1, k, device=dev).to(torch.bfloat16) for _ in range(2))
+    gamma = (torch.rand(k, device=dev) + 0.5).to(torch.bfloat16)
+    for residual in (None, res):
+        h = x if residual is None else (x.float() + residual.float()).to(torch.bfloat16)
+        normed = fused_ops.rms_norm_torch(h, gamma, 1e-5)
+        y, new_residual = im.add_rms_norm_matmul(x, residual, gamma, 1e-5, mw)
+        assert compare(y, normed.float() @ dense.t(), "bf16", "RMSNorm(x + r) @ W^T")["passed"]
+        assert torch.equal(new_residual, h)
+        assert not compare(y, h.float() @ dense.t(), "bf16", "no norm")["passed"]
+    gate_up = torch.randn(1, 2 * k, device=dev).to(torch.bfloat16)
+    y = im.silu_mul_matmul(gate_up, mw)
+    assert compare(y, fused_ops.silu_and_mul_torch(gate_up).float() @ dense.t(), "bf16", "SiLU(g) * u @ W^T")["passed"]
+    assert not compare(y, (gate_up[:, :k].float() * gate_up[:, k:].float()) @ dense.t(), "bf16", "no SiLU")["passed"]
+    with pytest.raises(LabError, match="one row"):
+        im.silu_mul_matmul(torch.randn(2, 2 * k, device=dev).to(torch.bfloat16), mw)
+
+
+@pytest.mark.gpu
+def test_dependent_launches_read_the_previous_kernels_output():
+    """A chain of kernels each reading the one before (PDL on Hopper: each is launched while the one
+    before runs, and waits on it before its activations), eagerly and replayed from a CUDA graph,
+    including a K split whose counters the next call reuses."""
+    dev = torch.device("cuda")
+    a = im.relayout(int4_weight(1024, 16384, 128, seed=1).to(dev))          # K split across blocks
+    b = im.relayout(int4_weight(16384, 1024, 128, seed=2).to(dev))
+    assert im.plan(1, 1024, 16384, im.sm_count(dev))["splits"] > 1
+    dense = {id(a): im.dequantize_relaid(a).to(dev), id(b): im.dequantize_relaid(b).to(dev)}
+    x = torch.randn(1, 16384, device=dev).to(torch.bfloat16)
+
+    def chain(x0):
+        outs, h = [], x0
+        for w in (a, b, a, b, a, b):
+            h = im.matmul(h, w)
+            outs.append(h)
+        return outs
+    for outs in (chain(x),):
+        h = x
+        for w, out in zip((a, b) * 3, outs):
+            assert compare(out, h.float() @ dense[id(w)].t(), "bf16", "x @ W^T")["passed"]
+            h = out
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    h = x
+    for w, out in zip((a, b) * 3, outs):
+        assert compare(out, h.float() @ dense[id(w)].t(), "bf16", "x @ W^T (graph)")["passed"]
+        h = out
+
+
+@pytest.mark.gpu
+def test_the_engine_ops_fuse_into_the_int4_projection():
+    """fused_ops.add_rms_norm_linear takes the fused kernel for one row through a CUDA int4
+    QuantizedLinear and gives what the unfused ops give (two rows stay unfused); silu_and_mul_linear
+    (not fused for int4) still gives the unfused result."""
+    from phases.phase5_inference.engine import fused_ops
+    dev = torch.device("cuda")
+    lin = torch.nn.Linear(4096, 2 * 4096, bias=False, device=dev, dtype=torch.bfloat16)
+    q = qz.QuantizedLinear.from_linear(lin, 4, group_size=128, path="cuda")
+    down = qz.QuantizedLinear.from_linear(torch.nn.Linear(4096, 4096, bias=False, device=dev, dtype=torch.bfloat16),
+                                          4, group_size=128, path="cuda")
+    gamma = (torch.rand(4096, device=dev) + 0.5).to(torch.bfloat16)
+    x, res = (torch.randn(1, 4096, device=dev).to(torch.bfloat16) for _ in range(2))
+    assert q.fuses_input(x) and not q.fuses_input(torch.cat([x, x]))
+    y, new_res = fused_ops.add_rms_norm_linear(x, res.clone(), gamma, 1e-5, q)
+    unfused_res = res.clone()
+    ref = q(fused_ops.add_rms_norm(x, unfused_res, gamma, 1e-5))
+    assert compare(y, ref.float(), "bf16", "unfused")["passed"] and torch.equal(new_res, unfused_res)
+    z = fused_ops.silu_and_mul_linear(y, down)
+    assert compare(z, down(fused_ops.silu_and_mul(y)).float(), "bf16", "unfused")["passed"]

@@ -213,6 +213,8 @@ def add_rms_norm_linear(x, residual, norm_weight, eps: float, weight):
     (residual updated in place, as add_rms_norm) and then `linear`."""
     if _gemv_fits(x, weight) and (residual is None or residual.stride(-1) == 1):
         return add_rms_norm_gemv_triton(x, residual, norm_weight, eps, weight)
+    if _fuses_input(x, weight) and norm_weight.dtype == x.dtype and (residual is None or residual.shape == x.shape):
+        return weight.add_rms_norm_forward(x, residual, norm_weight, eps)
     if residual is None:
         return linear(rms_norm(x, norm_weight, eps), weight), x
     return linear(add_rms_norm(x, residual, norm_weight, eps), weight), residual
@@ -245,3 +247,11 @@ def silu_and_mul_linear(gate_up, weight):
     if _gemv_fits(gate_up, weight):
         return gemv_triton(gate_up, weight, silu_mul=True)
     return linear(silu_and_mul(gate_up), weight)
+
+
+def _fuses_input(x, weight) -> bool:
+    """A quantized projection (QuantizedLinear) that runs the RMSNorm before it inside its own kernel
+    (one row through the CUDA int4 kernel, staged with the row). SiLU * up is not fused so: the down
+    projection's blocks each span all of K, so every block would recompute the whole row's SiLU
+    (measured slower on an H200 than its own kernel; int4_mma.silu_mul_matmul keeps the option)."""
+    return not isinstance(weight, torch.Tensor) and hasattr(weight, "fuses_input") and weight.fuses_input(x)

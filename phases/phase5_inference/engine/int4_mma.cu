@@ -149,7 +149,21 @@ struct Problem {
     float* partials; int* counters;
     int M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales;
     int x_smem_bytes;         // > 0: the block's activations are staged in shared memory first (small M x K)
+    // A fused prologue (one row, staged): what x becomes before the multiply (PROLOGUE_*).
+    int prologue;
+    const __nv_bfloat16* residual;   // ADD_RMS_NORM: added to x first (null: RMSNorm of x alone)
+    const __nv_bfloat16* norm_weight;
+    __nv_bfloat16* residual_out;     // ADD_RMS_NORM: x + residual, the whole row, written by block (0, 0, 0)
+    float eps;
+    int pdl;                         // host: launched as a programmatic dependent of the kernel before it
 };
+
+// The fused prologues: the kernel before the multiply, folded into the staging of its one row.
+//   ADD_RMS_NORM  x <- RMSNorm(x + residual) * norm_weight (each block sums the whole row's squares)
+//   SILU_MUL      x <- SiLU(x[:K]) * x[K:2K] (x is the gate_up projection's [1, 2K] output)
+// Both round where the engine's Triton kernels round (fused_ops.py), so the fused path multiplies the
+// same bf16 row the unfused one would.
+constexpr int PROLOGUE_NONE = 0, PROLOGUE_ADD_RMS_NORM = 1, PROLOGUE_SILU_MUL = 2;
 
 // The block's chunks along K: [begin, end) of its first and last warp slices.
 __device__ __forceinline__ int2 block_chunks(const Problem& p) {
@@ -178,6 +192,95 @@ __device__ __forceinline__ void stage_x(const Problem& p, int2 cb, __nv_bfloat16
 __device__ __forceinline__ void wait_x_staging() {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
+}
+
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// The sum of a float over the block's threads (every thread gets it).
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float warp_sums[THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) total += warp_sums[w];
+    return total;
+}
+
+// The fused prologue of row 0 into shared memory: inputs [k0, k0 + width) of the block (after
+// block_chunks), in K order, as the unfused kernels would have written them; ends with the block's barrier.
+__device__ void stage_prologue(const Problem& p, int2 cb, __nv_bfloat16* xs) {
+    const int k0 = cb.x * CHUNK_K, width = min(cb.y * CHUNK_K, p.K) - k0;      // multiples of 8
+    if (p.prologue == PROLOGUE_SILU_MUL) {
+        for (int k = threadIdx.x * 8; k < width; k += THREADS * 8) {
+            const uint4 gv = *reinterpret_cast<const uint4*>(p.x + k0 + k);
+            const uint4 uv = *reinterpret_cast<const uint4*>(p.x + p.K + k0 + k);
+            const __nv_bfloat16* g8 = reinterpret_cast<const __nv_bfloat16*>(&gv);
+            const __nv_bfloat16* u8 = reinterpret_cast<const __nv_bfloat16*>(&uv);
+            __align__(16) __nv_bfloat16 out[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float g = __bfloat162float(g8[j]);
+                out[j] = __float2bfloat16(bf16_round(g / (1.f + __expf(-g))) * __bfloat162float(u8[j]));
+            }
+            *reinterpret_cast<uint4*>(xs + k) = *reinterpret_cast<const uint4*>(out);
+        }
+        __syncthreads();
+        return;
+    }
+    // ADD_RMS_NORM: h = bf16(x + residual) over the whole row for the sum of squares.
+    const bool writer = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && p.residual_out != nullptr;
+    float squares = 0.f;
+    for (int k = threadIdx.x * 8; k < p.K; k += THREADS * 8) {
+        uint4 hv = *reinterpret_cast<const uint4*>(p.x + k);
+        __nv_bfloat16* h8 = reinterpret_cast<__nv_bfloat16*>(&hv);
+        if (p.residual != nullptr) {
+            const uint4 rv = *reinterpret_cast<const uint4*>(p.residual + k);
+            const __nv_bfloat16* r8 = reinterpret_cast<const __nv_bfloat16*>(&rv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h8[j] = __float2bfloat16(__bfloat162float(h8[j]) + __bfloat162float(r8[j]));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) squares += __bfloat162float(h8[j]) * __bfloat162float(h8[j]);
+        if (writer) *reinterpret_cast<uint4*>(p.residual_out + k) = hv;
+    }
+    const float rstd = 1.f / sqrtf(block_sum(squares) / p.K + p.eps);
+    for (int k = threadIdx.x * 8; k < width; k += THREADS * 8) {
+        uint4 hv = *reinterpret_cast<const uint4*>(p.x + k0 + k);
+        __nv_bfloat16* h8 = reinterpret_cast<__nv_bfloat16*>(&hv);
+        if (p.residual != nullptr) {
+            const uint4 rv = *reinterpret_cast<const uint4*>(p.residual + k0 + k);
+            const __nv_bfloat16* r8 = reinterpret_cast<const __nv_bfloat16*>(&rv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h8[j] = __float2bfloat16(__bfloat162float(h8[j]) + __bfloat162float(r8[j]));
+        }
+        const uint4 wv = *reinterpret_cast<const uint4*>(p.norm_weight + k0 + k);
+        const __nv_bfloat16* w8 = reinterpret_cast<const __nv_bfloat16*>(&wv);
+        __align__(16) __nv_bfloat16 out[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            out[j] = __float2bfloat16(bf16_round(__bfloat162float(h8[j]) * rstd) * __bfloat162float(w8[j]));
+        *reinterpret_cast<uint4*>(xs + k) = *reinterpret_cast<const uint4*>(out);
+    }
+    __syncthreads();
+}
+
+// Programmatic dependent launch (Hopper): the kernel is launched while the one before it still runs;
+// everything before grid_dependency_wait reads only the weights (never written by a kernel), and
+// everything after it sees the previous kernel's results. launch_dependents lets the next kernel's
+// blocks start streaming their own weights as this one's blocks leave the SMs.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // One warp's slice of the problem: chunks [c_begin, c_end) of one tile, and its running sums.
@@ -314,8 +417,8 @@ constexpr int BULK_RING_BYTES = WARPS * STAGES * STAGE_CHUNKS * 512 + WARPS * ST
 // refilled with chunk i0 + u + UNROLL. Small batches fetch their activations one chunk ahead into the
 // other of two buffers (they come from L1/L2: one chunk of work covers that latency). Full chunks only;
 // the caller does the tail. Whole rounds of UNROLL chunks run without per-chunk bounds checks.
-template <int MB, int UNROLL, bool SMALL_GROUP>
-__device__ __forceinline__ void stream_registers(WarpSlice<MB, SMALL_GROUP>& w, const uint4* wp, bool staged) {
+template <int MB, int UNROLL, bool SMALL_GROUP, typename Stage>
+__device__ __forceinline__ void stream_registers(WarpSlice<MB, SMALL_GROUP>& w, const uint4* wp, Stage stage) {
     static_assert(UNROLL % 2 == 0, "the activation buffers alternate with the chunk's parity");
     constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS;
     constexpr bool X_AHEAD = MB <= 2;
@@ -329,7 +432,7 @@ __device__ __forceinline__ void stream_registers(WarpSlice<MB, SMALL_GROUP>& w, 
             words[u] = load_weights(wp + u * 32);
             w.template load_scales<false>(u, scales[u]);
         }
-    if (staged) wait_x_staging();                        // the activations landed while the ring filled
+    stage();                                             // the activations, while the ring fills
     if (X_AHEAD && n > 0) w.template load_x<false>(0, xs[0]);
     // Chunk i = i0 + u from slot u (u is a compile-time constant in every call).
     auto step = [&](int u, int i) {
@@ -361,10 +464,10 @@ __device__ __forceinline__ void stream_registers(WarpSlice<MB, SMALL_GROUP>& w, 
 
 // The bulk ring: per warp and stage, STAGE_CHUNKS lane words and the scale entries of their groups,
 // two bulk copies completing one barrier phase. Full chunks only; the caller does the tail.
-template <int MB, bool SMALL_GROUP>
+template <int MB, bool SMALL_GROUP, typename Stage>
 __device__ __forceinline__ void stream_bulk(WarpSlice<MB, SMALL_GROUP>& w, const char* src, const uint2* tile_meta,
                                             unsigned char* smem, uint64_t (&bars)[STAGES], int warp, int lane,
-                                            int g, uint64_t policy, bool staged) {
+                                            int g, uint64_t policy, Stage stage) {
     constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS;
     auto ring = reinterpret_cast<uint4 (*)[STAGES][STAGE_CHUNKS * 32]>(smem);
     auto ring_scales = reinterpret_cast<uint2 (*)[STAGES][STAGE_SCALE_ENTRIES]>(smem + WARPS * STAGES * STAGE_CHUNKS * 512);
@@ -391,7 +494,7 @@ __device__ __forceinline__ void stream_bulk(WarpSlice<MB, SMALL_GROUP>& w, const
         for (int j = 0; j < min(STAGES, n_stages); ++j) issue(j);
     }
     __syncwarp();
-    if (staged) wait_x_staging();
+    stage();
     constexpr bool X_AHEAD = MB <= 2;                    // activations one chunk ahead (registers allow)
     uint4 xs[MB][2], xs_next[MB][2];
     if (X_AHEAD && n > 0) w.template load_x<false>(0, xs);
@@ -447,9 +550,9 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
-template <int MB, bool SMALL_GROUP>
+template <int MB, bool SMALL_GROUP, typename Stage>
 __device__ __forceinline__ void stream_async(WarpSlice<MB, SMALL_GROUP>& w, const uint4* wp, unsigned char* smem,
-                                             int warp, int lane, bool staged) {
+                                             int warp, int lane, Stage stage) {
     constexpr int METAS = WarpSlice<MB, SMALL_GROUP>::METAS, D = ASYNC_DEPTH;
     static_assert((D & (D - 1)) == 0 && D >= 2, "the ring's depth is a power of two");
     uint4* ring = reinterpret_cast<uint4*>(smem) + (size_t)warp * D * 32 + lane;                   // [D][32]
@@ -471,10 +574,7 @@ __device__ __forceinline__ void stream_async(WarpSlice<MB, SMALL_GROUP>& w, cons
         if (u < n) issue(u, u);
         commit();
     }
-    if (staged) {                                    // the staging group is older than every chunk's
-        cp_async_wait<D - 1>();
-        __syncthreads();
-    }
+    stage();                                         // the activations, while the ring fills
     constexpr bool X_AHEAD = MB <= 2;
     uint4 xs[2][MB][2];
     if (X_AHEAD && n > 0) w.template load_x<false>(0, xs[0]);
@@ -537,22 +637,33 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_mma(Problem p)
     const int x_stride = (cb.y - cb.x) * CHUNK_K;
     __nv_bfloat16* x_staged = reinterpret_cast<__nv_bfloat16*>(smem + smem_bytes<MB, SMALL_GROUP, STREAM>());
     const bool staged = p.x_smem_bytes > 0;
-    if (staged) stage_x(p, cb, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
+    allow_dependents();
+    // Once the weights' first loads are in flight: wait for the previous kernel (PDL), then bring in
+    // this block's activations (copied, or computed by a fused prologue). Every thread calls it once.
+    auto stage = [&]() {
+        grid_dependency_wait();
+        if (p.prologue != PROLOGUE_NONE) {
+            stage_prologue(p, cb, x_staged);
+        } else if (staged) {
+            stage_x(p, cb, x_staged, m0, min(M_TILE, p.M - m0), x_stride);
+            wait_x_staging();
+        }
+    };
     WarpSlice<MB, SMALL_GROUP> w;
     w.init(p, active ? tile : 0, m0, g, t, c_begin, c_end, x_staged, x_stride, cb.x);
     const uint4* wp = p.wq + ((size_t)(active ? tile : 0) * p.k_chunks + c_begin) * 32 + lane;
     if (active) {
         if (STREAM == STREAM_REGISTERS) {
-            stream_registers<MB, UNROLL, SMALL_GROUP>(w, wp, staged);
+            stream_registers<MB, UNROLL, SMALL_GROUP>(w, wp, stage);
         } else if (STREAM == STREAM_ASYNC) {
-            stream_async<MB, SMALL_GROUP>(w, wp, smem, warp, lane, staged);
+            stream_async<MB, SMALL_GROUP>(w, wp, smem, warp, lane, stage);
         } else {
             stream_bulk<MB, SMALL_GROUP>(w, reinterpret_cast<const char*>(wp - lane), p.meta + (size_t)tile * p.groups * 8,
-                                         smem, bars[warp], warp, lane, g, policy, staged);
+                                         smem, bars[warp], warp, lane, g, policy, stage);
         }
         if (w.n_full < w.n_chunks) w.tail(load_weights(wp + w.n_full * 32));
-    } else if (staged) {
-        wait_x_staging();                               // every thread of the block meets the barrier
+    } else {
+        stage();                                        // every thread of the block meets its barriers
     }
     float (&acc)[MB][4] = w.acc;
     if (STREAM != STREAM_REGISTERS) __syncthreads();    // every warp is done with the ring
@@ -654,8 +765,17 @@ cudaError_t launch_mb(const Problem& p, dim3 grid, cudaStream_t stream) {
         if (e != cudaSuccess) return e;
         attribute_set = true;
     }
-    w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM><<<grid, THREADS, bytes + p.x_smem_bytes, stream>>>(p);
-    return cudaGetLastError();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(THREADS);
+    config.dynamicSmemBytes = bytes + p.x_smem_bytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = p.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, w4a16_mma<MB, UNROLL, SMALL_GROUP, STREAM>, p);
 }
 
 template <bool SMALL_GROUP, int STREAM>
@@ -679,18 +799,25 @@ cudaError_t launch_stream(const Problem& p, int mb, dim3 grid, cudaStream_t stre
 
 extern "C" {
 
-// mb: 8-row activation blocks per tile (1, 2, 4, 8); bulk: 0 the register ring, 1 bulk copies, 2 the cp.async ring (mb 1); grid (ceil(n_tiles / wn), splits, ceil(M / 64)).
+// mb: 8-row activation blocks per tile (1, 2, 4, 8); bulk: 0 the register ring, 1 bulk copies, 2 the cp.async ring (mb 1);
+// grid (ceil(n_tiles / wn), splits, ceil(M / 64)). prologue (PROLOGUE_*): one row only, staged in shared memory;
+// residual may be null (RMSNorm of x alone), residual_out null (not written). pdl: launch as a programmatic dependent.
 int lab_w4a16_mma(const void* x, const void* wq, const void* meta, void* y, void* partials, void* counters,
                   int M, int N, int K, int n_tiles, int k_chunks, int groups, int log2_blocks_per_group,
-                  int wn, int wk, int splits, int mb, int fp16_scales, int bulk, void* stream) {
+                  int wn, int wk, int splits, int mb, int fp16_scales, int bulk, int prologue, const void* residual,
+                  const void* norm_weight, void* residual_out, float eps, int pdl, void* stream) {
     if (wn * wk != WARPS || splits < 1 || M < 1) return cudaErrorInvalidValue;
     Problem p{static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(wq), static_cast<const uint2*>(meta),
               static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(counters),
-              M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales, 0};
+              M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, wn, wk, splits, fp16_scales, 0,
+              prologue, static_cast<const __nv_bfloat16*>(residual), static_cast<const __nv_bfloat16*>(norm_weight),
+              static_cast<__nv_bfloat16*>(residual_out), eps, pdl};
     // Stage the activations when a block's rows x K range fit (batch 1 to a few rows).
     const int block_chunks_max = (int)(((long long)k_chunks * wk + splits * wk - 1) / (splits * wk)) + 1;
     const long long x_bytes = (long long)(M < M_TILE ? M : M_TILE) * block_chunks_max * CHUNK_K * 2;
     if (x_bytes <= X_SMEM_MAX_BYTES) p.x_smem_bytes = (int)x_bytes;
+    if (prologue != PROLOGUE_NONE && (M != 1 || p.x_smem_bytes == 0 || K % 8)) return cudaErrorInvalidValue;
+    if (prologue == PROLOGUE_ADD_RMS_NORM && norm_weight == nullptr) return cudaErrorInvalidValue;
     dim3 grid((n_tiles + wn - 1) / wn, splits, (M + M_TILE - 1) / M_TILE);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (bulk == 2) {                                 // the cp.async ring: one 8-row block (batch 1) only

@@ -35,6 +35,15 @@ size = K); zero points 0..15 (symmetric GPTQ-style weights have zero 8); scales 
 exactly (fp32 scales are rounded to bf16: the kernel reads 16-bit scales). K must be a multiple of 8
 (16-byte activation loads). `unavailable` says why a weight or an input cannot run here.
 
+Fused prologues (one row, staged): `add_rms_norm_matmul` runs the residual add and RMSNorm before
+the projection inside the kernel (each block sums the whole row's squares from L2, then stages its
+own K slice normalized), saving the norm's own launch at batch 1: the engine's QKV and gate_up take it
+(fused_ops.add_rms_norm_linear). `silu_mul_matmul` does the same for SiLU(gate) * up, but the down
+projection's blocks each span all of K, so every block recomputes the whole row: measured slower than
+the separate kernel, the engine does not use it. The kernel can also be launched as a programmatic
+dependent (Hopper PDL: weights streamed before griddepcontrol.wait, activations after);
+DEPENDENT_LAUNCH is off because it measured no faster.
+
 Built on phase 2: its nvcc build-and-load helper (build.py) compiles the kernel and calls it by ctypes.
 """
 import ctypes
@@ -257,7 +266,8 @@ def launches(m: int) -> int:
 
 # ------------------------------------------------------------------------------ calling it
 SIGNATURES = {
-    "lab_w4a16_mma": [ctypes.c_void_p] * 6 + [ctypes.c_int] * 13 + [ctypes.c_void_p],
+    "lab_w4a16_mma": [ctypes.c_void_p] * 6 + [ctypes.c_int] * 14 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int,
+                                                                                       ctypes.c_void_p],
     "lab_int4_dequantize": [ctypes.c_void_p] * 3 + [ctypes.c_int] * 7 + [ctypes.c_void_p],
 }
 _COUNTERS: dict = {}
@@ -286,6 +296,33 @@ def bulk_copies(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+DEPENDENT_LAUNCH = False         # launch as programmatic dependents (Hopper PDL): measured no faster on an
+                                 # H200 over 32 layers of 8B projections (with the trigger at the kernel's
+                                 # start, after its main loop, or implicit), so off; True for an A/B
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether kernels launch as programmatic dependents here (Hopper's griddepcontrol, sm_90+)."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+PROLOGUES = {"add_rms_norm": 1, "silu_mul": 2}      # int4_mma.cu's PROLOGUE_*
+
+
+def prologue_fits(m: int, mw: MmaInt4Weight, sms: int) -> bool:
+    """Whether a fused prologue can run for this call: one row whose block slice of K is staged in
+    shared memory (the launcher's rule, int4_mma.cu's X_SMEM_MAX_BYTES)."""
+    if m != 1 or mw.in_features % 8:
+        return False
+    cfg = plan(m, mw.out_features, mw.in_features, sms)
+    k_split = cfg["wk"] * cfg["splits"]
+    block_chunks = cdiv(mw.k_chunks * cfg["wk"], k_split) + 1
+    return block_chunks * CHUNK_K * 2 <= X_SMEM_MAX_BYTES
+
+
+X_SMEM_MAX_BYTES = 32 * 1024
+
+
 def uses_dequantized(m: int) -> bool:
     """Above MMA_MAX_M rows `multiply` dequantizes once and lets cuBLAS multiply."""
     return m > MMA_MAX_M
@@ -300,13 +337,54 @@ def multiply(x: torch.Tensor, mw: MmaInt4Weight) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> torch.Tensor:
     """y = x @ W^T, x [M, K] bf16 on the GPU (contiguous rows), y [M, N] bf16."""
-    from phases.phase2_cuda import build
-    if x.dim() != 2 or x.shape[1] != mw.in_features:
-        raise LabError(f"int4 matmul: x must be [M, {mw.in_features}], got {tuple(x.shape)}")
+    _check_input(x, mw.in_features, "x")
+    return _launch(x.contiguous(), mw, config)
+
+
+def add_rms_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        mw: MmaInt4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * norm_weight @ W^T, x + residual) for one row in one kernel (residual
+    None: RMSNorm(x), and x is returned as the residual), rounded as fused_ops' Triton kernels round.
+    Needs prologue_fits."""
+    _check_input(x, mw.in_features, "x")
+    if x.shape[0] != 1 or not prologue_fits(1, mw, sm_count(x.device)):
+        raise LabError(f"int4 add_rms_norm_matmul: one row whose K slice fits shared memory, got {tuple(x.shape)}")
+    if residual is not None:
+        _check_input(residual, mw.in_features, "residual")
+    if norm_weight.shape != (mw.in_features,) or norm_weight.dtype != torch.bfloat16:
+        raise LabError(f"int4 add_rms_norm_matmul: norm_weight must be bf16 [{mw.in_features}], "
+                       f"got {norm_weight.dtype} {tuple(norm_weight.shape)}")
+    new_residual = x if residual is None else torch.empty_like(residual)
+    y = _launch(x.contiguous(), mw, None, PROLOGUES["add_rms_norm"], None if residual is None else residual.contiguous(),
+                norm_weight.contiguous(), None if residual is None else new_residual, eps)
+    return y, new_residual
+
+
+def silu_mul_matmul(gate_up: torch.Tensor, mw: MmaInt4Weight) -> torch.Tensor:
+    """(SiLU(gate_up[:, :K]) * gate_up[:, K:]) @ W^T for one row in one kernel, K = W's inputs."""
+    k = mw.in_features
+    _check_input(gate_up, 2 * k, "gate_up")
+    if gate_up.shape[0] != 1 or not prologue_fits(1, mw, sm_count(gate_up.device)):
+        raise LabError(f"int4 silu_mul_matmul: one row whose K slice fits shared memory, got {tuple(gate_up.shape)}")
+    return _launch(gate_up.contiguous(), mw, None, PROLOGUES["silu_mul"])
+
+
+def _check_input(x: torch.Tensor, width: int, name: str) -> None:
+    if x.dim() != 2 or x.shape[1] != width:
+        raise LabError(f"int4 matmul: {name} must be [M, {width}], got {tuple(x.shape)}")
     if x.dtype != torch.bfloat16 or x.device.type != "cuda":
-        raise LabError(f"int4 matmul: x must be bf16 on a CUDA GPU, got {x.dtype} on {x.device.type}")
-    x = x.contiguous()
-    if x.data_ptr() % 16:
+        raise LabError(f"int4 matmul: {name} must be bf16 on a CUDA GPU, got {x.dtype} on {x.device.type}")
+
+
+def _launch(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None, prologue: int = 0,
+            residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+            residual_out: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """The kernel's launch: y [M, N] for x [M, K] (with a prologue, M = 1 and x may be [1, 2K])."""
+    from phases.phase2_cuda import build
+    tensors = [t for t in (x, residual, norm_weight) if t is not None]
+    if any(t.data_ptr() % 16 for t in tensors):
+        if prologue:
+            raise LabError("int4 matmul: a fused prologue needs 16-byte aligned inputs")
         x = x.clone()
     m = x.shape[0]
     y = torch.empty(m, mw.out_features, dtype=torch.bfloat16, device=x.device)
@@ -318,6 +396,7 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
         raise LabError("int4 matmul: the bulk-copy stream needs compute capability 9.0 (Hopper) or newer")
     if stream == "async" and cfg["mb"] != 1:
         raise LabError(f"int4 matmul: the cp.async ring takes one 8-row block (mb 1), got mb {cfg['mb']}")
+    pdl = cfg.get("pdl", DEPENDENT_LAUNCH) and dependent_launch(x.device)
     lib, _ = library()
     m_tiles = cdiv(m, MMA_MAX_M)
     grid_x = cdiv(mw.n_tiles, cfg["wn"])
@@ -327,10 +406,14 @@ def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> to
         count = counters(x.device, grid_x * m_tiles)
     else:
         partials = count = y                     # unused by the kernel
+
+    def ptr(t):
+        return None if t is None else build.ptr(t)
     code = lib.lab_w4a16_mma(build.ptr(x), build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(y), build.ptr(partials),
                              build.ptr(count), m, mw.out_features, mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups,
                              mw.log2_blocks_per_group, cfg["wn"], cfg["wk"], cfg["splits"], cfg["mb"],
-                             int(mw.fp16_scales), STREAMS[stream], build.stream(x.device))
+                             int(mw.fp16_scales), STREAMS[stream], prologue, ptr(residual), ptr(norm_weight),
+                             ptr(residual_out), float(eps), int(pdl), build.stream(x.device))
     build.check(lib, code, "int4 mma launch")
     return y
 

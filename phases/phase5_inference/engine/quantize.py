@@ -239,13 +239,41 @@ class QuantizedLinear(nn.Module):
         from . import int4_mma
         if not isinstance(self.weight_format, Int4Weight):
             raise LabError("QuantizedLinear path 'cuda': the CUDA kernel takes int4 weights only (int8: 'fused')")
+        return int4_mma.multiply(x2, self._mma(x2))
+
+    def fuses_input(self, x: torch.Tensor) -> bool:
+        """Whether the kernel before this projection (RMSNorm, SiLU * up) can run inside it for x:
+        the CUDA path, int4, no activation scale, one bf16 row on a GPU whose K slice fits (int4_mma)."""
+        from . import int4_mma
+        if self.path != "cuda" or not isinstance(self.weight_format, Int4Weight) or self.input_scale is not None:
+            return False
+        if x.dim() != 2 or x.shape[0] != 1 or x.dtype != torch.bfloat16 or not x.is_cuda:
+            return False
+        return int4_mma.prologue_fits(1, self._mma(x), int4_mma.sm_count(x.device))
+
+    def add_rms_norm_forward(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(RMSNorm(x + residual)), x + residual) in one kernel (fuses_input(x) must hold)."""
+        from . import int4_mma
+        y, new_residual = int4_mma.add_rms_norm_matmul(x, residual, norm_weight, eps, self._mma(x))
+        return (y if self.bias is None else y + self.bias.to(y.dtype)), new_residual
+
+    def silu_mul_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(SiLU(gate) * up) in one kernel (fuses_input of one row must hold)."""
+        from . import int4_mma
+        y = int4_mma.silu_mul_matmul(gate_up, self._mma(gate_up))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _mma(self, x2: torch.Tensor):
+        """The weight re-laid for the CUDA kernel on x2's device (once)."""
+        from . import int4_mma
         key = ("mma", x2.device)
         if key not in self._library_cache:
             why = int4_mma.unavailable(self.weight_format, x2)
             if why:
                 raise LabError(f"QuantizedLinear path 'cuda': {why}")
             self._library_cache[key] = int4_mma.relayout(self.weight_format)
-        return int4_mma.multiply(x2, self._library_cache[key])
+        return self._library_cache[key]
 
     def _library(self, x2: torch.Tensor) -> torch.Tensor:
         why = library_unavailable(self.weight_format, x2)

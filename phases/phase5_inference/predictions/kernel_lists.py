@@ -65,22 +65,24 @@ def _projection(name: str, batch: int, n_in: int, n_out: int, wbytes: float, lau
 
 
 def decode_step(shape: LlamaShape, batch: int, context: float, *, weight_bytes: float = BF16_BYTES,
-                splits: int = 1, graphed: bool = True) -> Workload:
+                splits: int = 1, graphed: bool = True, norm_in_quant_kernel: bool = False) -> Workload:
     """One decode step: `batch` sequences of `context` cached tokens each. `weight_bytes` per weight of
     the layers' projections (bf16 2; int4 with a bf16 scale per group g: 0.5 + 2 / g); the embedding
-    and the LM head stay bf16."""
+    and the LM head stay bf16. norm_in_quant_kernel: the quantized projections after an RMSNorm run it
+    inside their own kernel at batch 1 (the CUDA int4 kernel's staged prologue, fused_ops)."""
     s, L, B, C = shape, shape.num_hidden_layers, batch, context
+    norm_fused = (B == 1) if norm_in_quant_kernel and weight_bytes != BF16_BYTES else None
     h, q, kv, i = s.hidden_size, s.q_size, s.kv_size, s.intermediate_size
     launch = GRAPH if graphed else TRITON
     per_layer = [
-        *_projection("QKV", B, h, q + 2 * kv, weight_bytes, launch, norm=True),
+        *_projection("QKV", B, h, q + 2 * kv, weight_bytes, launch, norm=True, fused=norm_fused),
         Kernel("RoPE + K, V store", ELEMENTWISE, 3 * B * (q + kv), 2 * B * (q + 2 * kv) * ACT, None, launch=launch),
         Kernel(f"decode attention over {C:.0f} tokens", ELEMENTWISE, 4 * B * q * C,
                B * (2 * C * kv + 2 * q) * ACT, None, exps=B * s.num_attention_heads * C, launch=launch),
         *([Kernel("combine the splits", ELEMENTWISE, 0, B * q * (splits + 1) * 4, None, launch=launch)]
           if splits > 1 else []),
         *_projection("O", B, q, h, weight_bytes, launch),
-        *_projection("gate_up", B, h, 2 * i, weight_bytes, launch, norm=True),
+        *_projection("gate_up", B, h, 2 * i, weight_bytes, launch, norm=True, fused=norm_fused),
         *_projection("down", B, i, h, weight_bytes, launch, silu=True),
     ]
     kernels = [Kernel("embedding gather", ELEMENTWISE, 0, 2 * B * h * ACT, None, launch=launch),
@@ -332,7 +334,8 @@ def row_workload(r: dict) -> Workload | None:
         if fmt not in ("bf16", "int4"):
             return None                      # int8's path has no kernel list here
         wb = BF16_BYTES if fmt == "bf16" else int4_weight_bytes(int(_v(r, "params.group_size")))
-        return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb)
+        return decode_step(shape, int(_v(r, "params.batch")), context, weight_bytes=wb,
+                           norm_in_quant_kernel=r["variant"] == "int4_cuda")
     return None
 
 

@@ -45,7 +45,8 @@ def int4_decode_step(params: dict, device):
     p = checked(params, INT4_PARAMS)
     group = int(p["group_size"])
     step, shape, context = probe(p, device, quantization="int4", quant_path="cuda", quant_group_size=group)
-    workload = kernel_lists.decode_step(shape, 1, context, weight_bytes=kernel_lists.int4_weight_bytes(group))
+    workload = kernel_lists.decode_step(shape, 1, context, weight_bytes=kernel_lists.int4_weight_bytes(group),
+                                        norm_in_quant_kernel=True)
     return step, workload, f"{shape.name} int4 (group {group}, CUDA kernel) batch-1 decode step over {context} tokens"
 
 
