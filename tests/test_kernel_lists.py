@@ -76,6 +76,13 @@ def test_a_batched_decode_step_splits_norms_and_silu_from_cublas_and_counts_expo
     int4 = p5.decode_step(s, 1, 100.0, weight_bytes=p5.int4_weight_bytes(128))
     assert int4.totals()["bytes"] < p5.decode_step(s, 1, 100.0).totals()["bytes"]
     assert int4.totals()["launches"] == 9 * s.num_hidden_layers + 3        # a quantized weight: its norm unfused
+    # the CUDA int4 kernel stages the RMSNorm before QKV and gate_up at batch 1 (not the SiLU before down)
+    cuda = p5.decode_step(s, 1, 100.0, weight_bytes=p5.int4_weight_bytes(128), norm_in_quant_kernel=True)
+    assert cuda.totals()["launches"] == 7 * s.num_hidden_layers + 3
+    names = {k.name for k in cuda.kernels}
+    assert "QKV (+ RMSNorm)" in names and "SiLU(gate) * up before down" in names
+    batched = p5.decode_step(s, 2, 100.0, weight_bytes=p5.int4_weight_bytes(128), norm_in_quant_kernel=True)
+    assert "RMSNorm before QKV" in {k.name for k in batched.kernels}
 
 
 def test_prefill_pads_to_its_graph_bucket_and_phase5_rows_map_to_steps():
