@@ -25,6 +25,7 @@ prefix came from the cache.
 The chunked budget defaults to 2048 tokens (vLLM's default for online serving): at the engine's
 8192 an 8,000-token prompt and 32 decode rows fit in one step, so nothing would be chunked.
 """
+import math
 import statistics
 import time
 
@@ -66,7 +67,7 @@ def check_params(params) -> None:
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
+    return ordered[min(len(ordered), max(1, math.ceil(q / 100 * len(ordered)))) - 1]
 
 
 # ------------------------------------------------------------------ a long prompt among streams
@@ -300,7 +301,6 @@ def run(ctx, params):
     from .engine import EngineConfig, LLMEngine
     from .engine.weights import random_weights
 
-    check_params(params)
     shape = shape_of(params)
     dtype = "bf16" if ctx.is_cuda else "fp32"
     torch_dtype = "bfloat16" if ctx.is_cuda else "float32"
@@ -374,6 +374,7 @@ EXERCISE = Exercise(
     quick_params={"streams": 4, "long_tokens": 512, "prefix_tokens": 512},
     footprint_bytes=weights_footprint_bytes, cpu_footprint_bytes=cpu_weights_footprint_bytes,
     work=work,
+    check=check_params,
 )
 
 if __name__ == "__main__":
