@@ -173,7 +173,7 @@ def itl_row(ctx, identity: dict, variant: str, run: dict, check: dict, predictio
     return row(variant, identity, check=check, timing=timing, metrics=metrics, prediction=prediction)
 
 
-def itl_rows(ctx, params, shape, weights, make_engine, dtype: str) -> list[dict]:
+def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     streams, long_tokens = params["streams"], params["long_tokens"]
     prompts = random_prompts(streams + 2, params["stream_prompt_tokens"], shape.vocab_size, params["seed"])
     long_prompt, warm_long = (random_prompts(2, long_tokens, shape.vocab_size, params["seed"] + 1))
@@ -241,7 +241,7 @@ def prefix_predictions(ctx, shape, prefix_tokens: int, suffix_tokens: int, dtype
                                                               "its attention over the cached prefix)"))
 
 
-def prefix_rows(ctx, params, shape, weights, make_engine, dtype: str) -> list[dict]:
+def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     from .engine import SamplingParams
     prefix_tokens, suffix_tokens, repeats = params["prefix_tokens"], params["suffix_tokens"], params["repeats"]
     sampling = SamplingParams(max_tokens=params["output_tokens"], ignore_eos=True)
@@ -316,12 +316,12 @@ def run(ctx, params):
     try:
         rows = []
         if "itl_under_long_prompt" in params["kinds"]:
-            rows += itl_rows(ctx, params, shape, weights, make_engine, dtype)
+            rows += itl_rows(ctx, params, shape, make_engine, dtype)
         if "shared_prefix_ttft" in params["kinds"]:
-            rows += prefix_rows(ctx, params, shape, weights, make_engine, dtype)
+            rows += prefix_rows(ctx, params, shape, make_engine, dtype)
         return Result(rows, summary(rows))
     finally:
-        del weights
+        weights = None                        # the closure's reference too: the memory goes back now
         release_memory(ctx)
 
 
