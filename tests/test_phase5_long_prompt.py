@@ -57,6 +57,7 @@ def test_itl_rows_carry_sane_latencies_and_predictions(record):
         m = rows[variant]["metrics"]
         assert m["itl_max_ms"] >= m["itl_p99_ms"] >= m["itl_median_ms"] > 0
         assert m["itl_p99_over_median"] >= 1 and m["long_ttft_ms"] > 0 and m["itl_count"] > 0
+        assert m["steady_itl_median_ms"] > 0 and m["itl_p99_over_steady_median"] > 0
         assert m["predicted_itl_p99_ms"] >= m["predicted_decode_step_ms"] > 0
     on, off = rows["chunked"]["metrics"], rows["unchunked"]["metrics"]
     assert on["chunk_tokens"] == 64 - 4 and off["chunk_tokens"] == 300

@@ -5,7 +5,8 @@ issue 35's goals, each beside its roofline:
 
 - itl_under_long_prompt: `streams` greedy decode streams run; one prompt of `long_tokens` arrives.
   The streams' inter-token latencies over the window from its arrival to its last token (its
-  prefill, then `long_output_tokens` decode steps): median, p99, max, p99/median, and the long
+  prefill, then `long_output_tokens` decode steps): median, p99, max, p99/median (and p99 over
+  the median of the plain decode gaps before it arrived), and the long
   prompt's TTFT, with chunked prefill on (steps of at most `token_budget` tokens mixing the
   streams' decode rows with one chunk of the prompt) and off (the prompt's prefill is one step of
   its own: every stream waits for all of it). Goal: p99 <= 2x median with chunking on. Prediction:
@@ -114,6 +115,12 @@ def window_itls_ms(run: dict) -> list[float]:
     return gaps
 
 
+def steady_itls_ms(run: dict) -> list[float]:
+    """Every stream's gaps between consecutive tokens before the long prompt arrived: plain decode steps."""
+    return [(after - before) * 1e3 for clocks in run["stream_clocks"]
+            for before, after in zip(clocks, clocks[1:]) if after <= run["arrived_s"]]
+
+
 def check_same_tokens(on: dict, off: dict, what: str) -> dict:
     """The greedy tokens of every stream (over the length both runs made) and of the long prompt
     equal between the two runs."""
@@ -156,11 +163,14 @@ def itl_row(ctx, identity: dict, variant: str, run: dict, check: dict, predictio
     timing = summarize(gaps, "the streams' inter-token gaps from the long prompt's arrival to its last token "
                              "(host clock when the engine hands each token out)", warmup_calls=0, flush_l2=False)
     median, p99 = statistics.median(gaps), percentile(gaps, 99)
+    steady = steady_itls_ms(run)
     expected = predictions["mixed" if variant == "chunked" else "prefill_then_decode"]
     prediction = {**expected, "measured_ms": p99,
                   "measured_over_predicted": p99 / expected["predicted_ms"] if expected["predicted_ms"] else None}
     metrics = {"ms": p99, "itl_median_ms": median, "itl_p99_ms": p99, "itl_max_ms": max(gaps),
                "itl_p99_over_median": p99 / median, "itl_count": len(gaps),
+               "steady_itl_median_ms": statistics.median(steady) if steady else None,
+               "itl_p99_over_steady_median": p99 / statistics.median(steady) if steady else None,
                "long_ttft_ms": (run["long_first_s"] - run["arrived_s"]) * 1e3,
                "predicted_decode_step_ms": predictions["decode"]["predicted_ms"],
                "predicted_mixed_step_ms": predictions["mixed"]["predicted_ms"],
