@@ -193,8 +193,7 @@ def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
                                            "max_num_batched_tokens": params["token_budget"]}),
                               ("unchunked", {"enable_chunked_prefill": False,
                                              "max_num_batched_tokens": max(UNCHUNKED_STEP_TOKENS, max_model_len)})):
-        engine = make_engine(max_model_len=max_model_len, max_num_seqs=max(params["max_num_seqs"], streams + 1),
-                             **settings)
+        engine = make_engine(max_model_len=max_model_len, max_num_seqs=streams + 1, **settings)
         try:
             streams_with_long_prompt(engine, prompts[:streams], warm_long, params)     # warm up every step shape
             ctx.synchronize()
@@ -260,7 +259,7 @@ def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     max_model_len = prefix_tokens + suffix_tokens + params["output_tokens"] + params["block_size"]
     runs = {}
     for variant, caching in (("prefix-cache", True), ("no-prefix-cache", False)):
-        engine = make_engine(max_model_len=max_model_len, enable_prefix_caching=caching,
+        engine = make_engine(max_model_len=max_model_len, max_num_seqs=1, enable_prefix_caching=caching,
                              max_num_batched_tokens=max(UNCHUNKED_STEP_TOKENS, max_model_len))
         try:
             prefix_pair(engine, prefixes[-1], suffix, sampling)                 # warm up both prompt lengths
@@ -319,9 +318,10 @@ def run(ctx, params):
         import torch
         weights = random_weights(shape, params["seed"], getattr(torch, torch_dtype), ctx.device)
 
-    def make_engine(**settings):
-        return LLMEngine(EngineConfig(**engine_settings(params, dtype=torch_dtype, device=ctx.device.type,
-                                                        **settings)), weights=weights)
+    def make_engine(max_num_seqs: int, **settings):
+        """max_num_seqs sized to the rows a kind runs (the CUDA graphs captured at startup follow it)."""
+        return LLMEngine(EngineConfig(**engine_settings({**params, "max_num_seqs": max_num_seqs}, dtype=torch_dtype,
+                                                        device=ctx.device.type, **settings)), weights=weights)
 
     try:
         rows = []
@@ -367,7 +367,7 @@ EXERCISE = Exercise(
     title="a long prompt among decode streams (chunked prefill) and a shared prefix's TTFT (prefix caching)",
     run=run,
     needs=Needs(modules=("safetensors",)),
-    params={**COMMON,
+    params={**{k: v for k, v in COMMON.items() if k != "max_num_seqs"},     # each engine sized to its rows
             "kinds": Choice(list(KINDS), KINDS, many=True, help="which rows: a long prompt among streams, a shared prefix"),
             "streams": Int(32, min=1, max=1024, unit="decode streams running when the long prompt arrives"),
             "stream_prompt_tokens": Int(128, min=1, max=32768, unit="tokens per stream's prompt"),
