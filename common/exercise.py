@@ -89,6 +89,7 @@ class Exercise:
     work: Callable[[dict], list[Work]] | None = None
     workloads: Callable[[dict], list] | None = None   # [(label, common.workload.Workload)]: the summed prediction
     skips: Callable[["Context", dict], str | None] | None = None  # why run() would skip here with these params
+    check: Callable[[dict], None] | None = None   # LabError for values fine alone but not together (before any work)
     schema: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -119,7 +120,10 @@ class Exercise:
         if quick:
             params.update(self.quick_params)
         params.update({k: v for k, v in overrides.items() if k in self.schema})
-        return {k: self.schema[k].check(k, v) for k, v in params.items()}
+        params = {k: self.schema[k].check(k, v) for k, v in params.items()}
+        if self.check is not None:
+            self.check(params)
+        return params
 
     def recorded_params(self, params: dict) -> dict:
         """The parameters as the record stores them (folders relative to the repo or hashed)."""

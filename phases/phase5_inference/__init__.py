@@ -8,7 +8,7 @@ from common.phase_discovery import Command
 
 # One module per exercise, named after its id; the registry imports them (the report does not).
 EXERCISE_MODULES = ("startup", "decode_attention", "ttft_decode", "batching", "offline", "vllm_serve",
-                    "quant_kernels", "quant_engine", "quant_quality", "speculative", "tensor_parallel", "samples", "best_of_n",)
+                    "quant_kernels", "quant_engine", "quant_quality", "speculative", "tensor_parallel", "samples", "best_of_n", "long_prompt",)
 
 # What this phase adds to `lab`: common/phase_discovery.py finds it; engine/server.py's main parses the flags.
 LAB_COMMANDS = (Command("serve", "engine.server",

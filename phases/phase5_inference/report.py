@@ -12,7 +12,7 @@ from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 from .reporting import findings, plots, seed, speculative_report, tp_report
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
-SAMPLES = "phase5.samples"
+SAMPLES, LONG_PROMPT = "phase5.samples", "phase5.long_prompt"
 OFFLINE, ATTENTION, VLLM = "phase5.offline", "phase5.decode_attention", "phase5.vllm_serve"
 QKERNELS, QENGINE, QQUALITY = "phase5.quant_kernels", "phase5.quant_engine", "phase5.quant_quality"
 
@@ -120,6 +120,42 @@ QUANT_PERPLEXITY_TABLE = Table("phase5.quant_perplexity", QQUALITY, prediction=F
     where=variants("reference", "int8", "int4_rtn", "int4_awq"))
 
 
+def issue_sizes(variant: str, **sizes):
+    """Rows of `variant` at the sizes issue 35's goal names (a smaller run is not held to it)."""
+    def where(d):
+        keep = d["variant"] == variant
+        for name, size in sizes.items():
+            column = d.get(f"params.{name}")
+            keep &= False if column is None else column == size
+        return d[keep]
+    return where
+
+
+def by_kind(kind: str):
+    return lambda d: d[d["params.kind"] == kind] if "params.kind" in d else d.iloc[0:0]
+
+
+LONG_PROMPT_ITL_TABLE = Table("phase5.long_prompt_itl", LONG_PROMPT,
+    where=by_kind("itl_under_long_prompt"), columns=(
+    ident("variant", "variant"), ident("streams", "params.streams", num), ident("long prompt", "params.long_tokens", tokens),
+    col("ITL median", "metrics.itl_median_ms", ms), col("ITL p99", "metrics.itl_p99_ms", ms),
+    col("p99 / median", "metrics.itl_p99_over_median", ratio), col("ITL max", "metrics.itl_max_ms", ms),
+    col("predicted ITL p99", "metrics.predicted_itl_p99_ms", ms), col("long prompt TTFT", "metrics.long_ttft_ms", ms)),
+    more=(col("token budget", "params.token_budget", tokens), col("ITLs", "metrics.itl_count", num),
+          col("steady ITL median", "metrics.steady_itl_median_ms", ms),
+          col("p99 / steady median", "metrics.itl_p99_over_steady_median", ratio), col("predicted decode step", "metrics.predicted_decode_step_ms", ms),
+          col("predicted mixed step", "metrics.predicted_mixed_step_ms", ms),
+          col("predicted prefill + decode step", "metrics.predicted_prefill_then_decode_ms", ms),
+          col("chunk tokens", "metrics.chunk_tokens", tokens), col("max ITL vs unchunked", "metrics.itl_max_vs_unchunked", ratio)))
+
+LONG_PROMPT_PREFIX_TABLE = Table("phase5.long_prompt_prefix", LONG_PROMPT,
+    where=by_kind("shared_prefix_ttft"), columns=(
+    ident("variant", "variant"), ident("prefix", "params.prefix_tokens", tokens), ident("suffix", "params.suffix_tokens", tokens),
+    col("TTFT A", "metrics.ttft_a_ms", ms), col("TTFT B", "metrics.ttft_b_ms", ms), col("A / B", "metrics.ttft_a_over_b", ratio),
+    col("predicted A / B", "metrics.predicted_ttft_a_over_b", ratio), col("B's cached tokens", "metrics.b_cached_prompt_tokens", tokens)),
+    more=(col("predicted TTFT A", "metrics.predicted_ttft_a_ms", ms), col("predicted TTFT B", "metrics.predicted_ttft_b_ms", ms)))
+
+
 def vllm_runs(view) -> str:
     """The sweep against vllm serve where it ran, and every GPU's newest skip with its reason (a
     skipped record has no rows, so a table alone would hide that the exercise was run at all)."""
@@ -168,6 +204,12 @@ GOALS = Goals("phase5.goals", (
     Goal("16 samples of one prompt: median TPOT, x one sample", SAMPLES, "metrics.tpot_vs_1", 1.2,
          "the talk (shared/seeds/001_b29bfe611a5ae8f8.txt): TPOT stays ~flat below the ridge (each row carries the roofline's own ratio, predicted_tpot_vs_1)", op="<=",
          pick="min", fmt=ratio, where=lambda d: d[d["params.n"] == 16]),
+    Goal("32 streams while an 8,000-token prompt is prefilled (chunked): ITL p99 over median", LONG_PROMPT,
+         "metrics.itl_p99_over_median", 2.0, "the lab's bar: a step carries one budget-sized chunk of the prompt, so no stream waits for the whole prefill",
+         op="<=", pick="min", fmt=ratio, where=issue_sizes("chunked", streams=32, long_tokens=8000)),
+    Goal("a second request sharing a 4,000-token prefix: TTFT of the first over the second", LONG_PROMPT,
+         "metrics.ttft_a_over_b", 5.0, "the lab's bar: with the prefix cached only the suffix is prefilled (each row carries the roofline's ratio)", fmt=ratio,
+         where=issue_sizes("prefix-cache", prefix_tokens=4000)),
     Goal("best level of the sweep (most tok/s), % of its predicted throughput", BATCHING,
          "metrics.pct_of_predicted_tok_s", 60, "the lab's bar: the roofline's throughput, prefills plus decode steps (analysis.serving_prediction)", where=best_level,
          detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),
@@ -253,7 +295,7 @@ PHASE = Phase(5, "Inference & serving", "phase5_inference", headline=headline, e
     Plot("phase5.batching_plot", "phase5_batching", (BATCHING,), plots.batching,
          "Output tok/s and median TPOT against concurrency on the {name}, measured and predicted",
          hardware=with_ok(BATCHING)),
-    OFFLINE_TABLE, Text("phase5.vllm_serve", vllm_runs, "_No records yet: run `lab run phase5.vllm_serve`._"),
+    OFFLINE_TABLE, LONG_PROMPT_ITL_TABLE, LONG_PROMPT_PREFIX_TABLE, Text("phase5.vllm_serve", vllm_runs, "_No records yet: run `lab run phase5.vllm_serve`._"),
     QUANT_KERNELS_TABLE, QUANT_LADDER_TABLE,
     Plot("phase5.quant_ladder_plot", "phase5_quant_ladder", (QKERNELS,), plots.quant_ladder,
          "The int4 ladder on the {name}: each rung's time against its roofline (its own bytes at the "
