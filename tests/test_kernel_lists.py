@@ -102,6 +102,12 @@ def test_a_training_step_counts_every_launch_and_the_logits_passes():
     # gradient twice and the output once and writes the gradient (SoftMax.cu), 4 fp32 passes each
     assert by_name["log-softmax over the vocabulary"].bytes == 4 * N * V * 4
     assert by_name["log-softmax backward"].bytes == 4 * N * V * 4
+    # the token embedding's gradient: a zeroed fp32 V x d, and (tied, the default) the head's gradient added
+    assert by_name["token embedding gradient: zero V x d"].bytes == V * d * 4
+    assert by_name["tied weight: the head's gradient added to the embedding's"].bytes == 3 * V * d * 4
+    untied = replace(cfg, tie_weights=False)
+    assert not any(k.name.startswith("tied") for k in p7.training_step(untied, 4, "bf16").kernels)
+    assert p7.training_step(untied, 4, "bf16").totals()["launches"] == step_kernels(untied, N)["total"]
     compiled = p7.training_step(cfg, 4, "bf16", compiled=True)
     assert "logits to fp32" not in {k.name for k in compiled.kernels}
     assert compiled.totals()["launches"] == step_kernels(cfg, N, compiled=True)["total"]
