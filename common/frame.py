@@ -95,7 +95,9 @@ class Frame:
     def latest(self, exercise: str, *, since_version: int = 1, measured_only: bool = False) -> pd.DataFrame:
         """Rows of the newest non-skipped record of `exercise` per hardware and source, among records
         of bench_version >= `since_version` (a method change bumps the version; older records stay in
-        results/ and drop out of the tables that need the new method). Sorted by source, hardware."""
+        results/ and drop out of the tables that need the new method), and for a named model no
+        newer record measured, its newest record's rows (`newest_per_problem`). Sorted by source,
+        hardware, newest record first, each record's rows in their own order."""
         key = (exercise, since_version, measured_only)
         if key not in self._latest:
             sub = self.rows_of(exercise)
@@ -103,8 +105,8 @@ class Frame:
                 keep = (sub["record_status"] != "skipped") & (sub["bench_version"] >= since_version)
                 sub = sub[keep & (sub["source"] == "measured")] if measured_only else sub[keep]
             if len(sub):
-                newest = sub.groupby(["hardware", "source"])["order"].transform("max")
-                sub = sub[sub["order"] == newest].sort_values(["source", "hardware"], kind="stable")
+                sub = sub[newest_per_problem(sub)].sort_values(["source", "hardware", "order"],
+                                                               ascending=[True, True, False], kind="stable")
             self._latest[key] = sub
         return self._latest[key]
 
@@ -118,6 +120,22 @@ class Frame:
             return []
         sub = df[df["exercise"].str.startswith(prefix) & (df["record_status"] != "skipped") & (df["source"] == "measured")]
         return sorted(set(sub["hardware"]))
+
+
+PROBLEM_KEY = "params.model"
+
+
+def newest_per_problem(sub: pd.DataFrame) -> pd.Series:
+    """Which rows a report keeps, per hardware and source: a row whose `params.model` names a model
+    (a string: the problem it measured) comes from the newest record that measured that model, so a
+    later run of fewer models leaves the others' older rows standing; every other row (a sweep's, a
+    model given as a config rather than a name) from the newest record of all, as before."""
+    newest = sub.groupby(["hardware", "source"])["order"].transform("max")
+    if PROBLEM_KEY not in sub:
+        return sub["order"] == newest
+    named = sub[PROBLEM_KEY].map(lambda v: v if isinstance(v, str) else None)
+    per_model = sub.assign(_model=named).groupby(["hardware", "source", "_model"])["order"].transform("max")
+    return named.isna() & (sub["order"] == newest) | named.notna() & (sub["order"] == per_model)
 
 
 def value(r, key: str, default=None):

@@ -109,6 +109,12 @@ def test_a_training_step_counts_every_launch_and_the_logits_passes():
     # gradient twice and the output once and writes the gradient (SoftMax.cu), 4 fp32 passes each
     assert by_name["log-softmax over the vocabulary"].bytes == 4 * N * V * 4
     assert by_name["log-softmax backward"].bytes == 4 * N * V * 4
+    # the token embedding's gradient: a zeroed fp32 V x d, and (tied, the default) the head's gradient added
+    assert by_name["token embedding gradient: zero V x d"].bytes == V * d * 4
+    assert by_name["tied weight: the head's gradient added to the embedding's"].bytes == 3 * V * d * 4
+    untied = replace(cfg, tie_weights=False)
+    assert not any(k.name.startswith("tied") for k in p7.training_step(untied, 4, "bf16").kernels)
+    assert p7.training_step(untied, 4, "bf16").totals()["launches"] == step_kernels(untied, N)["total"]
     compiled = p7.training_step(cfg, 4, "bf16", compiled=True)
     assert "logits to fp32" not in {k.name for k in compiled.kernels}
     assert compiled.totals()["launches"] == step_kernels(cfg, N, compiled=True)["total"]
@@ -262,6 +268,46 @@ def test_the_host_step_ceiling_times_the_scheduler_on_this_cpu_and_the_step_read
     row = {"exercise": "phase5.batching", "variant": "lab-engine", "params.model": "tiny", "params.concurrency": 2,
            "params.prompt_tokens": 10, "params.output_tokens": 20, "summary.host_step_us": {"2": 50.0}}
     assert p5.row_workload(row).host[-1][1] == 0.05
+
+
+def test_a_sampled_step_adds_the_samplers_eager_kernels_one_noise_draw_per_seeded_row():
+    s = named("tiny")
+    greedy = p5.sampled_decode_step(s, 8, 50.0, 0.0, seeded=False)
+    assert greedy.kernels == p5.decode_step(s, 8, 50.0).kernels              # greedy: the graph's argmax alone
+    shared = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=False)
+    seeded = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=True)
+    extra = {k.name: k for k in seeded.kernels[len(greedy.kernels):]}
+    assert extra["exponential noise, one row from its own generator"].count == 8
+    assert all(k.launch == TORCH for k in extra.values())                   # eager, after the graph
+    assert "exponential noise, shared generator" in {k.name for k in shared.kernels}
+    assert seeded.totals()["launches"] > shared.totals()["launches"] > greedy.totals()["launches"]
+
+
+def test_samples_and_best_of_n_rows_map_to_sampled_steps_with_their_host_step():
+    row = {"exercise": "phase5.samples", "variant": "lab-engine", "params.model": "tiny", "params.n": 4,
+           "params.prompt_tokens": 17, "params.output_tokens": 8, "params.temperature": 1.0, "params.seeded": False,
+           "summary.host_step_us": {"4": 30.0}}
+    w = p5.row_workload(row)
+    assert "batch 4" in w.name and "shared generator" in " ".join(k.name for k in w.kernels)
+    assert w.host[-1] == ("scheduler step and input writing, 4 sequences", 0.03, 1)
+    bon = {"exercise": "phase5.best_of_n", "variant": "sampled", "params.digits": 2, "params.max_tokens": 4,
+           "params.temperature": 1.0, "metrics.decode_batch": 64, "record.params.hidden": 256,
+           "record.params.layers": 4, "record.params.heads": 4}
+    w = p5.row_workload(bon)
+    noise = next(k for k in w.kernels if k.name.startswith("exponential noise, one row"))
+    assert noise.count == 64 and "unmeasured" in w.notes[-1]                 # every sample seeded; no host ceiling
+    assert "batch 64, 9 cached tokens" in w.name                          # "\na+b=" (7) + half of 4
+    assert p5.row_workload({**bon, "variant": "greedy", "params.temperature": 0.0}).totals()["launches"] \
+        < w.totals()["launches"]
+    assert p5.row_workload({**bon, "record.params.hidden": None}) is None
+
+
+def test_best_of_ns_model_shape_is_the_torch_free_one():
+    from phases.phase5_inference import best_of_n
+    from phases.phase5_inference.models import arithmetic
+    for params in ({"hidden": 256, "layers": 4, "heads": 4}, {"hidden": 32, "layers": 1, "heads": 1}):
+        assert p5.arithmetic_shape(params["hidden"], params["layers"], params["heads"]) == best_of_n.model_shape(params)
+    assert (p5.ARITHMETIC_VOCAB, p5.ARITHMETIC_POSITIONS) == (arithmetic.VOCAB_SIZE, arithmetic.MAX_POSITIONS)
 
 
 def test_a_speculative_step_is_the_draft_chain_plus_a_verify_of_k_plus_1_rows():

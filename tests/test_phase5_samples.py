@@ -202,6 +202,7 @@ def test_the_exercise_runs_on_cpu_with_checked_and_predicted_rows(tmp_path):
         assert r["prediction"]["predicted_ms"] > 0 and m["predicted_decode_tok_s"] > 0
         assert "below_ridge" in m and m["tpot_vs_1"] > 0
     assert rec["summary"]["ridge_batch_spec"] > 0 and rec["summary"]["best_n"] in (1, 2, 4)
+    assert set(rec["summary"]["host_step_us"]) == {"1", "2", "4"} and min(rec["summary"]["host_step_us"].values()) > 0
 
 
 def test_the_exercise_check_fails_when_the_prompt_is_prefilled_more_than_once():
@@ -278,6 +279,7 @@ def test_best_of_n_trains_and_samples_on_cpu(tmp_path):
     one, four = (r["metrics"] for r in rec["rows"][1:])
     assert four["pass_at_n"] >= one["pass_at_n"]
     assert rec["summary"]["train_steps"] == 10 and rec["summary"]["held_out_questions"] == 4
+    assert set(rec["summary"]["host_step_us"]) == {"4", "16"}       # the batches: 4 questions x n = 1, 4
 
 
 def test_tensor_parallel_ranks_replay_the_sample_group(weights):

@@ -118,6 +118,45 @@ def test_version_selection_drops_older_methods():
     assert list(frame.latest("x.y", since_version=2)["order"]) == [1]     # newest of the new method
 
 
+def _runs(models_per_run: list[list], hardware: str = "gpu") -> list[dict]:
+    """One row per (run, model), runs oldest first; a model None is a sweep's row (no model named)."""
+    return [{"order": i, "exercise": "x.y", "phase": 9, "bench_version": 1, "hardware": hardware,
+             "hardware_name": "GPU", "source": "measured", "record_status": "ok", "status": "ok", "variant": "a",
+             "path": f"{hardware}{i}.json", "params.model": m, "metrics.ms": 1.0 + i,
+             "started": f"2026-11-2{i}T00:00:00Z", "commit": str(i) * 40}
+            for i, models in enumerate(models_per_run) for m in models]
+
+
+def test_a_later_run_of_fewer_models_keeps_the_others_rows_from_their_newest_run():
+    rows = _runs([["8b", "70b"], ["8b", "70b"], ["8b"]]) + _runs([["8b", "70b"], ["8b"]], hardware="other")
+    latest = Frame(pd.DataFrame(rows), []).latest("x.y")
+    assert [(r["hardware"], r["params.model"], r["order"]) for _, r in latest.iterrows()] == \
+        [("gpu", "8b", 2), ("gpu", "70b", 1), ("other", "8b", 1), ("other", "70b", 0)]   # newest run first
+
+
+def test_rows_without_a_named_model_keep_the_newest_run_alone():
+    sweep = _runs([[None, None], [None]])
+    assert list(Frame(pd.DataFrame(sweep), []).latest("x.y")["order"]) == [1]
+    configs = _runs([[None], [None]])
+    for r, size in zip(configs, (64, 128)):
+        r["params.model"] = {"n_embd": size}                 # a model given as a config: a sweep's axis, no name
+    assert list(Frame(pd.DataFrame(configs), []).latest("x.y")["order"]) == [1]
+    mixed = _runs([["8b", None], [None]])                     # an older named model stays beside the newest sweep
+    assert sorted(Frame(pd.DataFrame(mixed), []).latest("x.y")["order"]) == [0, 1]
+
+
+def test_a_table_of_rows_from_two_runs_links_each_run(tmp_path):
+    view = render.View(Frame(pd.DataFrame(_runs([["8b", "70b"], ["8b"]])), []), tmp_path / "README.md",
+                       tmp_path / "results")
+    spec = Table("x.models", "x.y", (ident("model", "params.model"), col("ms", "metrics.ms")), prediction=False)
+    lines = render.table(view, spec).splitlines()
+    assert [ln for ln in lines if ln.startswith("**")] == ["**GPU** · run [2026-11-21 1111111](results/gpu1.json)",
+                                                          "**GPU** · run [2026-11-20 0000000](results/gpu0.json)"]
+    assert "| 8b | 2 |" in lines and "| 70b | 1 |" in lines and "| 8b | 1 |" not in lines
+    assert [ln.split(",")[-1] for ln in render.table_csv(view, spec).splitlines()[1:]] == \
+        ["results/gpu1.json", "results/gpu0.json"]
+
+
 def test_every_declared_block_is_in_exactly_one_readme():
     seen = Counter()
     for readme in report.readmes():

@@ -25,7 +25,9 @@ from common.timing import summarize
 
 from .models import arithmetic
 from .models.model_choice import release_memory
-from .predictions.analysis import decode_parts
+from .predictions import kernel_lists
+from .predictions.analysis import decode_parts, mean_decode_context
+from .predictions.host_step import host_steps_us
 from .predictions.prediction import summed_prediction
 
 MAX_N = 1024                    # samples per question at most: the seeds of two questions never meet
@@ -120,6 +122,9 @@ def run(ctx, params):
                     "temperature": params["temperature"], "max_tokens": max_tokens, "dtype": dtype}
         launches = engine.telemetry.get("kernels_per_decode_step") or 1
         prompt_len = sum(len(arithmetic.prompt_ids(a, b)) for a, b in questions) / len(questions)
+        # the host's scheduler step at each level's batch, on this CPU, before any timed row (a ceiling)
+        batches = sorted({min(len(questions) * n, params["max_num_seqs"]) for n in [1, *params["n"]]})
+        host_us = host_steps_us(batches, round(mean_decode_context(prompt_len, max_tokens)))
         answer_all(engine, questions[:2], 2, SamplingParams(max_tokens=2, ignore_eos=True), 0)     # warm up
         greedy = answer_all(engine, questions, 1, SamplingParams(max_tokens=max_tokens), params["seed"])
         rows = [level_row(ctx, shape, "greedy", {**identity, "temperature": 0.0}, 1, greedy, dtype, launches,
@@ -134,7 +139,7 @@ def run(ctx, params):
                 r.update(status="failed", reason=r["check"]["reason"], timing=None, metrics={}, prediction=None)
         summary = {"train_s": info["train_s"], "train_steps": info["steps"], "val_loss": info["val_loss"],
                    "params": info["params"], "held_out_questions": len(questions),
-                   "greedy_accuracy": rows[0]["metrics"].get("pass_at_n")}
+                   "greedy_accuracy": rows[0]["metrics"].get("pass_at_n"), "host_step_us": host_us}
         sampled = [r for r in rows[1:] if r["status"] == "ok"]
         if sampled:
             best = max(sampled, key=lambda r: r["metrics"]["pass_at_n"])
@@ -200,6 +205,7 @@ EXERCISE = Exercise(
                   "hidden": 32, "layers": 1, "heads": 1},
     footprint_bytes=footprint_bytes, cpu_footprint_bytes=footprint_bytes,
     work=work,
+    workloads=kernel_lists.best_of_n_workloads,
 )
 
 if __name__ == "__main__":

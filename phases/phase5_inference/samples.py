@@ -34,6 +34,7 @@ from .models.model_choice import (
 )
 from .predictions import kernel_lists
 from .predictions.analysis import decode_parts, mean_decode_context, ridge_batch
+from .predictions.host_step import host_steps_us
 from .predictions.prediction import summed_prediction
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -143,6 +144,8 @@ def run(ctx, params):
     prompt_tokens, output_tokens, block_size = params["prompt_tokens"], params["output_tokens"], params["block_size"]
     dtype = "bf16" if ctx.is_cuda else "fp32"
     levels = params["n"]
+    # the host's scheduler step at each n, on this CPU, before any timed row (a ceiling: kernel_lists)
+    host_us = host_steps_us(levels, mean_decode_context(prompt_tokens, output_tokens))
     engine = LLMEngine(EngineConfig(**engine_settings(
         params, dtype="bfloat16" if ctx.is_cuda else "float32", device=ctx.device.type,
         max_num_seqs=max(params["max_num_seqs"], max(levels)),
@@ -167,7 +170,7 @@ def run(ctx, params):
         roofs = ctx.roofs(dtype)
         peak = roofs.peak(dtype)
         ridge = ridge_batch(shape, roofs.bandwidth_gbps, peak) if peak else None
-        return Result(rows, add_ratios(rows, ridge))
+        return Result(rows, {**add_ratios(rows, ridge), "host_step_us": host_us})
     finally:
         del engine
         release_memory(ctx)
@@ -201,7 +204,8 @@ EXERCISE = Exercise(
     quick_params={"n": [1, 4], "prompt_tokens": 17, "output_tokens": 4},
     footprint_bytes=weights_footprint_bytes, cpu_footprint_bytes=cpu_weights_footprint_bytes,
     work=work,
-    workloads=lambda p: kernel_lists.decode_workloads(shape_of(p), p["n"], p["prompt_tokens"], p["output_tokens"]),
+    workloads=lambda p: kernel_lists.samples_workloads(shape_of(p), p["n"], p["prompt_tokens"], p["output_tokens"],
+                                                       p["temperature"], p["seeded"]),
 )
 
 if __name__ == "__main__":

@@ -112,6 +112,13 @@ def training_step(cfg: GPTConfig, batch: int, dtype: str = "bf16", *, compiled: 
         *logits_backward,
         matmul("LM head (backward)", N, d, V, count=1, backward=True),
         elementwise("LM head gradient cast", V * d * 6, count=1),
+        # the token embedding's backward (gpt.py: self.wte(idx)): a zeroed fp32 V x d gradient, the
+        # tokens' rows scattered into it; tied (gpt.py's lm_head.weight = wte.weight), the head's
+        # gradient added to it (cost.step_kernels counts these launches: here their bytes)
+        elementwise("token embedding gradient: zero V x d", V * d * 4, count=1),
+        elementwise("token embedding gradient: scatter the tokens' rows", 3 * N * d * 4, N * d, count=1),
+        *([elementwise("tied weight: the head's gradient added to the embedding's", 3 * V * d * 4, V * d, count=1)]
+          if cfg.tie_weights else []),
     ]
     kernels = forward + head + backward
     if optimizer:                            # outside autograd: plain PyTorch ops

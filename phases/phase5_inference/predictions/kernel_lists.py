@@ -294,10 +294,58 @@ def int4_weight_bytes(group_size: int) -> float:
     return 0.5 + BF16_BYTES / group_size
 
 
+def sampling_kernels(vocab: int, batch: int, seeded: bool) -> tuple[Kernel, ...]:
+    """The sampler's eager kernels after the decode graph when `batch` rows sample at temperature > 0
+    with no top-k, top-p or min-p (engine/sampler.py's pick and _draw, in launch order): the rows'
+    indices and temperatures copied up, their fp32 logits gathered, scaled and softmaxed, the
+    exponential race's noise, the divide and the argmax, the draws scattered into the graph's
+    argmax. A seeded request draws its noise row alone from its own generator (one launch per row,
+    from a Python loop: each at the PyTorch op's floor, the loop's own indexing has no ceiling and is
+    left out); unseeded rows share one draw and its scatter."""
+    B, V, F = batch, vocab, 4
+    noise = ((Kernel("exponential noise, one row from its own generator", ELEMENTWISE, 0, V * F, None, exps=V,
+                     count=B),) if seeded else
+             (Kernel("exponential noise, shared generator", ELEMENTWISE, 0, B * V * F, None, exps=B * V),
+              Kernel("unseeded rows' indices to the device", ELEMENTWISE, 0, B * 8, None),
+              Kernel("scatter the shared noise", ELEMENTWISE, 0, 2 * B * V * F, None)))
+    return (Kernel("sampled rows' indices and temperatures to the device", ELEMENTWISE, 0, 3 * B * 8, None, count=3),
+            Kernel("copy the graph's argmax", ELEMENTWISE, 0, 2 * B * 8, None),
+            Kernel("gather the sampled rows' logits", ELEMENTWISE, 0, 2 * B * V * F, None),
+            Kernel("divide by the temperature", ELEMENTWISE, B * V, 2 * B * V * F, None),
+            Kernel("softmax", ELEMENTWISE, 5 * B * V, 2 * B * V * F, None, exps=B * V),
+            *noise,
+            Kernel("probabilities / noise", ELEMENTWISE, B * V, 3 * B * V * F, None),
+            Kernel("argmax of the race", ELEMENTWISE, B * V, B * V * F, None),
+            Kernel("scatter the draws into the tokens", ELEMENTWISE, 0, 3 * B * 8, None))
+
+
+def sampled_decode_step(shape: LlamaShape, batch: int, context: float, temperature: float, seeded: bool) -> Workload:
+    """A decode step whose tokens are sampled: the graph (its argmax kept for greedy rows) and, at
+    temperature > 0, the sampler's eager kernels on the critical path before the synchronize."""
+    step = decode_step(shape, batch, context)
+    if temperature <= 0:
+        return step
+    return replace(step, name=f"{step.name}, sampled at temperature {temperature:g}" + (", seeded" if seeded else ""),
+                   kernels=(*step.kernels, *sampling_kernels(shape.vocab_size, batch, seeded)))
+
+
+ARITHMETIC_VOCAB, ARITHMETIC_POSITIONS = 64, 128     # models/arithmetic.py's (a test holds them equal)
+
+
+def arithmetic_shape(hidden: int, layers: int, heads: int) -> LlamaShape:
+    """best_of_n's model (best_of_n.model_shape via models/arithmetic.py, which imports torch):
+    the same counts, torch-free."""
+    return LlamaShape(name=f"arithmetic-{hidden}x{layers}", vocab_size=ARITHMETIC_VOCAB, hidden_size=hidden,
+                      intermediate_size=hidden * 11 // 4, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=heads, head_dim=hidden // heads, max_position_embeddings=ARITHMETIC_POSITIONS,
+                      rope_theta=10_000.0, tie_word_embeddings=True, rope_scaling=None, bos_token_id=None,
+                      eos_token_id=12)
+
+
 # ------------------------------------------------------------------------------ recorded rows
 EXERCISES = ("phase5.batching", "phase5.ttft_decode", "phase5.quant_engine", "phase5.decode_attention",
              "phase5.quant_kernels", "phase5.offline", "phase5.tensor_parallel",
-             "phase5.speculative")
+             "phase5.speculative", "phase5.samples", "phase5.best_of_n")
 
 
 def _v(r: dict, key: str, default=None):
@@ -319,6 +367,8 @@ def row_workload(r: dict) -> Workload | None:
             return _tensor_parallel(r)
         if ex == "phase5.speculative":
             return _speculative(r)
+        if ex == "phase5.best_of_n":
+            return _best_of_n(r)
         shape = named(_v(r, "params.model"))
         prompt, output = int(_v(r, "params.prompt_tokens")), int(_v(r, "params.output_tokens"))
     except (LabError, TypeError, ValueError):     # a checkpoint's shape, a missing field: not modelled here
@@ -329,6 +379,11 @@ def row_workload(r: dict) -> Workload | None:
         return with_host_step(decode_step(shape, batch, context), _v(r, "summary.host_step_us"), batch)
     if ex == "phase5.ttft_decode" and r["variant"].startswith("lab-engine"):
         return prefill(shape, prompt) if _v(r, "params.stage") == "prefill" else decode_step(shape, 1, context)
+    if ex == "phase5.samples" and r["variant"] == "lab-engine":
+        batch = int(_v(r, "params.n"))
+        step = sampled_decode_step(shape, batch, context, float(_v(r, "params.temperature")),
+                                   bool(_v(r, "params.seeded", False)))
+        return with_host_step(step, _v(r, "summary.host_step_us"), batch)
     if ex == "phase5.quant_engine":
         fmt = _v(r, "params.format")
         if fmt not in ("bf16", "int4"):
@@ -378,6 +433,24 @@ def _speculative(r: dict) -> Workload | None:
     return speculative_step(SPECULATIVE_TARGET, SPECULATIVE_SHAPES[r["variant"]], c, k, context)
 
 
+def _best_of_n(r: dict) -> Workload | None:
+    """A best_of_n row: the trained arithmetic model's decode step at the row's measured batch
+    (`metrics.decode_batch`: every question's samples in flight, up to max_num_seqs) over a
+    question's prompt ("\\na+b=", 2 x digits + 3 tokens) and half its answer (max_tokens), each sample
+    seeded (best_of_n.answer_all: sample i of question q from seed + q x MAX_N + i), so its sampler
+    draws one noise row per sample. The model is tiny: its kernels are at their launch floors, and
+    the step is the host's (launches, the per-row draws, the scheduler: unmeasured here)."""
+    hidden, layers, heads = _v(r, "record.params.hidden"), _v(r, "record.params.layers"), _v(r, "record.params.heads")
+    batch, digits = _v(r, "metrics.decode_batch"), _v(r, "params.digits")
+    if None in (hidden, layers, heads, batch, digits):
+        return None
+    shape = arithmetic_shape(int(hidden), int(layers), int(heads))
+    context = mean_decode_context(2 * int(digits) + 3, int(_v(r, "params.max_tokens", int(digits) + 2)))
+    temperature = float(_v(r, "params.temperature", 0.0))
+    return with_host_step(sampled_decode_step(shape, int(batch), context, temperature, seeded=True),
+                          _v(r, "summary.host_step_us"), int(batch))
+
+
 def _decode_attention(r: dict) -> Workload | None:
     """One timed call of the paged decode attention, from the row's own stored counts: the kernel
     (one exponential per cached token and head) and the combine when split."""
@@ -404,6 +477,26 @@ def ttft_workloads(shape: LlamaShape, prompt_tokens: int, output_tokens: int) ->
     """ttft_decode's two rows per model: the batch-1 decode step (TPOT) and the prefill (TTFT)."""
     return [*decode_workloads(shape, [1], prompt_tokens, output_tokens),
             (f"{shape.name} prefill of {prompt_tokens} tokens", prefill(shape, prompt_tokens))]
+
+
+def samples_workloads(shape: LlamaShape, ns, prompt_tokens: int, output_tokens: int, temperature: float,
+                      seeded: bool) -> list[tuple[str, Workload]]:
+    """samples' decode step at each n: the graph and, sampling, the sampler's kernels."""
+    context = mean_decode_context(prompt_tokens, output_tokens)
+    return [(f"{shape.name} decode step of {n} samples", sampled_decode_step(shape, n, context, temperature, seeded))
+            for n in ns]
+
+
+def best_of_n_workloads(p: dict) -> list[tuple[str, Workload]]:
+    """best_of_n's greedy step and each n's sampled, seeded step at its batch (every question's
+    samples in flight, up to max_num_seqs)."""
+    shape = arithmetic_shape(p["hidden"], p["layers"], p["heads"])
+    context = mean_decode_context(2 * p["digits"] + 3, p["digits"] + 2)
+    batch = {n: min(p["questions"] * n, p["max_num_seqs"]) for n in p["n"]}
+    greedy = min(p["questions"], p["max_num_seqs"])
+    return [(f"greedy decode step at batch {greedy}", sampled_decode_step(shape, greedy, context, 0.0, seeded=True)),
+            *[(f"n {n}: sampled decode step at batch {b}",
+               sampled_decode_step(shape, b, context, p["temperature"], seeded=True)) for n, b in batch.items()]]
 
 
 def quant_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_tokens: int,
