@@ -345,5 +345,5 @@ def test_gpu_fused_and_naive_serve_the_folder(tmp_path, method, group, symmetric
     expected = [hf_greedy(hf, p) for p in PROMPTS]
     for path in ("fused", "naive"):
         eng = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32", device="cuda", max_model_len=64,
-                                     quant_path=path))
+                                     quant_path=path, num_kv_blocks=64))   # not sized by what earlier tests left
         assert eng.generate(PROMPTS, SamplingParams(max_tokens=STEPS, ignore_eos=True)) == expected, path

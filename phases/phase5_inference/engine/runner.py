@@ -116,7 +116,8 @@ class ModelRunner:
             gate_up = self.model.layers[0].gate_up                      # the widest projection, every layer alike
             reserve += NAIVE_DEQUANTIZE_BYTES_PER_WEIGHT * max(gate_up.out_features * gate_up.in_features, 1)
         self.telemetry.update(gpu_total_bytes=total_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
-                              activation_reserve_bytes=reserve, other_gpu_bytes=other_bytes)
+                              activation_reserve_bytes=reserve, other_gpu_bytes=other_bytes,
+                              resident_gpu_bytes=resident_bytes)
         return kv_pool_blocks(total_bytes, config.gpu_memory_utilization, resident_bytes, reserve, block_bytes,
                               other_bytes)
 
@@ -125,7 +126,8 @@ class ModelRunner:
         gib = 1 << 30
         if "gpu_total_bytes" not in t:
             return f"weights {t['weights_bytes'] / gib:.2f} GiB"
-        return (f"weights {t['weights_bytes'] / gib:.2f} GiB, activation reserve "
+        return (f"weights {t['weights_bytes'] / gib:.2f} GiB (this process holds "
+                f"{t['resident_gpu_bytes'] / gib:.2f} GiB in all), activation reserve "
                 f"{t['activation_reserve_bytes'] / gib:.2f} GiB, other {t['other_gpu_bytes'] / gib:.2f} GiB, "
                 f"of {t['gpu_memory_utilization']} x {t['gpu_total_bytes'] / gib:.2f} GiB")
 
