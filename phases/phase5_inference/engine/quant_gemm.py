@@ -300,10 +300,12 @@ def sm_count(device) -> int:
     return 4
 
 
-def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int) -> dict:
+def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int, act_bytes: int = 2) -> dict:
     """The engine's choice for a problem: per shape of use, the candidate (candidate_configs) with
     the best geometric mean over the Llama-3.1-8B projections in an H200 sweep (the quant_kernels
-    record with tune=true keeps the table)."""
+    record with tune=true keeps the table). act_bytes 4 (fp32 activations, and fp32 dot operands)
+    doubles each stage's tiles, so the pipeline keeps half as many stages (the 16-bit ones would
+    ask an H200 for more shared memory than it has)."""
     block_k4 = lambda bk: min(bk, group_size)                  # an int4 tile lies inside one group
     if m == 1:
         cfg = {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": block_k4(128) if bits == 4 else 128, "num_warps": 4,
@@ -323,6 +325,8 @@ def default_config(bits: int, m: int, n: int, k: int, group_size: int, sms: int)
         cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4 if block_m == 32 else 8,
                "num_stages": 4, "per_sm": 0}
     per_sm = cfg.pop("per_sm")
+    if act_bytes > 2:
+        cfg["num_stages"] = max(1, cfg["num_stages"] // 2)
     m_tiles = -(-m // cfg["BLOCK_M"])
     cfg["SPLIT_K"] = split_for(m_tiles, n, k, cfg, per_sm, sms) if per_sm else 1
     return cfg
@@ -482,7 +486,7 @@ def w4a16_matmul(x, qweight, scales, zeros, group_size: int, config: dict | None
         raise LabError(f"w4a16_matmul: packed weight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
                        f"{tuple(zeros.shape)} do not describe K={k}, N={n}, group_size={group_size}")
     group_size = kernel_group
-    cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device))
+    cfg = config or default_config(4, x.shape[0], n, k, group_size, sm_count(x.device), x.element_size())
     _check_config(cfg, 4, group_size)
     bits, constexprs = magic_for(x.dtype)
     return _launch(_w4a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous(), zeros.contiguous()),
@@ -498,6 +502,6 @@ def w8a16_matmul(x, qweight, scales, config: dict | None = None):
     if qweight.shape[1] != k or scales.shape != (n,):
         raise LabError(f"w8a16_matmul: weight {tuple(qweight.shape)} and scales {tuple(scales.shape)} do not "
                        f"describe K={k}, N={n}")
-    cfg = config or default_config(8, x.shape[0], n, k, 0, sm_count(x.device))
+    cfg = config or default_config(8, x.shape[0], n, k, 0, sm_count(x.device), x.element_size())
     _check_config(cfg, 8, None)
     return _launch(_w8a16_kernel, x, x.dtype, n, k, cfg, (qweight, scales.contiguous()), (), (ONE_BITS,), {})
