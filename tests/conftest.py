@@ -5,6 +5,7 @@ autouse fixture points LAB_RESULTS_DIR at a throwaway folder so a forgotten --re
 reach the real one.
 """
 import copy
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +29,14 @@ LAB_VARS = ("LAB_RESULTS_DIR", "LAB_USD_PER_HOUR", "LAB_HARDWARE_YAML", "LAB_GIT
             "LAB_API_KEY")
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts CPU-only behaviour")
+
+# The Triton-interpreter test files run twice: their rule tests here, their kernel tests again in a
+# child pytest with TRITON_INTERPRET=1 (kernels_pass_in_an_interpreter_child).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child")
+in_parent = pytest.mark.skipif(INTERPRETED, reason="runs in the parent process")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
 
 
 # ------------------------------------------------------------------------------ environment

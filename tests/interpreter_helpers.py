@@ -1,6 +1,7 @@
 """What the Triton-interpreter test files share (imported only inside their interpreted child, where
 TRITON_INTERPRET=1 is set before triton loads)."""
 import numpy as np
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -28,3 +29,14 @@ def interpreter_unusable() -> str | None:
 def check(out, fill, ref, reference, precision=None) -> dict:
     """The exercises' own gate: poison `out`, run `fill`, compare with `ref` (bit-exact without a precision)."""
     return reference_check(CTX, out, fill, ref, reference, precision)()
+
+
+UNUSABLE = interpreter_unusable()
+
+
+@pytest.fixture(autouse=True)
+def interpreter_seed():
+    """Autouse where imported: skip when this interpreter cannot run, else seed torch."""
+    if UNUSABLE:
+        pytest.skip(UNUSABLE)
+    torch.manual_seed(0)

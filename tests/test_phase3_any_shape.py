@@ -8,23 +8,16 @@ set before Triton is imported; the rule tests run in this process. Each kernel a
 wrong twin (one interpreted launch of the split kernel, a forward that drops the ragged tail,
 both backward schemes with the causal mask dropped) that the same checker must reject.
 """
-import importlib.util
 import math
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, clean_env, kernels_pass_in_an_interpreter_child
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child (test_any_shape_kernels_under_the_interpreter)")
-in_parent = pytest.mark.skipif(INTERPRETED, reason="runs in the parent process")
+from conftest import clean_env, in_child, in_parent, INTERPRETED, kernels_pass_in_an_interpreter_child, needs_triton, REPO
 
 
 @in_parent
-@pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
+@needs_triton
 def test_any_shape_kernels_under_the_interpreter():
     kernels_pass_in_an_interpreter_child("tests/test_phase3_any_shape.py", timeout_s=800)
 
@@ -162,18 +155,10 @@ def test_bench_shapes_without_a_gpu_says_so_in_one_line_and_exits_2():
 if INTERPRETED:
     import torch
 
-    from interpreter_helpers import check, interpreter_unusable
+    from interpreter_helpers import check, interpreter_seed  # noqa: F401 (autouse: skip or seed)
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import softmax as sm
-
-    UNUSABLE = interpreter_unusable()
-
-    @pytest.fixture(autouse=True)
-    def _seed():
-        if UNUSABLE:
-            pytest.skip(UNUSABLE)
-        torch.manual_seed(0)
 
     # -------------------------------------------------------------------------- softmax, split rows
     @pytest.mark.parametrize("rows, cols, chunk", [(7, 300, 64), (9, 1000, 128), (13, 77, 16), (3, 4096, 512),
@@ -332,7 +317,6 @@ if INTERPRETED:
         split = bench.softmax_rows(cpu, [8200], elements=16400)      # 2 rows of 8200 on the interpreter's 4 "SMs"
         assert "kind=split" in split[0]["config"] and "failed" not in split[0], split
         assert any("checks failed: 0" in ln for ln in bench.summary(rows, soft))
-
 
     @pytest.mark.parametrize("group", [1, 2, 3, 5])
     @in_child

@@ -14,20 +14,14 @@ with the causal mask dropped) and the same checker the exercises use must reject
 bf16 is not tested here: the interpreter's tl.dot mishandles bf16 operands (Triton 3.6 to 3.9);
 fp16 and fp32 exercise the same code paths, and the GPU tests cover bf16.
 """
-import importlib.util
 import math
-import os
 
 import pytest
-from conftest import kernels_pass_in_an_interpreter_child
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child (test_kernels_under_the_interpreter)")
+from conftest import in_child, in_parent, INTERPRETED, kernels_pass_in_an_interpreter_child, needs_triton
 
 
-@pytest.mark.skipif(INTERPRETED, reason="this is the parent test")
-@pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
+@in_parent
+@needs_triton
 def test_kernels_under_the_interpreter():
     kernels_pass_in_an_interpreter_child("tests/test_phase3_interpreter.py", timeout_s=600)
 
@@ -38,20 +32,12 @@ if INTERPRETED:
     import triton
     import triton.language as tl
 
-    from interpreter_helpers import check, interpreter_unusable
+    from interpreter_helpers import check, interpreter_seed  # noqa: F401 (autouse: skip or seed)
     from phases.phase3_triton import flash_attention as fa
     from phases.phase3_triton import flash_attention_bwd as fab
     from phases.phase3_triton import matmul as mm
     from phases.phase3_triton import softmax as sm
     from phases.phase3_triton import vector_add as va
-
-    UNUSABLE = interpreter_unusable()
-
-    @pytest.fixture(autouse=True)
-    def _seed():
-        if UNUSABLE:
-            pytest.skip(UNUSABLE)
-        torch.manual_seed(0)
 
     # -------------------------------------------------------------------------- vector add
     @triton.jit

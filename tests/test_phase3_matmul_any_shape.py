@@ -12,21 +12,14 @@ before Triton is imported. Each path meets a wrong twin the same checker must re
 persistent kernel told a K rounded down to the tile (the K tail dropped) and a descriptor that
 reads a padded operand's pad.
 """
-import importlib.util
-import os
 
 import pytest
 import torch
-from conftest import kernels_pass_in_an_interpreter_child
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child")
-in_parent = pytest.mark.skipif(INTERPRETED, reason="runs in the parent process")
+from conftest import in_child, in_parent, INTERPRETED, kernels_pass_in_an_interpreter_child, needs_triton
 
 
 @in_parent
-@pytest.mark.skipif(not HAS_TRITON, reason="needs the Python package `triton` (pip install triton)")
+@needs_triton
 def test_matmul_any_shape_kernels_under_the_interpreter():
     kernels_pass_in_an_interpreter_child("tests/test_phase3_matmul_any_shape.py", timeout_s=800)
 
@@ -95,16 +88,8 @@ def test_tall_skinny_split_fills_two_waves_with_the_fullest_last_wave(sms):
 
 # ------------------------------------------------------------------------------ child-only tests
 if INTERPRETED:
-    from interpreter_helpers import check, interpreter_unusable
+    from interpreter_helpers import check, interpreter_seed  # noqa: F401 (autouse: skip or seed)
     from phases.phase3_triton import matmul as mm
-
-    UNUSABLE = interpreter_unusable()
-
-    @pytest.fixture(autouse=True)
-    def _seed():
-        if UNUSABLE:
-            pytest.skip(UNUSABLE)
-        torch.manual_seed(0)
 
     def operands(m, n, k, dtype):
         return torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype), torch.empty(m, n, dtype=dtype)

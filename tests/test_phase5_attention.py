@@ -9,18 +9,13 @@ past a sequence's blocks point at other sequences' blocks, so a kernel that read
 ignores the table reads real but wrong data. A deliberately broken twin (tail block dropped,
 block table ignored) must fail the same check.
 """
-import importlib.util
-import os
 
 import pytest
 import torch
-from conftest import passes_under_the_interpreter
+from conftest import HAS_TRITON, in_child, INTERPRETED, passes_under_the_interpreter
 
 from phases.phase5_inference.engine import paged_attention as attn
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child (test_kernels_under_the_interpreter)")
 LENGTHS = [1, 15, 16, 17, 50, 83]                  # block_size 16: every tail case, several blocks
 
 

@@ -6,21 +6,16 @@ the vectorised converters in engine/int4_checkpoints.py. A tiny Llama saved by t
 projections packed in each layout, is served by the engine and gives the greedy tokens of the same
 model with the dequantized weights (transformers' own forward). The Triton path runs in a child
 pytest under TRITON_INTERPRET=1 (as test_phase5_quant.py does)."""
-import importlib.util
 import json
-import os
-import shutil
 
 import pytest
 import torch
-from conftest import passes_under_the_interpreter
+from conftest import HAS_TRITON, INTERPRETED, passes_under_the_interpreter
 
 from common.errors import LabError
 from phases.phase5_inference.engine import int4_checkpoints as ic
 from phases.phase5_inference.engine import quantize as qz
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]       # AutoAWQ's order_map: nibble i holds column 8c + order[i]
 
 

@@ -8,20 +8,14 @@ and without split-K. A twin kernel that reads the scale of the next group must f
 Triton decides between compiling and interpreting when a kernel is defined, so the kernel tests run
 in a child pytest started with TRITON_INTERPRET=1 (as test_phase5_attention.py does).
 """
-import importlib.util
-import os
 
 import pytest
 import torch
-from conftest import passes_under_the_interpreter
+from conftest import HAS_TRITON, in_child, INTERPRETED, passes_under_the_interpreter
 
 from common.errors import LabError
 from phases.phase5_inference.predictions import quant_analysis as qa
 from phases.phase5_inference.engine import quantize as qz
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-in_child = pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter child (test_kernels_under_the_interpreter)")
 
 
 def random_weight(n_out, k_in, dtype=torch.float32, seed=0):
