@@ -126,11 +126,35 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         cfg = im.plan(m, n, k, 132)
         warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
         assert 132 * im.RESIDENT_WARPS_PER_SM // 2 < warps <= 132 * im.RESIDENT_WARPS_PER_SM, (m, n, k, cfg)
-    assert im.uses_dequantized(65) and not im.uses_dequantized(64)
+    assert im.uses_dequantized(im.ROWS_MAX_M + 1) and not im.uses_dequantized(im.ROWS_MAX_M)
     # the weights' stream: the cp.async ring at batch 1 only, the register ring above, bulk copies on request
     assert im.plan(1, 4096, 4096, 132)["stream"] == "async"
     assert {im.plan(m, 4096, 4096, 132)["stream"] for m in (2, 8, 33, 64)} == {"registers"}
     assert im.plan(1, 4096, 4096, 132, bulk=True)["stream"] == "bulk"
+
+
+def test_the_rows_rule_is_a_rule_of_the_shape():
+    """M picks the tiling; (M, N, K, SMs) the rows partition: powers-of-two splits that keep a few
+    windows per split, more splits where N alone leaves SMs idle, none where it fills them."""
+    assert [im.kernel_of(m) for m in (1, 8, 16, 17, 64, 128, 129)] == ["mma"] * 3 + ["rows"] * 3 + ["dequantized"]
+    assert im.weight_reads(64) == 1 and im.weight_reads(65) == 2 and im.weight_reads(129) == 1
+    rng = random.Random(1)
+    for _ in range(300):
+        m, n, k = rng.randint(17, 128), rng.randint(1, 40000), 8 * rng.randint(1, 4000)
+        sms, small = rng.choice([78, 114, 132]), rng.random() < 0.3
+        cfg = im.rows_plan(m, n, k, sms, small)
+        assert cfg["kernel"] == "rows" and cfg["tw"] in im.ROWS_TILES_PER_WARP
+        assert cfg["mb"] in (2, 4, 8) and 8 * cfg["mb"] >= min(m, im.MMA_MAX_M) and 8 * cfg["mb"] < 2 * max(m, 16), (m, cfg)
+        s_ = cfg["splits"]
+        assert s_ & (s_ - 1) == 0 and s_ <= 16
+        assert s_ == 1 or im.cdiv(k, 64) // s_ >= im.ROWS_WINDOW * im.ROWS_MIN_WINDOWS_PER_SPLIT, (m, n, k, cfg)
+    # a wide N fills the SMs with whole K ranges; a narrow N with a long K is split along K
+    assert im.rows_plan(64, 28672, 4096, 132)["splits"] == 1
+    assert im.rows_plan(64, 4096, 14336, 132)["splits"] >= 4
+    # the record names the path multiply takes
+    assert im.chosen_config(1, (4096, 4096, False), 132)["kernel"] == "mma"
+    assert im.chosen_config(33, (4096, 4096, False), 132)["kernel"] == "rows"
+    assert im.chosen_config(200, (4096, 4096, False), 132) == {"kernel": "dequantized"}
 
 
 @pytest.mark.parametrize("k,group,why", [(100, 32, "multiple of 8"), (256, 16, "powers of two"),
@@ -169,6 +193,9 @@ def test_the_kernel_builds_for_hopper_without_spills(tmp_path):
     b = build.build(im.SOURCE, "sm_90", cache_dir=tmp_path)
     kernels = {name: res for name, res in b.resources.items() if "w4a16_mma" in name or "dequantize" in name}
     assert len(kernels) == 19, sorted(kernels)    # 4 batch widths x 2 group kinds x 2 streams, the batch-1 cp.async ring x 2, dequantize
+    rows = {name: res for name, res in b.resources.items() if "w4a16_rows" in name}
+    assert len(rows) == 12, sorted(rows)          # 3 row blocks x 2 group kinds x bf16 or fp16 scales
+    kernels.update(rows)
     for name, res in kernels.items():
         assert res["spill_stores_bytes"] == 0 and res["spill_loads_bytes"] == 0, (name, res)
 
@@ -194,6 +221,11 @@ def test_kernel_matches_fp32_at_irregular_batches(n, k, group):
             verdict = compare(im.matmul(x, mw, cfg), ref, "bf16", "fp32 x @ dequantize(W)^T")
             assert verdict["passed"], (m, stream, verdict)
         assert compare(im.multiply(x, mw), ref, "bf16", "fp32 x @ dequantize(W)^T")["passed"], m
+        if m > 1:                           # the rows tiling at every M, its rule's splits and odd ones
+            for splits in (None, 3):
+                cfg = None if splits is None else dict(im.rows_plan(m, n, k, im.sm_count(dev)), splits=splits)
+                verdict = compare(im.rows_matmul(x, mw, cfg), ref, "bf16", "fp32 x @ dequantize(W)^T")
+                assert verdict["passed"], (m, "rows", splits, verdict)
 
 
 @pytest.mark.gpu
@@ -208,6 +240,11 @@ def test_the_gpu_check_fails_a_wrong_weight():
     assert not compare(im.matmul(x, flipped), ref, "bf16", "ref")["passed"]        # every other nibble wrong
     shifted = im.MmaInt4Weight(mw.wq, mw.meta.roll(1, 1), mw.out_features, mw.in_features, mw.group_size, False)
     assert not compare(im.matmul(x, shifted), ref, "bf16", "ref")["passed"]        # scales of the wrong group
+    x33 = torch.randn(33, 4096, device=dev).to(torch.bfloat16)
+    ref33 = x33.float() @ qw.dequantize(torch.float32).t()
+    assert compare(im.rows_matmul(x33, mw), ref33, "bf16", "ref")["passed"]
+    assert not compare(im.rows_matmul(x33, flipped), ref33, "bf16", "ref")["passed"]
+    assert not compare(im.rows_matmul(x33, shifted), ref33, "bf16", "ref")["passed"]
 
 
 @pytest.mark.gpu

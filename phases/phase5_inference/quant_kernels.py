@@ -14,15 +14,17 @@ dequantize-then-matmul of that format (bf16_cublas: against fp32 x @ W^T) before
   w4_library      torch._weight_int4pack_mm (tinygemm) in its own packed format, converted once
   w4_cuda_bulk    the CUDA kernel (engine/int4_mma.cu: tensor-core mma on weights re-laid at load),
                   weights streamed with bulk copies into shared memory (Hopper's copy engine)
-  w4_cuda         the same kernel streaming the weights through a ring of 16-byte loads in registers
-                  (measured faster than the bulk copies), and above 64 rows dequantize-once + cuBLAS
-                  by the kernel's rule: the path the engine takes (QuantizedLinear path "cuda")
+  w4_cuda         the kernel by its rule of M (int4_mma.kernel_of): up to 16 rows the mma tiling (a
+                  cp.async ring at batch 1, a ring of 16-byte loads in registers above: both measured
+                  faster than the bulk copies), 17 to 128 rows the rows tiling (activation windows
+                  shared by the block, two tiles per warp), above that dequantize-once + cuBLAS: the
+                  path the engine takes (QuantizedLinear path "cuda")
   w8_fused, w8_naive, w8_library: the same for int8 (torch._weight_int8pack_mm)
 Counts: FLOPs = 2·M·N·K for every variant; bytes = the format's packed weight + scales (+ zeros)
 + x read and y written (quant_analysis.matmul_bytes; tinygemm's int4 keeps a bf16 scale and a bf16
 zero per group, and the CUDA kernel a 4-byte (scale, zero) per row and group on tiles of 16 rows and
 64 inputs: each its own bytes). The naive path's algorithm_bytes add the bf16 copy it writes and
-reads back. Rows carry ms, GB/s of those bytes, % of the roofline (its time over the measured),
+reads back (so do w4_cuda's above 128 rows; its tilings add a weight read per 64 rows past the first). Rows carry ms, GB/s of those bytes, % of the roofline (its time over the measured),
 and speedup_vs_bf16_cublas from the same run (int4 rows also speedup_vs_w4_fused, the Triton rung, and
 speedup_vs_w4_library, tinygemm); the summary has, per matrix and variant, the batch
 where time stops being flat (measured) beside the ridge's prediction.
@@ -87,8 +89,14 @@ def problem_bytes(p: dict, variant: str) -> int:
 
 
 def algorithm_bytes(p: dict, variant: str) -> int:
-    """What the variant's algorithm moves: the naive path also writes and reads a bf16 copy."""
+    """What the variant's algorithm moves: the naive path (and the CUDA rule's dequantized path above
+    ROWS_MAX_M rows) also writes and reads a bf16 copy; the CUDA tilings read the weights once per 64 rows."""
     extra = 2 * 2 * p["n_out"] * p["k_in"] if variant.endswith("_naive") else 0
+    if variant == "w4_cuda":
+        if int4_mma.uses_dequantized(p["batch"]):
+            extra = 2 * 2 * p["n_out"] * p["k_in"]
+        else:
+            extra = (int4_mma.weight_reads(p["batch"]) - 1) * variant_weight_bytes(p, variant)
     return problem_bytes(p, variant) + extra
 
 
@@ -221,8 +229,9 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
         r["metrics"]["flops_formula"] = FLOPS_FORMULA
         r["metrics"]["algorithm_bytes"] = algorithm_bytes(p, variant)
         if variant in CUDA_VARIANTS and ctx.is_cuda:
-            r["metrics"]["config"] = int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms,
-                                                   bulk=variant == "w4_cuda_bulk")
+            r["metrics"]["config"] = (int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms, bulk=True)
+                                      if variant == "w4_cuda_bulk" else
+                                      int4_mma.chosen_config(p["batch"], (p["n_out"], p["k_in"], p["group_size"] == 32), sms))
             r["metrics"]["dequantized_then_cublas"] = variant == "w4_cuda" and int4_mma.uses_dequantized(p["batch"])
         if variant.endswith("_fused"):
             r["metrics"]["config"] = fused_config(p, variant, sms)

@@ -795,6 +795,259 @@ cudaError_t launch_stream(const Problem& p, int mb, dim3 grid, cudaStream_t stre
                                         : launch_group<false, STREAM>(p, mb, grid, stream);
 }
 
+
+// ------------------------------------------------------------------------------ the rows tiling (9 to 64 rows)
+// From two 8-row blocks on, the batch-1 layout above runs out of shared-memory bandwidth and registers:
+// every warp re-reads all MB blocks' activations for its one tile, and above 16 rows a block's K range
+// no longer fits shared memory, so they come from L1 one chunk at a time. The rows kernel stages for the
+// whole block, in a ring of windows (ROWS_WINDOW chunks of 64 inputs, up to 64 rows), the activations
+// once and every warp's lane words and scale entries (cp.async, ROWS_STAGES deep, one barrier per
+// window; the scale entries once per lane group), and gives each warp TW tiles, so each activation fragment read from shared memory feeds
+// TW x 4 mma instead of 4. The group's scale multiplies the dequantized weights (bf16 q - z is exact;
+// times a bf16 scale it is rounded once, as a dequantized bf16 weight is; fp16 scales go through fp32),
+// so the sums run straight in acc. (Scaling the fp32 sums per group after the mma, as w4a16_mma does,
+// compiled to more instructions per window here: the partial sums' zeroing and the fold's branches.)
+// Partition: a block is 8 warps x TW tiles over all of its K range (no K split inside a block);
+// SPLITS blocks along K, summed as the kernel above sums them.
+constexpr int ROWS_WINDOW = 2;                      // chunks per window (128 inputs)
+constexpr int ROWS_TILES_PER_WARP = 2;              // 4 measured no faster at 8-64 rows and spills at 32
+constexpr int ROWS_X_PITCH = ROWS_WINDOW * CHUNK_K * 2 + 64;   // bytes per staged row: = 64 mod 128, so the
+                                                    // two rows a quarter-warp reads sit in different banks
+
+template <int MB, int TW, bool SMALL_GROUP>
+struct RowsLayout {
+    static constexpr int METAS = SMALL_GROUP ? 2 : 1;           // scale entries per chunk
+    static constexpr int X_BYTES = MB * 8 * ROWS_X_PITCH;         // one window's activations
+    static constexpr int W_BYTES = WARPS * TW * ROWS_WINDOW * 512;  // one window's lane words
+    static constexpr int M_BYTES = WARPS * TW * ROWS_WINDOW * METAS * 8 * 8;    // and scale entries (8 per tile)
+    static constexpr int STAGE_BYTES = X_BYTES + W_BYTES + M_BYTES;
+    // windows in the ring (all but one in flight while one is multiplied): 4, or 3 where 4 would not fit
+    static constexpr int STAGES = 4 * STAGE_BYTES <= 200 * 1024 ? 4 : 3;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+};
+
+__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
+    // src-size 0 fills the 16 bytes with zeros (inputs past K, rows past M)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(smem_address(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_address(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// bf16x2 (q - z) times a 16-bit scale, rounded once to bf16x2: a bf16 scale multiplies in bf16 (the
+// exact product rounded once), an fp16 one in fp32. (A template parameter: a runtime flag compiled to
+// a branch per register.)
+template <bool FP16_SCALES>
+__device__ __forceinline__ uint32_t scaled(uint32_t q_minus_z, uint32_t meta_half) {
+    if constexpr (!FP16_SCALES) {
+        return bf16x2_mul(q_minus_z, __byte_perm(meta_half, 0, 0x1010));
+    } else {
+        const float s = scale_of(meta_half, true);
+        const float lo = __uint_as_float(q_minus_z << 16) * s, hi = __uint_as_float(q_minus_z & 0xFFFF0000u) * s;
+        __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&r);
+    }
+}
+
+template <int MB, int TW, bool SMALL_GROUP, bool FP16_SCALES>
+__global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_rows(Problem p) {
+    using L = RowsLayout<MB, TW, SMALL_GROUP>;
+    constexpr int METAS = L::METAS, ROWS = MB * 8, ROWS_STAGES = L::STAGES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.z * M_TILE, rows = min(ROWS, p.M - m0);
+    const int2 cb = block_chunks(p);                      // wk = 1: the block's K range is its split's
+    const int n_chunks = cb.y - cb.x, n_windows = (n_chunks + ROWS_WINDOW - 1) / ROWS_WINDOW;
+    const int tile0 = (blockIdx.x * WARPS + warp) * TW;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int is_last;
+
+    // Window j into stage st: the block's activations (every thread a share), the warp's lane words and
+    // scale entries (each lane its own), one commit group per thread.
+    auto issue = [&](int j) {
+        unsigned char* stage = smem + (j % ROWS_STAGES) * L::STAGE_BYTES;
+        const int c0 = cb.x + j * ROWS_WINDOW;
+        constexpr int X_WORDS = ROWS * ROWS_WINDOW * 8;              // 16-byte words of a window's activations
+        static_assert(X_WORDS % THREADS == 0, "every thread copies the same number of activation words");
+#pragma unroll
+        for (int u = 0; u < X_WORDS / THREADS; ++u) {
+            const int idx = u * THREADS + threadIdx.x;
+            const int r = idx / (ROWS_WINDOW * 8), q = idx % (ROWS_WINDOW * 8);
+            const int k = (c0 + q / 8) * CHUNK_K + (q % 8) * 8;
+            const bool valid = r < rows && k < p.K && c0 + q / 8 < cb.y;
+            const __nv_bfloat16* src = p.x + (size_t)(valid ? m0 + r : 0) * p.K + (valid ? k : 0);
+            cp_async_16_or_zero(stage + r * ROWS_X_PITCH + q * 16, src, valid);
+        }
+        uint4* words = reinterpret_cast<uint4*>(stage + L::X_BYTES) + warp * TW * ROWS_WINDOW * 32 + lane;
+        uint2* metas = reinterpret_cast<uint2*>(stage + L::X_BYTES + L::W_BYTES) + warp * TW * ROWS_WINDOW * METAS * 8 + g;
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) {
+            const int tile = min(tile0 + tw, p.n_tiles - 1);
+#pragma unroll
+            for (int c = 0; c < ROWS_WINDOW; ++c) {
+                const int chunk = min(c0 + c, cb.y - 1);              // past the range: a repeat, never used
+                cp_async(words + (tw * ROWS_WINDOW + c) * 32, p.wq + ((size_t)tile * p.k_chunks + chunk) * 32 + lane, 16);
+                const uint2* tile_meta = p.meta + (size_t)tile * p.groups * 8 + g;
+                if (t == 0) {                                 // one lane per lane group: its rows' entry
+#pragma unroll
+                    for (int e = 0; e < METAS; ++e) {
+                        const int group = SMALL_GROUP ? min(2 * chunk + e, p.groups - 1)
+                                                      : min(chunk >> (p.log2_blocks_per_group - 1), p.groups - 1);
+                        cp_async_8(metas + ((tw * ROWS_WINDOW + c) * METAS + e) * 8, tile_meta + (size_t)group * 8);
+                    }
+                }
+            }
+        }
+    };
+    auto commit = [] { asm volatile("cp.async.commit_group;" ::: "memory"); };
+
+    float acc[TW][MB][4];
+#pragma unroll
+    for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[tw][b][i] = 0.f;
+
+#pragma unroll
+    for (int j = 0; j < ROWS_STAGES - 1; ++j) {
+        if (j < n_windows) issue(j);
+        commit();
+    }
+    for (int j = 0; j < n_windows; ++j) {
+        cp_async_wait<ROWS_STAGES - 2>();
+        __syncthreads();                                  // window j landed for every thread; j - 1 is free
+        if (j + ROWS_STAGES - 1 < n_windows) issue(j + ROWS_STAGES - 1);
+        commit();
+        const unsigned char* stage = smem + (j % ROWS_STAGES) * L::STAGE_BYTES;
+        const uint4* words = reinterpret_cast<const uint4*>(stage + L::X_BYTES) + warp * TW * ROWS_WINDOW * 32 + lane;
+        const uint2* metas = reinterpret_cast<const uint2*>(stage + L::X_BYTES + L::W_BYTES) + warp * TW * ROWS_WINDOW * METAS * 8 + g;
+#pragma unroll
+        for (int c = 0; c < ROWS_WINDOW; ++c) {
+            if (j * ROWS_WINDOW + c >= n_chunks) break;
+            uint4 xs[MB][2];                              // lane t's 8 inputs of each 32-input block, row g of each 8
+#pragma unroll
+            for (int b = 0; b < MB; ++b)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    xs[b][h] = *reinterpret_cast<const uint4*>(stage + (b * 8 + g) * ROWS_X_PITCH + c * 128 + h * 64 + t * 16);
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw) {
+                const uint4 word = words[(tw * ROWS_WINDOW + c) * 32];
+                uint2 sc[METAS];
+#pragma unroll
+                for (int e = 0; e < METAS; ++e) sc[e] = metas[((tw * ROWS_WINDOW + c) * METAS + e) * 8];
+                const uint32_t w4[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const int h = s >> 1;
+                    const uint2 m = sc[SMALL_GROUP ? h : 0];
+                    uint32_t a[4];
+                    dequantize(w4[s], zero_pair(m.x), zero_pair(m.y), a);
+                    a[0] = scaled<FP16_SCALES>(a[0], m.x);
+                    a[1] = scaled<FP16_SCALES>(a[1], m.y);
+                    a[2] = scaled<FP16_SCALES>(a[2], m.x);
+                    a[3] = scaled<FP16_SCALES>(a[3], m.y);
+#pragma unroll
+                    for (int b = 0; b < MB; ++b)
+                        mma_bf16(acc[tw][b], a, (s & 1) ? xs[b][h].z : xs[b][h].x, (s & 1) ? xs[b][h].w : xs[b][h].y);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Split-K: block partials into the workspace [splits][M_pad][n_tiles * 16]; the last block of a tile
+    // group sums them in split order (as w4a16_mma does).
+    const int m_pad = gridDim.z * M_TILE, n_pad = p.n_tiles * 16;
+    if (p.splits > 1) {
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw)
+            if (tile0 + tw < p.n_tiles)
+                for_each_output<MB>(m0, (tile0 + tw) * 16 + g, t, [&](int b, int i, int m, int n) {
+                    p.partials[((size_t)blockIdx.y * m_pad + m) * n_pad + n] = acc[tw][b][i];
+                });
+        __threadfence();
+        __syncthreads();
+        int* counter = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == p.splits - 1;
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+        // SPLIT_LOADS splits' loads in flight at once (about 64 per lane), added in split order: one L2
+        // round trip per SPLIT_LOADS splits rather than per split
+        constexpr int SPLIT_LOADS = 64 / (TW * MB * 4) > 1 ? 64 / (TW * MB * 4) : 1;
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+            for (int b = 0; b < MB; ++b)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[tw][b][i] = 0.f;
+        if constexpr (SPLIT_LOADS == 1) {             // 64 loads per split already: no second buffer
+            for (int s = 0; s < p.splits; ++s)
+#pragma unroll
+                for (int tw = 0; tw < TW; ++tw)
+                    for_each_output<MB>(m0, min(tile0 + tw, p.n_tiles - 1) * 16 + g, t, [&](int b, int i, int m, int n) {
+                        acc[tw][b][i] += __ldcg(p.partials + ((size_t)s * m_pad + m) * n_pad + n);
+                    });
+        } else for (int s0 = 0; s0 < p.splits; s0 += SPLIT_LOADS) {
+            float v[SPLIT_LOADS][TW][MB][4];
+#pragma unroll
+            for (int u = 0; u < SPLIT_LOADS; ++u)
+#pragma unroll
+                for (int tw = 0; tw < TW; ++tw)
+                    for_each_output<MB>(m0, min(tile0 + tw, p.n_tiles - 1) * 16 + g, t, [&](int b, int i, int m, int n) {
+                        v[u][tw][b][i] = s0 + u < p.splits ? __ldcg(p.partials + ((size_t)(s0 + u) * m_pad + m) * n_pad + n) : 0.f;
+                    });
+#pragma unroll
+            for (int u = 0; u < SPLIT_LOADS; ++u)
+#pragma unroll
+                for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                    for (int b = 0; b < MB; ++b)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[tw][b][i] += v[u][tw][b][i];
+        }
+        if (threadIdx.x == 0) *counter = 0;
+    }
+#pragma unroll
+    for (int tw = 0; tw < TW; ++tw)
+        if (tile0 + tw < p.n_tiles)
+            for_each_output<MB>(m0, (tile0 + tw) * 16 + g, t, [&](int b, int i, int m, int n) {
+                if (m < p.M && n < p.N) p.y[(size_t)m * p.N + n] = __float2bfloat16(acc[tw][b][i]);
+            });
+}
+
+template <int MB, bool SMALL_GROUP, bool FP16_SCALES>
+cudaError_t launch_rows(const Problem& p, dim3 grid, cudaStream_t stream) {
+    constexpr int TW = ROWS_TILES_PER_WARP, bytes = RowsLayout<MB, TW, SMALL_GROUP>::SMEM_BYTES;
+    static bool attribute_set = false;
+    if (!attribute_set) {
+        cudaError_t e = cudaFuncSetAttribute(w4a16_rows<MB, TW, SMALL_GROUP, FP16_SCALES>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess) return e;
+        attribute_set = true;
+    }
+    w4a16_rows<MB, TW, SMALL_GROUP, FP16_SCALES><<<grid, THREADS, bytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <bool SMALL_GROUP, bool FP16_SCALES>
+cudaError_t launch_rows_mb(const Problem& p, int mb, dim3 grid, cudaStream_t stream) {
+    switch (mb) {
+        case 2: return launch_rows<2, SMALL_GROUP, FP16_SCALES>(p, grid, stream);
+        case 4: return launch_rows<4, SMALL_GROUP, FP16_SCALES>(p, grid, stream);
+        case 8: return launch_rows<8, SMALL_GROUP, FP16_SCALES>(p, grid, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -826,6 +1079,24 @@ int lab_w4a16_mma(const void* x, const void* wq, const void* meta, void* y, void
                                             : launch_mb<1, false, STREAM_ASYNC>(p, grid, s);
     }
     return bulk ? launch_stream<STREAM_BULK>(p, mb, grid, s) : launch_stream<STREAM_REGISTERS>(p, mb, grid, s);
+}
+
+// The rows tiling: mb 8-row blocks (2, 4, 8), tw tiles per warp (ROWS_TILES_PER_WARP); grid (ceil(n_tiles / (8 tw)), splits,
+// ceil(M / 64)); partials/counters as lab_w4a16_mma's.
+int lab_w4a16_rows(const void* x, const void* wq, const void* meta, void* y, void* partials, void* counters,
+                   int M, int N, int K, int n_tiles, int k_chunks, int groups, int log2_blocks_per_group,
+                   int tw, int splits, int mb, int fp16_scales, void* stream) {
+    if (splits < 1 || M < 1 || K % 8) return cudaErrorInvalidValue;
+    Problem p{static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(wq), static_cast<const uint2*>(meta),
+              static_cast<__nv_bfloat16*>(y), static_cast<float*>(partials), static_cast<int*>(counters),
+              M, N, K, n_tiles, k_chunks, groups, log2_blocks_per_group, WARPS, 1, splits, fp16_scales, 0,
+              PROLOGUE_NONE, nullptr, nullptr, nullptr, 0.f, 0};
+    dim3 grid((n_tiles + WARPS * tw - 1) / (WARPS * tw), splits, (M + M_TILE - 1) / M_TILE);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (tw != ROWS_TILES_PER_WARP) return cudaErrorInvalidValue;
+    const bool small = log2_blocks_per_group == 0;
+    if (fp16_scales) return small ? launch_rows_mb<true, true>(p, mb, grid, s) : launch_rows_mb<false, true>(p, mb, grid, s);
+    return small ? launch_rows_mb<true, false>(p, mb, grid, s) : launch_rows_mb<false, false>(p, mb, grid, s);
 }
 
 int lab_int4_dequantize(const void* wq, const void* meta, void* w, int N, int K, int n_tiles, int k_chunks,

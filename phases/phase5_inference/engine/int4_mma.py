@@ -14,10 +14,20 @@ What decides its speed, and why it is laid out so (the .cu file's header has the
 - the batch rides in the mma's 8-column operand, so 1 to 8 rows cost one mma per 16x16 weights, and
   up to 64 rows are multiplied per weight read;
 - K is split across warps (and across blocks when N is small) so that every SM streams weights:
-  `plan` is a rule of (M, N, K, SM count), never a table of shapes;
-- above MMA_MAX_M rows the kernel would re-read the weights per 64 rows at mma.sync's rate:
-  `multiply` dequantizes them once into bf16 (one kernel, 2.5 bytes per weight) and lets cuBLAS
-  multiply at its own rate instead (`uses_dequantized`, a rule of M alone).
+  `plan` is a rule of (M, N, K, SM count), never a table of shapes.
+
+Two tilings, one rule of M (`kernel_of`):
+  mma         up to ROWS_MIN_M - 1 rows: one tile per warp, the block's K range of activations staged
+              once (what batch 1 needs: every warp streaming its own weights, nothing shared to wait on);
+  rows        ROWS_MIN_M to ROWS_MAX_M rows (`rows_matmul`, `rows_plan`): the block stages windows of
+              activations (up to 64 rows), lane words and scales together in a cp.async ring, one barrier
+              per window, and each warp multiplies two tiles, so an activation fragment read from shared
+              memory feeds twice the mma. From 17 rows the mma tiling's activations no longer fit shared
+              memory and every warp re-reads all of them per tile: there the rows tiling measured 1.2-2.2x
+              faster on an H200 (and slower at 8 rows, where its barrier per window is not amortized);
+  dequantized above ROWS_MAX_M rows: the weights dequantized once into bf16 (one kernel, 2.5 bytes per
+              weight) and cuBLAS multiplies at its own rate; the tilings would re-read the weights per 64
+              rows at mma.sync's rate.
 
 Three ways to stream the weights, one template parameter (`plan`'s "stream"):
   async       batch 1 (one 8-row block): a ring of ASYNC_DEPTH chunks per warp in shared memory, each
@@ -269,6 +279,7 @@ SIGNATURES = {
     "lab_w4a16_mma": [ctypes.c_void_p] * 6 + [ctypes.c_int] * 14 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int,
                                                                                        ctypes.c_void_p],
     "lab_int4_dequantize": [ctypes.c_void_p] * 3 + [ctypes.c_int] * 7 + [ctypes.c_void_p],
+    "lab_w4a16_rows": [ctypes.c_void_p] * 6 + [ctypes.c_int] * 11 + [ctypes.c_void_p],
 }
 _COUNTERS: dict = {}
 
@@ -323,16 +334,45 @@ def prologue_fits(m: int, mw: MmaInt4Weight, sms: int) -> bool:
 X_SMEM_MAX_BYTES = 32 * 1024
 
 
+ROWS_MIN_M = 17                  # from three 8-row blocks: the mma tiling's activations leave shared memory
+ROWS_MAX_M = 128                 # two 64-row passes over the weights; above, dequantize once and cuBLAS
+
+
+def kernel_of(m: int) -> str:
+    """Which path `multiply` takes for M rows: "mma", "rows" or "dequantized" (module docstring)."""
+    if m > ROWS_MAX_M:
+        return "dequantized"
+    return "rows" if m >= ROWS_MIN_M else "mma"
+
+
 def uses_dequantized(m: int) -> bool:
-    """Above MMA_MAX_M rows `multiply` dequantizes once and lets cuBLAS multiply."""
-    return m > MMA_MAX_M
+    """Above ROWS_MAX_M rows `multiply` dequantizes once and lets cuBLAS multiply."""
+    return kernel_of(m) == "dequantized"
+
+
+def chosen_config(m: int, mw_or_shape, sms: int) -> dict:
+    """The config `multiply` launches for M rows of this weight (or (n, k, small_group)), for records."""
+    n, k, small = ((mw_or_shape.out_features, mw_or_shape.in_features, mw_or_shape.log2_blocks_per_group == 0)
+                   if isinstance(mw_or_shape, MmaInt4Weight) else mw_or_shape)
+    kind = kernel_of(m)
+    if kind == "rows":
+        return rows_plan(m, n, k, sms, small)
+    if kind == "dequantized":
+        return {"kernel": "dequantized"}
+    return dict(plan(m, n, k, sms), kernel="mma")
+
+
+def weight_reads(m: int) -> int:
+    """How many times a `multiply` of M rows reads the int4 weights (64 rows per pass)."""
+    return 1 if uses_dequantized(m) else cdiv(m, MMA_MAX_M)
 
 
 def multiply(x: torch.Tensor, mw: MmaInt4Weight) -> torch.Tensor:
-    """y = x @ W^T by the rule: the tensor-core kernel up to MMA_MAX_M rows, else dequantize + cuBLAS."""
-    if uses_dequantized(x.shape[0]):
+    """y = x @ W^T by the rule of M (`kernel_of`): the mma tiling, the rows tiling, or dequantize + cuBLAS."""
+    kind = kernel_of(x.shape[0])
+    if kind == "dequantized":
         return F.linear(x, dequantize(mw))
-    return matmul(x, mw)
+    return rows_matmul(x, mw) if kind == "rows" else matmul(x, mw)
 
 
 def matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> torch.Tensor:
@@ -415,6 +455,89 @@ def _launch(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None, prologue: i
                              int(mw.fp16_scales), STREAMS[stream], prologue, ptr(residual), ptr(norm_weight),
                              ptr(residual_out), float(eps), int(pdl), build.stream(x.device))
     build.check(lib, code, "int4 mma launch")
+    return y
+
+
+# ------------------------------------------------------------------------------ the rows tiling
+ROWS_WINDOW = 2                   # chunks per staged window (int4_mma.cu's ROWS_WINDOW)
+ROWS_X_PITCH = ROWS_WINDOW * CHUNK_K * 2 + 64
+ROWS_MIN_WINDOWS_PER_SPLIT = 4    # a split's ring fills and drains once: at least a few windows past it
+SM_SHARED_BYTES = 228 * 1024      # shared memory per SM on sm_80/sm_90 (the H100 and H200)
+ROWS_TILES_PER_WARP = (2,)       # int4_mma.cu's ROWS_TILES_PER_WARP
+
+
+def rows_smem_bytes(mb: int, tw: int, small_group: bool) -> int:
+    """Dynamic shared memory of one rows block (int4_mma.cu's RowsLayout)."""
+    metas = 2 if small_group else 1
+    stage = mb * 8 * ROWS_X_PITCH + WARPS * tw * ROWS_WINDOW * 512 + WARPS * tw * ROWS_WINDOW * metas * 64
+    stages = 4 if 4 * stage <= 200 * 1024 else 3
+    return stages * stage
+
+
+def rows_blocks_per_sm(mb: int, tw: int, small_group: bool) -> int:
+    """Rows blocks resident per SM: two up to 2 row blocks (int4_mma.cu's launch bounds) when two fit
+    shared memory."""
+    if mb > 2:
+        return 1
+    return max(1, min(2, SM_SHARED_BYTES // (rows_smem_bytes(mb, tw, small_group) + 1024)))
+
+
+def rows_plan(m: int, n: int, k: int, sms: int, small_group: bool = False, tw: int | None = None,
+              splits: int | None = None) -> dict:
+    """The rows kernel's partition: 8-row blocks (mb), tiles per warp (tw), blocks along K (splits).
+
+    A rule of (M, N, K, SM count): each (tw, splits) is costed as the waves of blocks over the SMs'
+    resident slots times one block's lane words (the time of a wave is its slowest block), plus the
+    fp32 partials a split writes and its last block reads back (L2 traffic, a quarter of a DRAM word's
+    cost); the cheapest wins, ties to fewer splits
+    and more tiles per warp (fewer activation reads per mma)."""
+    n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
+    mb = max(2, next_pow2(cdiv(min(m, MMA_MAX_M), 8)))
+    best = None
+    for tw_c in ([tw] if tw else ROWS_TILES_PER_WARP):
+        slots = sms * rows_blocks_per_sm(mb, tw_c, small_group)
+        blocks_n = cdiv(n_tiles, WARPS * tw_c) * m_tiles
+        max_splits = max(1, k_chunks // (ROWS_WINDOW * ROWS_MIN_WINDOWS_PER_SPLIT))
+        for s in ([splits] if splits else [1 << i for i in range(5) if 1 << i <= max_splits]):
+            waves = cdiv(blocks_n * s, slots)
+            words = tw_c * cdiv(k_chunks, s)                       # a warp's lane words (512 B each)
+            # its fp32 outputs (mb x 512 B per tile) written per split and read back by the last block,
+            # through L2: counted at a quarter of a DRAM word
+            partials = 0 if s == 1 else tw_c * mb * (1 + s) / 4
+            cost = (waves * (words + partials), s, -tw_c)
+            if best is None or cost < best[0]:
+                best = (cost, tw_c, s)
+    _, tw_best, s_best = best
+    return {"kernel": "rows", "mb": mb, "tw": tw_best, "splits": s_best}
+
+
+def rows_matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) -> torch.Tensor:
+    """y = x @ W^T through the rows tiling (any M; built for 9 to 64 rows per weight read)."""
+    from phases.phase2_cuda import build
+    _check_input(x, mw.in_features, "x")
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    m = x.shape[0]
+    y = torch.empty(m, mw.out_features, dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return y
+    small = mw.log2_blocks_per_group == 0
+    cfg = config or rows_plan(m, mw.out_features, mw.in_features, sm_count(x.device), small)
+    m_tiles = cdiv(m, MMA_MAX_M)
+    grid_x = cdiv(mw.n_tiles, WARPS * cfg["tw"])
+    if cfg["splits"] > 1:
+        partials = torch.empty(cfg["splits"] * m_tiles * MMA_MAX_M * mw.n_tiles * TILE_N, dtype=torch.float32,
+                               device=x.device)
+        count = counters(x.device, grid_x * m_tiles)
+    else:
+        partials = count = y
+    lib, _ = library()
+    code = lib.lab_w4a16_rows(build.ptr(x), build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(y), build.ptr(partials),
+                              build.ptr(count), m, mw.out_features, mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups,
+                              mw.log2_blocks_per_group, cfg["tw"], cfg["splits"], cfg["mb"], int(mw.fp16_scales),
+                              build.stream(x.device))
+    build.check(lib, code, "int4 rows launch")
     return y
 
 
