@@ -15,6 +15,7 @@ from common.paths import REPO_ROOT
 from phases.phase5_inference import long_prompt
 from phases.phase5_inference.benchmark.workload import random_prompts
 from phases.phase5_inference.engine import EngineConfig, LLMEngine, named, random_weights
+from phases.phase5_inference.greedy_near_tie import compare_greedy, tie_tolerance
 
 LAB = [sys.executable, "-m", "common.cli"]
 SMALL = ["--param", "streams=4", "--param", "long_tokens=300", "--param", "token_budget=64",
@@ -49,6 +50,9 @@ def test_every_row_is_checked_timed_and_predicted(record):
         assert r["status"] == "ok", (r["variant"], r["reason"])
         assert r["check"]["passed"]
         assert r["prediction"]["predicted_ms"] > 0 and r["prediction"]["measured_over_predicted"] > 0
+        # fp32: the strict path, no divergence accepted as a near-tie (the tolerance is a few fp32 ulps)
+        assert r["check"]["near_tie_divergences"] == 0 and r["metrics"]["near_tie_divergences"] == 0
+        assert r["metrics"]["near_tie_margins"] == [] and r["check"]["near_tie_tolerance"] < 1e-5
 
 
 def test_itl_rows_carry_sane_latencies_and_predictions(record):
@@ -100,8 +104,44 @@ def test_chunking_lets_streams_decode_through_the_long_prefill_and_keeps_their_t
         assert not engine.has_unfinished()
     assert min(stream_tokens_during_prefill(runs[True])) >= 4        # 5 chunks: tokens from the first 4 steps
     assert max(stream_tokens_during_prefill(runs[False])) <= 1      # at most the decode step already in flight
-    assert long_prompt.check_same_tokens(runs[True], runs[False], "chunked on and off")["passed"]
+    sequences = long_prompt.itl_sequences(runs[True], runs[False], streams, long)
+    check = compare_greedy(sequences, never_replayed, tie_tolerance("fp32"), "chunked on and off")
+    assert check["passed"] and check["near_tie_divergences"] == 0 and check["sequences_compared"] == 5
     assert len(long_prompt.window_itls_ms(runs[True])) > len(long_prompt.window_itls_ms(runs[False]))
+
+
+def never_replayed(tokens):
+    raise AssertionError("a replay was asked for where the runs agree")
+
+
+class CpuContext:
+    is_cuda = False
+
+    def synchronize(self):
+        pass
+
+
+def test_a_wrong_chunked_engine_fails_the_gate_with_a_clear_margin():
+    """The chunked engine's weights perturbed (a stand-in for a wrong kernel): its streams' tokens
+    diverge from the unchunked run's where the best two are clearly apart, and both ITL rows fail
+    without a timing; the replay that measured the margin ran on the unchunked engine's weights."""
+    shape = named("tiny")
+    weights = random_weights(shape, seed=0, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    wrong = {k: v + 0.02 * torch.randn(v.shape, generator=generator) for k, v in weights.items()}
+
+    def make_engine(max_num_seqs, enable_chunked_prefill, **settings):
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", max_num_seqs=max_num_seqs,
+                                      enable_chunked_prefill=enable_chunked_prefill, **settings),
+                         weights=wrong if enable_chunked_prefill else weights)
+    params = {"streams": 2, "long_tokens": 100, "stream_prompt_tokens": 8, "warm_tokens": 3, "long_output_tokens": 3,
+              "token_budget": 32, "block_size": 16, "seed": 0}
+    rows = long_prompt.itl_rows(CpuContext(), params, shape, make_engine, "fp32")
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    for r in rows:
+        assert r["timing"] is None and not r["check"]["passed"]
+        assert "differs between chunked prefill on and off" in r["reason"]
+        assert "margin" in r["reason"] or "not a swap" in r["reason"], r["reason"]
 
 
 def test_percentile_is_nearest_rank():

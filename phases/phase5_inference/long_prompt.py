@@ -20,8 +20,11 @@ issue 35's goals, each beside its roofline:
   (its matmuls plus its attention over the cached prefix).
 
 Correctness gates timing: the streams' greedy tokens with chunking on equal those with it off (and
-the long prompt's), B's tokens with caching on equal those with it off, and with caching on B's
-prefix came from the cache.
+the long prompt's), A's and B's tokens with caching on equal those with it off, and with caching on
+B's prefix came from the cache. Equal except at a near-tie: in bf16 the two settings batch rows
+into different shapes that round differently, which can swap two nearly tied best logits; such a
+divergence is accepted only within greedy_near_tie's tolerance, later tokens of that sequence are
+not compared, and each row records how many sequences diverged so and at what margins.
 
 The chunked budget defaults to 2048 tokens (vLLM's default for online serving): at the engine's
 8192 an 8,000-token prompt and 32 decode rows fit in one step, so nothing would be chunked.
@@ -29,6 +32,7 @@ The chunked budget defaults to 2048 tokens (vLLM's default for online serving): 
 import math
 import statistics
 import time
+from contextlib import contextmanager
 
 from common.errors import LabError
 from common.exercise import Exercise, Needs, Result, Work, row
@@ -37,6 +41,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .benchmark.workload import random_prompts
+from .greedy_near_tie import compare_greedy, tie_tolerance
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -121,19 +126,45 @@ def steady_itls_ms(run: dict) -> list[float]:
             for before, after in zip(clocks, clocks[1:]) if after <= run["arrived_s"]]
 
 
-def check_same_tokens(on: dict, off: dict, what: str) -> dict:
-    """The greedy tokens of every stream (over the length both runs made) and of the long prompt
-    equal between the two runs."""
-    reason = None
-    for i, (a, b) in enumerate(zip(on["stream_tokens"], off["stream_tokens"])):
-        n = min(len(a), len(b))
-        if a[:n] != b[:n]:
-            first = next(k for k in range(n) if a[k] != b[k])
-            reason = f"stream {i}'s greedy token {first} differs between {what}"
-            break
-    if reason is None and on["long_tokens"] != off["long_tokens"]:
-        reason = f"the long prompt's greedy tokens differ between {what}"
-    return {"passed": reason is None, "reason": reason, "reference": f"greedy tokens, {what}"}
+def itl_sequences(on: dict, off: dict, stream_prompts: list, long_prompt: list[int]) -> list[dict]:
+    """The streams and the long prompt as compare_greedy's sequences, chunking off the reference."""
+    seqs = [{"name": f"stream {i}", "prompt": p, "reference": b, "other": a}
+            for i, (p, a, b) in enumerate(zip(stream_prompts, on["stream_tokens"], off["stream_tokens"]))]
+    return seqs + [{"name": "the long prompt", "prompt": long_prompt, "reference": off["long_tokens"],
+                    "other": on["long_tokens"]}]
+
+
+@contextmanager
+def replayer(ctx, make_engine, max_model_len: int):
+    """A top2(tokens) for compare_greedy: the best two next tokens and their logprobs after `tokens`,
+    one prefill on an engine with chunking and prefix caching off, made on the first call only
+    (runs that agree never build it) and let go on exit."""
+    from .engine import SamplingParams
+    held = {}
+
+    def top2(tokens: list[int]) -> list[tuple[int, float]]:
+        if "engine" not in held:
+            held["engine"] = make_engine(max_model_len=max_model_len, max_num_seqs=1, enable_chunked_prefill=False,
+                                         enable_prefix_caching=False,
+                                         max_num_batched_tokens=max(UNCHUNKED_STEP_TOKENS, max_model_len))
+        engine = held["engine"]
+        request_id = engine.add_request(tokens, SamplingParams(max_tokens=1, ignore_eos=True, logprobs=2))
+        entries = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.request_id == request_id:
+                    entries += out.logprobs or []
+        return entries[0][1]
+    try:
+        yield top2
+    finally:
+        held.clear()
+        release_memory(ctx)
+
+
+def replay_length(sequences: list[dict], block_size: int) -> int:
+    """A max_model_len that holds any replay of `sequences` (prompt plus all but the last reference token)."""
+    return max(len(s["prompt"]) + len(s["reference"]) for s in sequences) + block_size
 
 
 def itl_predictions(ctx, shape, params, dtype: str) -> dict:
@@ -154,6 +185,13 @@ def itl_predictions(ctx, shape, params, dtype: str) -> dict:
             "prefill_then_decode": summed_prediction(ctx, prefill + decode, dtype, None,
                                                      what="steps: the whole prefill, then a decode step"),
             "chunk_tokens": chunk}
+
+
+def near_tie_metrics(check: dict) -> dict:
+    """How many sequences diverged at an accepted near-tie, and their top-2 logit margins."""
+    return {"near_tie_divergences": check["near_tie_divergences"],
+            "near_tie_margins": [t["margin"] for t in check["near_ties"]],
+            "near_tie_tolerance": check["near_tie_tolerance"]}
 
 
 def itl_row(ctx, identity: dict, variant: str, run: dict, check: dict, predictions: dict, dtype: str) -> dict:
@@ -177,7 +215,8 @@ def itl_row(ctx, identity: dict, variant: str, run: dict, check: dict, predictio
                "predicted_prefill_then_decode_ms": predictions["prefill_then_decode"]["predicted_ms"],
                "predicted_itl_p99_ms": expected["predicted_ms"],
                "predicted_itl_p99_over_decode_step": expected["predicted_ms"] / predictions["decode"]["predicted_ms"],
-               "chunk_tokens": predictions["chunk_tokens"] if variant == "chunked" else identity["long_tokens"]}
+               "chunk_tokens": predictions["chunk_tokens"] if variant == "chunked" else identity["long_tokens"],
+               **near_tie_metrics(check)}
     if variant == "chunked":
         metrics["goal_met"] = metrics["itl_p99_over_median"] <= GOAL_ITL_P99_OVER_MEDIAN
     return row(variant, identity, check=check, timing=timing, metrics=metrics, prediction=prediction)
@@ -204,7 +243,9 @@ def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     identity = {"kind": "itl_under_long_prompt", "model": shape.name, "streams": streams, "long_tokens": long_tokens,
                 "stream_prompt_tokens": params["stream_prompt_tokens"], "token_budget": params["token_budget"],
                 "long_output_tokens": params["long_output_tokens"], "dtype": dtype}
-    check = check_same_tokens(runs["chunked"], runs["unchunked"], "chunked prefill on and off")
+    sequences = itl_sequences(runs["chunked"], runs["unchunked"], prompts[:streams], long_prompt)
+    with replayer(ctx, make_engine, replay_length(sequences, params["block_size"])) as top2:
+        check = compare_greedy(sequences, top2, tie_tolerance(dtype), "chunked prefill on and off")
     if not check["passed"]:
         return [row(v, identity, "failed", check["reason"], check=check) for v in runs]
     predictions = itl_predictions(ctx, shape, params, dtype)
@@ -235,6 +276,16 @@ def prefix_pair(engine, prefix: list[int], suffix: list[int], sampling) -> dict:
     cached_before = engine.telemetry["cached_prompt_tokens"]
     b = timed_request(engine, prefix + suffix, sampling)
     return {"a": a, "b": b, "b_cached_tokens": engine.telemetry["cached_prompt_tokens"] - cached_before}
+
+
+def prefix_sequences(on: list[dict], off: list[dict], prefixes: list, suffix: list[int]) -> list[dict]:
+    """A and B of every repeat as compare_greedy's sequences, caching off the reference."""
+    seqs = []
+    for k, (a, b, prefix) in enumerate(zip(on, off, prefixes)):
+        seqs += [{"name": f"repeat {k}'s A", "prompt": prefix, "reference": b["a"]["tokens"], "other": a["a"]["tokens"]},
+                 {"name": f"repeat {k}'s B", "prompt": prefix + suffix, "reference": b["b"]["tokens"],
+                  "other": a["b"]["tokens"]}]
+    return seqs
 
 
 def prefix_predictions(ctx, shape, prefix_tokens: int, suffix_tokens: int, dtype: str) -> tuple[dict, dict]:
@@ -270,19 +321,20 @@ def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
             release_memory(ctx)
     identity = {"kind": "shared_prefix_ttft", "model": shape.name, "prefix_tokens": prefix_tokens,
                 "suffix_tokens": suffix_tokens, "output_tokens": params["output_tokens"], "dtype": dtype}
-    reason = None
+    sequences = prefix_sequences(runs["prefix-cache"], runs["no-prefix-cache"], prefixes[:repeats], suffix)
+    with replayer(ctx, make_engine, replay_length(sequences, params["block_size"])) as top2:
+        check = compare_greedy(sequences, top2, tie_tolerance(dtype), "prefix caching on and off")
+    reason = check["reason"]
     for k, (on, off) in enumerate(zip(runs["prefix-cache"], runs["no-prefix-cache"])):
-        if on["b"]["tokens"] != off["b"]["tokens"] or on["a"]["tokens"] != off["a"]["tokens"]:
-            reason = f"repeat {k}: greedy tokens differ between prefix caching on and off"
-        elif on["b_cached_tokens"] < prefix_tokens // params["block_size"] * params["block_size"] - params["block_size"]:
+        if reason:
+            break
+        if on["b_cached_tokens"] < prefix_tokens // params["block_size"] * params["block_size"] - params["block_size"]:
             reason = (f"repeat {k}: B found {on['b_cached_tokens']} prompt tokens in the cache, "
                       f"~{prefix_tokens} expected")
         elif off["b_cached_tokens"]:
             reason = f"repeat {k}: B found cached tokens with prefix caching off"
-        if reason:
-            break
-    check = {"passed": reason is None, "reason": reason,
-             "reference": "greedy tokens of A and B, caching on and off; B's cached prompt tokens"}
+    check = {**check, "passed": reason is None, "reason": reason,
+             "reference": check["reference"] + "; B's cached prompt tokens"}
     if reason:
         return [row(v, identity, "failed", reason, check=check) for v in runs]
     whole, suffix_only = prefix_predictions(ctx, shape, prefix_tokens, suffix_tokens, dtype)
@@ -298,7 +350,8 @@ def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
                    "ttft_a_over_b": statistics.median(ttft_a) / b_ms,
                    "b_cached_prompt_tokens": pairs[0]["b_cached_tokens"],
                    "predicted_ttft_a_ms": whole["predicted_ms"], "predicted_ttft_b_ms": expected["predicted_ms"],
-                   "predicted_ttft_a_over_b": whole["predicted_ms"] / expected["predicted_ms"]}
+                   "predicted_ttft_a_over_b": whole["predicted_ms"] / expected["predicted_ms"],
+                   **near_tie_metrics(check)}
         if variant == "prefix-cache":
             metrics["goal_met"] = metrics["ttft_a_over_b"] >= GOAL_PREFIX_TTFT_X
         prediction = {**expected, "measured_ms": b_ms, "measured_over_predicted": b_ms / expected["predicted_ms"]}

@@ -47,7 +47,10 @@ class AttentionMetadata:
     num_splits: int | None = None                # decode: attention splits per (seq, KV head); None: by shape
     logits_indices: torch.Tensor | None = None   # rows whose hidden state is returned; None: all
     cached_lens: list[int] | None = None         # prefill: tokens of each sequence already cached (a shared prefix)
-    prefill_block_tables: list | None = None     # prefill with cached_lens: each sequence's blocks, int64 tensors
+    context_slots: torch.Tensor | None = None    # prefill with cached_lens: each sequence's whole context's cache
+                                                 # slots (cached prefix, then new tokens), packed, int32
+    cu_context_lens: torch.Tensor | None = None  # prefill with cached_lens: [seqs + 1] int32 offsets into context_slots
+    max_context_len: int = 0                     # prefill with cached_lens: the longest context
 
 
 def rope_tables(shape: LlamaShape, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,19 +308,26 @@ class LlamaModel:
         """Causal attention of each sequence's new tokens over its whole context, cached prefix
         and new tokens alike, read from the paged cache (this layer's K and V of the new tokens
         were stored before): query r of a sequence with c cached tokens sits at position c + r and
-        sees keys 0 .. c + r. Per sequence through SDPA with an explicit mask, on every device
-        (the flash varlen path takes only the new tokens' keys)."""
+        sees keys 0 .. c + r. Every context is gathered in one index_select per layer; then one
+        Flash varlen call for all sequences on a GPU (its causal mask aligns each sequence's
+        queries with the end of its keys: the bottom-right alignment this needs), else SDPA per
+        sequence with an explicit mask. A mixed chunked step's decode rows are such sequences
+        too (one new token each), so one call per layer matters there most."""
         s = self.shape
+        k = k_cache.view(-1, s.num_key_value_heads, s.head_dim).index_select(0, meta.context_slots)
+        v = v_cache.view(-1, s.num_key_value_heads, s.head_dim).index_select(0, meta.context_slots)
+        if self.prefill_varlen is not None:
+            return self.prefill_varlen(q, k, v, meta.cu_seqlens, meta.cu_context_lens, meta.max_seq_len,
+                                       meta.max_context_len, scale=self.scale)
         out = torch.empty_like(q)
-        start = 0
-        for n, cached, blocks in zip(meta.seq_lens, meta.cached_lens, meta.prefill_block_tables):
+        start = context_start = 0
+        for n, cached in zip(meta.seq_lens, meta.cached_lens):
             context = cached + n
-            k = k_cache[blocks].reshape(-1, s.num_key_value_heads, s.head_dim)[:context]
-            v = v_cache[blocks].reshape(-1, s.num_key_value_heads, s.head_dim)[:context]
             visible = torch.ones(n, context, dtype=torch.bool, device=q.device).tril(diagonal=cached)
-            rows = slice(start, start + n)
+            rows, keys = slice(start, start + n), slice(context_start, context_start + context)
             out[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
+                q[rows].transpose(0, 1), k[keys].transpose(0, 1), v[keys].transpose(0, 1), attn_mask=visible,
                 scale=self.scale, enable_gqa=self.gqa).transpose(0, 1)
             start += n
+            context_start += context
         return out

@@ -250,22 +250,30 @@ class ModelRunner:
         offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
         np.cumsum(seq_lens, out=offsets[1:])
         total = int(offsets[-1])
+        over_cache = any(cached_lens)   # attention over each whole context (cached prefix, new tokens): its slots
+        context = []
+        if over_cache:
+            cu_context = np.zeros(len(seqs) + 1, dtype=np.int32)
+            np.cumsum(ends, out=cu_context[1:])
+            context = [*[self.prefill_slots(s)[:e] for s, e in zip(seqs, ends)], cu_context]
         packed = np.concatenate([
             np.fromiter(itertools.chain.from_iterable(s.token_ids[c:e] for s, c, e in zip(seqs, cached_lens, ends)),
                         dtype=np.int32, count=total),
             np.concatenate([np.arange(c, e, dtype=np.int32) for c, e in zip(cached_lens, ends)]),
-            *[self.prefill_slots(s)[c:e] for s, c, e in zip(seqs, cached_lens, ends)], offsets[1:] - 1, offsets])
-        on_device = torch.from_numpy(packed).to(self.device)
-        input_ids, positions, slot_mapping, last_rows, cu_seqlens = on_device.split(
-            [total, total, total, len(seqs), len(seqs) + 1])
+            *[self.prefill_slots(s)[c:e] for s, c, e in zip(seqs, cached_lens, ends)], offsets[1:] - 1, offsets,
+            *context])
+        on_device = torch.from_numpy(packed).to(self.device)    # one copy for every input of the step
+        parts = on_device.split([total, total, total, len(seqs), len(seqs) + 1]
+                                + ([sum(ends), len(seqs) + 1] if over_cache else []))
+        input_ids, positions, slot_mapping, last_rows, cu_seqlens = parts[:5]
         if rows is not None:
             last_rows = torch.tensor(rows, dtype=torch.int64).to(self.device)
         meta = AttentionMetadata(is_prefill=True, slot_mapping=slot_mapping, seq_lens=seq_lens,
                                  cu_seqlens=cu_seqlens, max_seq_len=max(seq_lens),
                                  logits_indices=None if all_positions else last_rows)
-        if any(cached_lens):            # attention over the cached prefix too: read from the paged cache
+        if over_cache:
             meta.cached_lens = cached_lens
-            meta.prefill_block_tables = [torch.tensor(s.block_table, dtype=torch.int64).to(self.device) for s in seqs]
+            meta.context_slots, meta.cu_context_lens, meta.max_context_len = parts[5], parts[6], max(ends)
         return self.model.forward_logits(input_ids, positions, meta)
 
     def prefill_slots(self, seq: Sequence) -> np.ndarray:

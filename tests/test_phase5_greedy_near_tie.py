@@ -1,0 +1,128 @@
+"""greedy_near_tie: two runs' greedy tokens compared under batch variance. Equal tokens pass without
+a replay; a divergence is accepted only where the replay's best two are the two runs' tokens at a
+top-2 logit margin within the tolerance, and then that sequence's later tokens are not compared;
+a divergence with a clear margin, or one that is not a swap of the best two, fails. Then the same
+through a real engine's replay (CPU, fp32, tiny model): a token edited to the runner-up is a clear
+divergence at fp32's tolerance and a reported near-tie under a tolerance above its margin."""
+import pytest
+import torch
+
+from phases.phase5_inference.benchmark.workload import random_prompts
+from phases.phase5_inference.engine import EngineConfig, LLMEngine, SamplingParams, named, random_weights
+from phases.phase5_inference.greedy_near_tie import compare_greedy, first_difference, tie_tolerance
+from phases.phase5_inference.long_prompt import replayer
+
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
+BF16 = tie_tolerance("bf16")
+
+
+def never_replayed(tokens):
+    raise AssertionError("a replay was asked for where the runs agree")
+
+
+def fake_replay(top2_after: dict):
+    """replay_top2 from a table {length of the replayed tokens: [(id, logprob), (id, logprob)]}, logging calls."""
+    calls = []
+
+    def top2(tokens):
+        calls.append(list(tokens))
+        return top2_after[len(tokens)]
+    top2.calls = calls
+    return top2
+
+
+def seq(name, reference, other, prompt=(1, 2, 3)):
+    return {"name": name, "prompt": list(prompt), "reference": reference, "other": other}
+
+
+def test_the_tolerance_is_four_ulps_of_a_logit_in_four_to_eight():
+    ulp = BF16 / 4
+    assert torch.tensor(4.0 + ulp, dtype=torch.bfloat16).item() == 4.0 + ulp          # representable: one step up
+    assert torch.tensor(4.0 + 0.49 * ulp, dtype=torch.bfloat16).item() == 4.0          # nothing between
+    assert torch.tensor(7.0 + ulp, dtype=torch.bfloat16).item() == 7.0 + ulp
+    assert tie_tolerance("fp32") == pytest.approx(4 * 4 * 2.0 ** -23) and tie_tolerance("fp32") < 1e-5
+
+
+def test_first_difference_over_the_common_length():
+    assert first_difference([1, 2, 3], [1, 2, 3, 4]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([], [7]) is None
+
+
+def test_identical_runs_pass_without_a_replay():
+    check = compare_greedy([seq("stream 0", [5, 6, 7], [5, 6, 7]), seq("stream 1", [8, 9], [8, 9, 10])],
+                           never_replayed, BF16, "on and off")
+    assert check["passed"] and check["reason"] is None
+    assert check["near_tie_divergences"] == 0 and check["near_ties"] == [] and check["sequences_compared"] == 2
+
+
+def test_a_divergence_at_a_near_tie_passes_is_reported_and_ends_that_sequence():
+    # at position 2 the replay's best two are 7 (-1.50) and 70 (-1.51): a margin of 0.01; later tokens differ freely
+    replay = fake_replay({3 + 2: [(7, -1.50), (70, -1.51)]})
+    check = compare_greedy([seq("stream 0", [5, 6, 7, 8, 9], [5, 6, 70, 11, 12]), seq("stream 1", [4], [4])],
+                           replay, BF16, "on and off")
+    assert check["passed"], check["reason"]
+    assert check["near_tie_divergences"] == 1
+    [tie] = check["near_ties"]
+    assert tie["name"] == "stream 0" and tie["position"] == 2 and tie["tokens"] == [7, 70]
+    assert tie["margin"] == pytest.approx(0.01)
+    assert replay.calls == [[1, 2, 3, 5, 6]]           # the prompt and the reference's tokens before the divergence
+
+
+def test_a_divergence_with_a_clear_margin_fails_with_its_margin():
+    replay = fake_replay({3 + 1: [(6, -0.5), (60, -2.5)]})
+    check = compare_greedy([seq("stream 3", [5, 6, 7], [5, 60, 7])], replay, BF16, "on and off")
+    assert not check["passed"]
+    assert "stream 3's greedy token 1 differs between on and off" in check["reason"]
+    assert "margin of 2" in check["reason"] and check["near_tie_divergences"] == 0
+
+
+def test_a_divergence_that_is_not_a_swap_of_the_best_two_fails_even_when_tied():
+    replay = fake_replay({3: [(5, -1.0), (50, -1.0)]})
+    check = compare_greedy([seq("the long prompt", [5, 6], [51, 6])], replay, BF16, "on and off")
+    assert not check["passed"] and "not a swap of the best two" in check["reason"]
+
+
+def test_a_clear_divergence_after_a_near_tie_elsewhere_still_fails():
+    replay = fake_replay({3 + 1: [(6, -1.0), (60, -1.001)], 3 + 0: [(5, -0.1), (50, -3.0)]})
+    check = compare_greedy([seq("stream 0", [5, 6], [5, 60]), seq("stream 1", [5, 6], [50, 6])],
+                           replay, BF16, "on and off")
+    assert not check["passed"] and check["reason"].startswith("stream 1's greedy token 0")
+    assert check["near_tie_divergences"] == 1
+
+
+class CpuContext:
+    is_cuda = False
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    shape = named("tiny")
+    weights = random_weights(shape, seed=0, dtype=torch.float32)
+
+    def make_engine(**settings):
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", **settings), weights=weights)
+    prompt = random_prompts(1, 20, shape.vocab_size, 3)[0]
+    engine = make_engine(max_model_len=64)
+    request_id = engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    tokens = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == request_id:
+                tokens += out.new_token_ids
+    return make_engine, prompt, tokens
+
+
+def test_a_real_replay_agrees_with_the_run_and_an_edited_token_is_a_clear_divergence_at_fp32(tiny):
+    make_engine, prompt, tokens = tiny
+    k = 4
+    with replayer(CpuContext(), make_engine, 64) as top2:
+        (best, best_lp), (second, second_lp) = top2(prompt + tokens[:k])
+        assert best == tokens[k] and best_lp > second_lp              # the replay's greedy token is the run's
+        edited = tokens[:k] + [second] + tokens[k + 1:]
+        sequences = [{"name": "stream 0", "prompt": prompt, "reference": tokens, "other": edited}]
+        strict = compare_greedy(sequences, top2, tie_tolerance("fp32"), "the run and its edit")
+        loose = compare_greedy(sequences, top2, (best_lp - second_lp) * 1.01, "the run and its edit")
+    assert not strict["passed"] and "stream 0's greedy token 4 differs" in strict["reason"]
+    assert loose["passed"] and loose["near_ties"][0]["position"] == k
+    assert loose["near_ties"][0]["margin"] == pytest.approx(best_lp - second_lp)
