@@ -41,7 +41,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .benchmark.workload import random_prompts
-from .greedy_near_tie import compare_greedy, tie_tolerance
+from .greedy_near_tie import REPLAY_CANDIDATES, compare_greedy, tie_tolerance
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -136,7 +136,7 @@ def itl_sequences(on: dict, off: dict, stream_prompts: list, long_prompt: list[i
 
 @contextmanager
 def replayer(ctx, make_engine, max_model_len: int):
-    """A top2(tokens) for compare_greedy: the best two next tokens and their logprobs after `tokens`,
+    """A top(tokens) for compare_greedy: the best REPLAY_CANDIDATES next tokens and their logprobs after `tokens`,
     one prefill on an engine with chunking and prefix caching off, made on the first call only
     (runs that agree never build it) and let go on exit."""
     from .engine import SamplingParams
@@ -148,7 +148,8 @@ def replayer(ctx, make_engine, max_model_len: int):
                                          enable_prefix_caching=False,
                                          max_num_batched_tokens=max(UNCHUNKED_STEP_TOKENS, max_model_len))
         engine = held["engine"]
-        request_id = engine.add_request(tokens, SamplingParams(max_tokens=1, ignore_eos=True, logprobs=2))
+        request_id = engine.add_request(tokens, SamplingParams(max_tokens=1, ignore_eos=True,
+                                                                      logprobs=REPLAY_CANDIDATES))
         entries = []
         while engine.has_unfinished():
             for out in engine.step():
@@ -188,7 +189,7 @@ def itl_predictions(ctx, shape, params, dtype: str) -> dict:
 
 
 def near_tie_metrics(check: dict) -> dict:
-    """How many sequences diverged at an accepted near-tie, and their top-2 logit margins."""
+    """How many sequences diverged at an accepted near-tie, and their margins below the best logit."""
     return {"near_tie_divergences": check["near_tie_divergences"],
             "near_tie_margins": [t["margin"] for t in check["near_ties"]],
             "near_tie_tolerance": check["near_tie_tolerance"]}
