@@ -1,0 +1,176 @@
+"""Tall-skinny C = A @ B (M <= 64): B streamed once by every SM, never copied.
+
+When M is small the product is bound by reading B (K x N, the big operand): 2·M·N·K FLOPs over
+K·N·itemsize bytes is M FLOP/byte at 2 bytes, far left of a Hopper's ridge (~300). So the only
+goals are (1) read B once, at full HBM bandwidth, and (2) add nothing to its bytes. The general
+kernels miss (2) at unaligned rows: an N or K that is not a multiple of 8 at 2 bytes makes them
+copy B into 16-byte rows first (tma_padding.py), a read and a write of B before the product reads
+it again: three times B's bytes where one would do.
+
+This kernel reads A and B with plain masked `tl.load`s at their own strides (no TMA, no padding):
+* one tile row: BLOCK_M = M rounded up to a power of two (at least 16, tl.dot's minimum), rows
+  past M masked to zero and never stored;
+* wide N tiles (BLOCK_N = 128), so A (M x K, L2-resident) is re-read only M / BLOCK_N as often
+  as B is read;
+* split-K by rule (`skinny_config`): the N tiles alone are too few to give every SM a share of
+  B's stream, so K is cut into runs; each writes an fp32 partial sum, added by
+  split_k_sum.sum_splits in the order s = 0, 1, ... (deterministic, no atomics).
+
+What unaligned rows cost: a row start that is only 2-byte aligned (N odd at 2 bytes) cannot be
+read with 16-byte vector loads, so each thread issues 2-byte loads (8x the load instructions)
+into registers, and Triton cannot turn them into cp.async copies (those need 4 bytes or more), so
+the shared-memory pipeline is gone too. It costs little here: a warp's 32 two-byte loads are
+still one coalesced 64-byte request, and at one warp load instruction per SM per clock the SMs
+can issue ~132 x 1.9 GHz x 64 B ~= 16 TB/s of them, over 3x an H200's 4.8 TB/s; what the lost
+pipeline took away (bytes in flight) is given back by more programs per SM (STREAMS_PER_SM) and
+larger k-tiles, so HBM still sees enough requests (Little's law: ~25-30 KB in flight per SM).
+"""
+import torch
+
+from common.triton_shim import require, tl, triton
+
+from .split_k_sum import partial_sums, sum_splits
+
+SKINNY_MAX_M = 64              # up to here a product is B's stream (M FLOP/byte): this kernel's rule
+ROW_BYTES_FOR_VECTORS = 16     # a row pitch that is a multiple of this reads in 16-byte vectors
+MAX_SPLIT_K = 32
+MIN_K_TILES_PER_SPLIT = 2      # a run shorter than this is mostly prologue and epilogue
+
+
+@triton.jit
+def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
+                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr,
+                         C_ALIGN: tl.constexpr):
+    """Program (n, s) computes C[:, n-th BLOCK_N columns] over the s-th of SPLIT_K equal runs of
+    k-tiles (the last runs may be short or empty). Every load is masked (rows past M, columns
+    past N, K past its end read as zeros), so any shape and any strides work. SPLIT_K == 1 stores
+    C; else the fp32 sum goes to part[s] (M x N, row pitch N). *_ALIGN: the power of two (<= 16)
+    each row stride is a multiple of, so aligned rows keep their vector loads."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    lo = tl.minimum(split * per_split, k_tiles)
+    hi = tl.minimum(lo + per_split, k_tiles)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    in_m = offs_m[:, None] < M
+    in_n = offs_n[None, :] < N
+    a_ptrs = a_ptr + tl.multiple_of(offs_m * stride_am, A_ALIGN)[:, None] + (lo * BLOCK_K + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + tl.multiple_of((lo * BLOCK_K + offs_k) * stride_bk, B_ALIGN)[:, None] + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # fp32 whatever the inputs
+    for kt in range(lo, hi):
+        in_k = offs_k < K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=in_m & in_k[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=in_k[:, None] & in_n, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if SPLIT_K == 1:
+        c_ptrs = c_ptr + tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
+    else:
+        p_ptrs = part_ptr + ((split * M + offs_m) * N)[:, None] + offs_n[None, :]
+        tl.store(p_ptrs, acc, mask=in_m & in_n)
+
+
+# ------------------------------------------------------------------------------ the rule
+def is_tall_skinny(M: int) -> bool:
+    return M <= SKINNY_MAX_M
+
+
+def rows_vectorizable(cols: int, itemsize: int) -> bool:
+    """Whether a contiguous operand's rows (`cols` elements) start on 16-byte boundaries."""
+    return (cols * itemsize) % ROW_BYTES_FOR_VECTORS == 0
+
+
+def streams_per_sm(b_aligned: bool) -> int:
+    """Programs one SM needs at once to keep its share of HBM busy. Aligned B: one, whose
+    cp.async ring keeps two 32 KB k-tiles in flight. Unaligned B: two, since each has only the
+    k-tile its registers are loading in flight (no pipeline: see the module docstring)."""
+    return 1 if b_aligned else 2
+
+
+def split_cost_bytes(M: int, N: int, K: int, itemsize: int, block_n: int, split: int, sms: int,
+                     streams: int) -> float:
+    """The bytes-at-full-bandwidth a split costs, to compare splits: B's stream stretched by the
+    slots its waves leave idle (a wave being sms x streams programs, each streaming an equal
+    K / split x BLOCK_N share of B), plus the partial sums written and read back when split."""
+    tiles = -(-N // block_n)
+    slots = sms * streams
+    waves = -(-(tiles * split) // slots)
+    stream = waves * slots * (K / split) * block_n * itemsize
+    return stream + (8 * split * M * N if split > 1 else 0)
+
+
+def skinny_split(M: int, N: int, K: int, itemsize: int, block_n: int, block_k: int, sms: int, streams: int) -> int:
+    """The split of K with the least split_cost_bytes (the smaller on a tie), from 1 to the most
+    that leaves each run MIN_K_TILES_PER_SPLIT k-tiles (at most MAX_SPLIT_K)."""
+    most = max(1, min(MAX_SPLIT_K, -(-K // block_k) // MIN_K_TILES_PER_SPLIT))
+    return min(range(1, most + 1),
+               key=lambda s: (split_cost_bytes(M, N, K, itemsize, block_n, s, sms, streams), s))
+
+
+def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
+    """The rule's config for a tall-skinny product on a GPU with `sms` SMs (any GPU: only the SM
+    count and the shape enter). BLOCK_M: M rounded up to a power of two, at least 16; BLOCK_N 128;
+    BLOCK_K 128 (32 KB of B per k-tile at 2 bytes). Aligned B (N a multiple of 16 bytes): 4 warps,
+    3 stages (two k-tiles in flight, 108 KB of shared memory: two programs fit an SM). Unaligned
+    B: 8 warps (B's k-tile in registers: 64 per thread), 1 stage (nothing to pipeline). The
+    split: skinny_split."""
+    aligned = rows_vectorizable(N, itemsize)
+    bm, bn, bk = max(16, 1 << (max(M, 1) - 1).bit_length()), 128, 128
+    split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(aligned))
+    return {"kernel": "skinny", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split,
+            "num_warps": 4 if aligned else 8, "num_stages": 3 if aligned else 1}
+
+
+def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[dict]:
+    """The rule's pick first, then neighbours the tuner may prefer on the GPU at hand: half and
+    twice the split, one stage more (aligned B), 4 warps (unaligned B). No duplicates."""
+    pick = skinny_config(M, N, K, itemsize, sms)
+    most = max(1, min(MAX_SPLIT_K, -(-K // pick["BLOCK_K"]) // MIN_K_TILES_PER_SPLIT))
+    out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": min(most, 2 * pick["SPLIT_K"])}]
+    out.append({**pick, "num_stages": 4} if pick["num_stages"] > 1 else {**pick, "num_warps": 4})
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+# ------------------------------------------------------------------------------ the call
+def alignment(stride: int) -> int:
+    """The largest power of two <= 16 dividing a row stride (elements): what the kernel may promise
+    Triton about row starts."""
+    return min(16, stride & -stride) if stride > 0 else 1
+
+
+def launch_skinny(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, parts: torch.Tensor, cfg: dict) -> None:
+    """The matmul kernel alone: C (SPLIT_K == 1) or the fp32 partial sums in `parts` (split_k x M x N)."""
+    (M, K), N = a.shape, b.shape[1]
+    split_k = cfg["SPLIT_K"]
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), split_k)
+    skinny_matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                               out.stride(0), out.stride(1), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                               BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)),
+                               B_ALIGN=alignment(b.stride(0)), C_ALIGN=alignment(out.stride(0)),
+                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def skinny_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """C = A @ B with the tall-skinny kernel, for 2-D operands of one dtype at any strides; B is
+    read in place, never copied. Refuses an M whose tile would exceed 64 rows (the config's
+    BLOCK_M must hold M: one tile row)."""
+    require(a, b)
+    M = a.shape[0]
+    if M > cfg["BLOCK_M"]:
+        raise ValueError(f"skinny_matmul: M = {M} exceeds the config's BLOCK_M = {cfg['BLOCK_M']} (one tile row)")
+    parts = partial_sums(M, b.shape[1], cfg["SPLIT_K"], a.device)
+    launch_skinny(a, b, out, parts, cfg)
+    if cfg["SPLIT_K"] > 1:
+        sum_splits(parts, out, cfg["SPLIT_K"])
+    return out
