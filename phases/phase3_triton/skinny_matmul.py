@@ -22,8 +22,10 @@ into registers, and Triton cannot turn them into cp.async copies (those need 4 b
 the shared-memory pipeline is gone too. It costs little here: a warp's 32 two-byte loads are
 still one coalesced 64-byte request, and at one warp load instruction per SM per clock the SMs
 can issue ~132 x 1.9 GHz x 64 B ~= 16 TB/s of them, over 3x an H200's 4.8 TB/s; what the lost
-pipeline took away (bytes in flight) is given back by more programs per SM (STREAMS_PER_SM) and
-larger k-tiles, so HBM still sees enough requests (Little's law: ~25-30 KB in flight per SM).
+pipeline took away (bytes in flight) is given back by more programs per SM (streams_per_sm: the
+split rule makes that many), so HBM still sees enough requests (Little's law: ~25-30 KB in flight
+per SM). What compiling for sm_90 shows (compile_check): aligned B, 16-byte cp.async copies in
+the main loop; unaligned B, 2-byte loads, 128 registers a thread at BLOCK_M 16, no spills.
 """
 import torch
 
@@ -42,10 +44,14 @@ def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
                          stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr,
-                         C_ALIGN: tl.constexpr):
+                         C_ALIGN: tl.constexpr, MASK_FREE_MAIN: tl.constexpr):
     """Program (n, s) computes C[:, n-th BLOCK_N columns] over the s-th of SPLIT_K equal runs of
-    k-tiles (the last runs may be short or empty). Every load is masked (rows past M, columns
-    past N, K past its end read as zeros), so any shape and any strides work. SPLIT_K == 1 stores
+    k-tiles (the last runs may be short or empty). Rows of A past M are clamped to row M - 1 (read,
+    never stored). MASK_FREE_MAIN (aligned B): a tile wholly inside C runs an unmasked, pipelined
+    loop (a mask whose bound is not a multiple of 16 would split the vector loads), the last tile
+    column a masked unpipelined one, and the K tail is one masked step after the loop. Else (B's
+    loads scalar anyway): one loop, every load masked, which holds the fewest registers (ptxas:
+    128 a thread at BLOCK_M 16, BLOCK_K 32, 4 warps, against ~200 for the three-loop form). SPLIT_K == 1 stores
     C; else the fp32 sum goes to part[s] (M x N, row pitch N). *_ALIGN: the power of two (<= 16)
     each row stride is a multiple of, so aligned rows keep their vector loads."""
     pid_n = tl.program_id(0)
@@ -54,21 +60,40 @@ def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     lo = tl.minimum(split * per_split, k_tiles)
     hi = tl.minimum(lo + per_split, k_tiles)
+    full_hi = tl.minimum(hi, K // BLOCK_K)             # k-tiles with no K tail in them
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     in_m = offs_m[:, None] < M
     in_n = offs_n[None, :] < N
-    a_ptrs = a_ptr + tl.multiple_of(offs_m * stride_am, A_ALIGN)[:, None] + (lo * BLOCK_K + offs_k)[None, :] * stride_ak
+    rows_a = tl.minimum(offs_m, M - 1)                 # rows past M re-read row M - 1: no mask, never stored
+    a_ptrs = a_ptr + tl.multiple_of(rows_a * stride_am, A_ALIGN)[:, None] + (lo * BLOCK_K + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + tl.multiple_of((lo * BLOCK_K + offs_k) * stride_bk, B_ALIGN)[:, None] + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # fp32 whatever the inputs
-    for kt in range(lo, hi):
-        in_k = offs_k < K - kt * BLOCK_K
-        a = tl.load(a_ptrs, mask=in_m & in_k[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=in_k[:, None] & in_n, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if not MASK_FREE_MAIN:                             # one loop, every load masked: fewest registers
+        for kt in range(lo, hi):                       # (unaligned B: its loads are scalar anyway)
+            in_k = offs_k < K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[:, None] & in_n, other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    else:
+        if (pid_n + 1) * BLOCK_N <= N:
+            for _ in range(lo, full_hi):               # no mask at all: a mask whose bound is not a
+                acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)   # multiple of 16 splits vectors
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+        else:                                          # the last tile column: B's columns masked,
+            for _ in tl.range(lo, full_hi, num_stages=1):   # unpipelined (no second shared-memory ring)
+                acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs, mask=in_n, other=0.0), acc)
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+        if (full_hi < hi) & (lo < hi):                 # the K tail, in the run that holds it
+            in_k = offs_k < K - full_hi * BLOCK_K
+            a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[:, None] & in_n, other=0.0)
+            acc = tl.dot(a, b, acc)
     if SPLIT_K == 1:
         c_ptrs = c_ptr + tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
@@ -87,11 +112,15 @@ def rows_vectorizable(cols: int, itemsize: int) -> bool:
     return (cols * itemsize) % ROW_BYTES_FOR_VECTORS == 0
 
 
-def streams_per_sm(b_aligned: bool) -> int:
-    """Programs one SM needs at once to keep its share of HBM busy. Aligned B: one, whose
-    cp.async ring keeps two 32 KB k-tiles in flight. Unaligned B: two, since each has only the
-    k-tile its registers are loading in flight (no pipeline: see the module docstring)."""
-    return 1 if b_aligned else 2
+def streams_per_sm(b_aligned: bool, block_m: int) -> int:
+    """Programs one SM needs at once to keep its share of HBM busy (Little's law: ~25-30 KB in
+    flight per SM on an H200). Aligned B: one, whose cp.async ring keeps two 32 KB k-tiles in
+    flight. Unaligned B: each program has only the 8 KB k-tile its registers are loading in
+    flight, so as many as the register file holds: four at BLOCK_M 16 (128 registers a thread),
+    two above (the accumulator and A's tile take the rest: ~240 at BLOCK_M 64)."""
+    if b_aligned:
+        return 1
+    return 4 if block_m <= 16 else 2
 
 
 def split_cost_bytes(M: int, N: int, K: int, itemsize: int, block_n: int, split: int, sms: int,
@@ -115,26 +144,29 @@ def skinny_split(M: int, N: int, K: int, itemsize: int, block_n: int, block_k: i
 
 
 def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
-    """The rule's config for a tall-skinny product on a GPU with `sms` SMs (any GPU: only the SM
-    count and the shape enter). BLOCK_M: M rounded up to a power of two, at least 16; BLOCK_N 128;
-    BLOCK_K 128 (32 KB of B per k-tile at 2 bytes). Aligned B (N a multiple of 16 bytes): 4 warps,
-    3 stages (two k-tiles in flight, 108 KB of shared memory: two programs fit an SM). Unaligned
-    B: 8 warps (B's k-tile in registers: 64 per thread), 1 stage (nothing to pipeline). The
-    split: skinny_split."""
+    """The rule's config for a tall-skinny product on a GPU with `sms` SMs (only the SM count and
+    the shape enter). BLOCK_M: M rounded up to a power of two, at least 16; BLOCK_N 128.
+    Aligned B (rows of N elements a multiple of 16 bytes): BLOCK_K 128 (32 KB of B per k-tile at
+    2 bytes), 4 warps, 3 stages, the mask-free main loop (vector loads, cp.async ring).
+    Unaligned B: BLOCK_K 32, 4 warps, 1 stage (nothing to pipeline), one masked loop: scalar
+    loads cost ~4 registers each (64-bit address, value), so a small k-tile keeps four programs
+    on an SM (compile_check's registers). The split: skinny_split."""
     aligned = rows_vectorizable(N, itemsize)
-    bm, bn, bk = max(16, 1 << (max(M, 1) - 1).bit_length()), 128, 128
-    split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(aligned))
+    bm, bn = max(16, 1 << (max(M, 1) - 1).bit_length()), 128
+    bk = 128 if aligned else 32
+    split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(aligned, bm))
     return {"kernel": "skinny", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split,
-            "num_warps": 4 if aligned else 8, "num_stages": 3 if aligned else 1}
+            "num_warps": 4, "num_stages": 3 if aligned else 1, "mask_free_main": aligned}
 
 
 def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[dict]:
     """The rule's pick first, then neighbours the tuner may prefer on the GPU at hand: half and
-    twice the split, one stage more (aligned B), 4 warps (unaligned B). No duplicates."""
+    twice the split, one stage more (aligned B), a k-tile of 64 on 8 warps (unaligned B). No
+    duplicates."""
     pick = skinny_config(M, N, K, itemsize, sms)
     most = max(1, min(MAX_SPLIT_K, -(-K // pick["BLOCK_K"]) // MIN_K_TILES_PER_SPLIT))
     out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": min(most, 2 * pick["SPLIT_K"])}]
-    out.append({**pick, "num_stages": 4} if pick["num_stages"] > 1 else {**pick, "num_warps": 4})
+    out.append({**pick, "num_stages": 4} if pick["mask_free_main"] else {**pick, "BLOCK_K": 64, "num_warps": 8})
     unique = []
     for c in out:
         if c not in unique:
@@ -158,7 +190,7 @@ def launch_skinny(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, parts: to
                                out.stride(0), out.stride(1), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                                BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)),
                                B_ALIGN=alignment(b.stride(0)), C_ALIGN=alignment(out.stride(0)),
-                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                               MASK_FREE_MAIN=cfg["mask_free_main"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def skinny_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: dict) -> torch.Tensor:
