@@ -136,11 +136,13 @@ def split_cost_bytes(M: int, N: int, K: int, itemsize: int, block_n: int, split:
 
 
 def skinny_split(M: int, N: int, K: int, itemsize: int, block_n: int, block_k: int, sms: int, streams: int) -> int:
-    """The split of K with the least split_cost_bytes (the smaller on a tie), from 1 to the most
-    that leaves each run MIN_K_TILES_PER_SPLIT k-tiles (at most MAX_SPLIT_K)."""
-    most = max(1, min(MAX_SPLIT_K, -(-K // block_k) // MIN_K_TILES_PER_SPLIT))
-    return min(range(1, most + 1),
-               key=lambda s: (split_cost_bytes(M, N, K, itemsize, block_n, s, sms, streams), s))
+    """The split of K with the least split_cost_bytes (the smaller on a tie), among those from 1
+    to MAX_SPLIT_K that leave every run at least MIN_K_TILES_PER_SPLIT k-tiles and none empty
+    (runs are cdiv(k_tiles, split) long: 129 k-tiles in 32 runs of 5 would leave 6 empty)."""
+    k_tiles = -(-K // block_k)
+    ok = [s for s in range(1, MAX_SPLIT_K + 1)
+          if s == 1 or (k_tiles // s >= MIN_K_TILES_PER_SPLIT and -(-k_tiles // -(-k_tiles // s)) == s)]
+    return min(ok, key=lambda s: (split_cost_bytes(M, N, K, itemsize, block_n, s, sms, streams), s))
 
 
 def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
@@ -164,8 +166,9 @@ def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[d
     twice the split, one stage more (aligned B), a k-tile of 64 on 8 warps (unaligned B). No
     duplicates."""
     pick = skinny_config(M, N, K, itemsize, sms)
-    most = max(1, min(MAX_SPLIT_K, -(-K // pick["BLOCK_K"]) // MIN_K_TILES_PER_SPLIT))
-    out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": min(most, 2 * pick["SPLIT_K"])}]
+    k_tiles = -(-K // pick["BLOCK_K"])
+    twice = min(2 * pick["SPLIT_K"], max(1, k_tiles // MIN_K_TILES_PER_SPLIT), MAX_SPLIT_K)
+    out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": twice}]
     out.append({**pick, "num_stages": 4} if pick["mask_free_main"] else {**pick, "BLOCK_K": 64, "num_warps": 8})
     unique = []
     for c in out:
