@@ -97,8 +97,8 @@ def test_matmul_irregular_and_skinny_shapes_on_gpu(shape):
 def test_matmul_padded_paths_take_any_layout_on_gpu():
     """The hardware's own TMA demands (16-byte rows and base) met by the padding copies: a
     transposed A, a B sliced out of wider rows at an odd offset, a C inside wider rows (pointer
-    store, nothing written outside it), bf16 and fp16; and the padded skinny split-K product is
-    bit-identical run to run."""
+    store, nothing written outside it), bf16 and fp16; and the skinny split-K product (the plain
+    kernel's skinny_matmul, B unpadded; triton_tma's padded) is bit-identical run to run."""
     for dtype, precision in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         a = torch.randn(1537, 1001, device=DEV).to(dtype).t()             # 1001 x 1537, column-major
         b = torch.randn(1537, 3000, device=DEV).to(dtype)[:, 1:2050]       # odd offset: base not 16-byte aligned
