@@ -163,13 +163,17 @@ def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
 
 def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[dict]:
     """The rule's pick first, then neighbours the tuner may prefer on the GPU at hand: half and
-    twice the split, one stage more (aligned B), a k-tile of 64 on 8 warps (unaligned B). No
-    duplicates."""
+    twice the split, one stage more (aligned B), a 64 x 64 tile of B with its own split (unaligned
+    B: the same registers, half the partial sums' bytes where the split halves). No duplicates."""
     pick = skinny_config(M, N, K, itemsize, sms)
     k_tiles = -(-K // pick["BLOCK_K"])
     twice = min(2 * pick["SPLIT_K"], max(1, k_tiles // MIN_K_TILES_PER_SPLIT), MAX_SPLIT_K)
     out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": twice}]
-    out.append({**pick, "num_stages": 4} if pick["mask_free_main"] else {**pick, "BLOCK_K": 64, "num_warps": 8})
+    if pick["mask_free_main"]:
+        out.append({**pick, "num_stages": 4})
+    else:                                # the same registers in a 64 x 64 tile: twice the N tiles, so less split
+        split = skinny_split(M, N, K, itemsize, 64, 64, sms, streams_per_sm(False, pick["BLOCK_M"]))
+        out.append({**pick, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split})
     unique = []
     for c in out:
         if c not in unique:
