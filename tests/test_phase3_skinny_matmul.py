@@ -74,7 +74,8 @@ def test_split_rule_weighs_idle_slots_against_partial_sums():
 @in_parent
 def test_predictions_count_the_bytes_it_moves_and_no_padding():
     """The exercise's Work rows: a tall-skinny `triton` row moves A, B and C once plus its partial
-    sums (written and read back), in one launch or two; triton_tma still pays its padding copy."""
+    sums (written and read back), in one launch (the last split sums them); two for the rule's
+    second-kernel neighbour; triton_tma still pays its padding copy."""
     from phases.phase3_triton import counts
     from phases.phase3_triton import matmul as mm
     text = ",".join(f"{m}x{n}x{k}" for m, n, k in LAB_SKINNY + [(64, 8192, 8192)])
@@ -87,12 +88,38 @@ def test_predictions_count_the_bytes_it_moves_and_no_padding():
         split = cfg["SPLIT_K"]
         plain = rows[f"triton bf16 {label}"]
         assert plain.bytes == problem + (8 * split * m * n if split > 1 else 0), label
-        assert plain.launches == (2 if split > 1 else 1)
+        assert plain.launches == 1 and cfg["fixup"]             # a split is summed in the kernel
         assert rows[f"cublas bf16 {label}"].bytes == problem
         tma = rows[f"triton_tma bf16 {label}"]
         pad = mm.padding_cost(m, n, k, 2)
         assert tma.bytes >= problem + pad[0] and tma.launches >= 1 + pad[1]
+        assert mm.launches({**cfg, "fixup": False}) == (2 if split > 1 else 1)
         assert counts.row_count("phase3.matmul", "triton", {"m": m, "n": n, "k": k, "dtype": "bf16"}).bytes == problem
+
+
+@in_parent
+@needs_triton
+def test_in_kernel_sum_compiles_to_the_release_acquire_pattern_for_sm90():
+    """What the GPU will run, read from the PTX (no GPU needed): the count is one acq_rel atomic at
+    GPU scope with a barrier before it (every thread's partial stored first), the partials are
+    read back through L2 (ld.global.cg), and the counter is reset by an atomic exchange."""
+    import re
+
+    from common.triton_shim import compile_only
+    from phases.phase3_triton import skinny_matmul as sk
+    from phases.phase3_triton.split_k_sum import tile_counters
+    m, n, k = 13, 4097, 14336
+    a, b = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16)
+    c = torch.empty(m, n, dtype=torch.bfloat16)
+    cfg = sk.skinny_config(m, n, k, 2, 132)
+    with compile_only(90) as cc:
+        sk.launch_skinny(a, b, c, torch.empty(1), cfg, tile_counters(torch.device("cpu"), 64))
+    ptx = cc.built[0][1].asm["ptx"]
+    count = re.search(r"@%p\d+ atom\.global\.gpu\.acq_rel\.add", ptx)      # one thread counts, predicated
+    assert count and "bar.sync" in ptx[:count.start()]
+    after = ptx[count.end():]
+    assert "bar.sync" in after[:after.index("ld.global.cg")]                # all threads wait for the count
+    assert re.search(r"atom\.global\.gpu\.[a-z_]+\.exch", after)
 
 
 # ------------------------------------------------------------------------------ child-only tests
@@ -193,6 +220,23 @@ if INTERPRETED:
             assert torch.allclose(parts[s].double(), ref, rtol=1e-3, atol=1e-3), s
         again = sk.skinny_matmul(a, b, torch.empty_like(out), cfg)
         assert torch.equal(again, out)
+
+    @pytest.mark.parametrize("aligned", [False, True])
+    @in_child
+    def test_in_kernel_sum_gives_the_second_kernels_bits_and_resets_its_counters(aligned):
+        """The last split's ordered sum (one launch) and sum_splits' (two) add the same partials in
+        the same order: the same bits; every counter is 0 again after the call."""
+        from phases.phase3_triton.split_k_sum import tile_counters
+        m, n, k = 17, (256 if aligned else 261), 1000
+        a, b = operands(m, n, k, torch.float16)
+        cfg = {**sk.skinny_config(m, n, k, 2, 4), "SPLIT_K": 4}
+        assert cfg["fixup"] and sk.launches(cfg) == 1
+        one = sk.skinny_matmul(a, b, torch.empty(m, n, dtype=torch.float16), cfg)
+        two = sk.skinny_matmul(a, b, torch.empty(m, n, dtype=torch.float16), {**cfg, "fixup": False})
+        assert torch.equal(one, two)
+        assert not tile_counters(a.device, 1).any()
+        c = torch.empty(m, n, dtype=torch.float16)
+        assert check(c, lambda: sk.skinny_matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "fp16")["passed"]
 
     @in_child
     def test_checker_rejects_a_sum_that_drops_a_k_run():

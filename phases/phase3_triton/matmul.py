@@ -48,6 +48,7 @@ from common.variant_rows import attempt, compare_to_library, skipped
 from . import counts
 from .skinny_matmul import MAX_SPLIT_K as SKINNY_MAX_SPLIT_K
 from .skinny_matmul import is_tall_skinny, skinny_candidates, skinny_config, skinny_matmul
+from .skinny_matmul import launches as skinny_launches
 from .split_k_sum import partial_sums, split_k_bytes, sum_splits
 from .tma_padding import TMA_ROW_BYTES, padded_for_tma, padding_bytes, tma_readable
 
@@ -304,7 +305,10 @@ def alignment(stride: int) -> int:
 
 
 def launches(cfg: dict) -> int:
-    """Kernels one call starts: the matmul, and the sum of the partial products when K is split."""
+    """Kernels one call starts: the matmul, and the sum of the partial products when K is split
+    (the skinny kernel's own count: it may sum them itself)."""
+    if cfg.get("kernel") == "skinny":
+        return skinny_launches(cfg)
     return 1 if cfg.get("SPLIT_K", 1) == 1 else 2
 
 

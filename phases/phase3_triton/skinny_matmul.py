@@ -31,7 +31,7 @@ import torch
 
 from common.triton_shim import require, tl, triton
 
-from .split_k_sum import partial_sums, sum_splits
+from .split_k_sum import last_split_sums, partial_sums, sum_splits, tile_counters
 
 SKINNY_MAX_M = 64              # up to here a product is B's stream (M FLOP/byte): this kernel's rule
 ROW_BYTES_FOR_VECTORS = 16     # a row pitch that is a multiple of this reads in 16-byte vectors
@@ -40,11 +40,11 @@ MIN_K_TILES_PER_SPLIT = 2      # a run shorter than this is mostly prologue and 
 
 
 @triton.jit
-def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
+def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, counters_ptr, M, N, K,
                          stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr,
-                         C_ALIGN: tl.constexpr, MASK_FREE_MAIN: tl.constexpr):
+                         C_ALIGN: tl.constexpr, MASK_FREE_MAIN: tl.constexpr, FIXUP: tl.constexpr):
     """Program (n, s) computes C[:, n-th BLOCK_N columns] over the s-th of SPLIT_K equal runs of
     k-tiles (the last runs may be short or empty). Rows of A past M are clamped to row M - 1 (read,
     never stored). MASK_FREE_MAIN (aligned B): a tile wholly inside C runs an unmasked, pipelined
@@ -52,7 +52,8 @@ def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     column a masked unpipelined one, and the K tail is one masked step after the loop. Else (B's
     loads scalar anyway): one loop, every load masked, which holds the fewest registers (ptxas:
     128 a thread at BLOCK_M 16, BLOCK_K 32, 4 warps, against ~200 for the three-loop form). SPLIT_K == 1 stores
-    C; else the fp32 sum goes to part[s] (M x N, row pitch N). *_ALIGN: the power of two (<= 16)
+    C; else the fp32 sum goes to part[s] (M x N, row pitch N), and with FIXUP the tile's last
+    split adds them in order and stores C (split_k_sum.last_split_sums: one launch). *_ALIGN: the power of two (<= 16)
     each row stride is a multiple of, so aligned rows keep their vector loads."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -94,12 +95,15 @@ def skinny_matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
             a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=in_k[:, None] & in_n, other=0.0)
             acc = tl.dot(a, b, acc)
+    c_offsets = tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
     if SPLIT_K == 1:
-        c_ptrs = c_ptr + tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
+        tl.store(c_ptr + c_offsets, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
     else:
-        p_ptrs = part_ptr + ((split * M + offs_m) * N)[:, None] + offs_n[None, :]
-        tl.store(p_ptrs, acc, mask=in_m & in_n)
+        part_offsets = (offs_m * N)[:, None] + offs_n[None, :]
+        tl.store(part_ptr + split * M * N + part_offsets, acc, mask=in_m & in_n)
+        if FIXUP:                                      # the last split of this tile sums them, in order
+            last_split_sums(part_ptr, c_ptr, counters_ptr, pid_n, part_offsets, M * N, c_offsets, in_m & in_n,
+                            SPLIT_K)
 
 
 # ------------------------------------------------------------------------------ the rule
@@ -152,23 +156,25 @@ def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
     2 bytes), 4 warps, 3 stages, the mask-free main loop (vector loads, cp.async ring).
     Unaligned B: BLOCK_K 32, 4 warps, 1 stage (nothing to pipeline), one masked loop: scalar
     loads cost ~4 registers each (64-bit address, value), so a small k-tile keeps four programs
-    on an SM (compile_check's registers). The split: skinny_split."""
+    on an SM (compile_check's registers). The split: skinny_split, summed in the kernel (fixup:
+    one launch, which at ~25 us products is worth ~5 us, the lab's calibrated launch cost)."""
     aligned = rows_vectorizable(N, itemsize)
     bm, bn = max(16, 1 << (max(M, 1) - 1).bit_length()), 128
     bk = 128 if aligned else 32
     split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(aligned, bm))
     return {"kernel": "skinny", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split,
-            "num_warps": 4, "num_stages": 3 if aligned else 1, "mask_free_main": aligned}
+            "num_warps": 4, "num_stages": 3 if aligned else 1, "mask_free_main": aligned, "fixup": True}
 
 
 def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[dict]:
     """The rule's pick first, then neighbours the tuner may prefer on the GPU at hand: half and
-    twice the split, one stage more (aligned B), a 64 x 64 tile of B with its own split (unaligned
+    twice the split, the partials summed by a second kernel, one stage more (aligned B), a 64 x 64 tile of B with its own split (unaligned
     B: the same registers, half the partial sums' bytes where the split halves). No duplicates."""
     pick = skinny_config(M, N, K, itemsize, sms)
     k_tiles = -(-K // pick["BLOCK_K"])
     twice = min(2 * pick["SPLIT_K"], max(1, k_tiles // MIN_K_TILES_PER_SPLIT), MAX_SPLIT_K)
-    out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": twice}]
+    out = [pick, {**pick, "SPLIT_K": max(1, pick["SPLIT_K"] // 2)}, {**pick, "SPLIT_K": twice},
+           {**pick, "fixup": False}]
     if pick["mask_free_main"]:
         out.append({**pick, "num_stages": 4})
     else:                                # the same registers in a 64 x 64 tile: twice the N tiles, so less split
@@ -188,28 +194,40 @@ def alignment(stride: int) -> int:
     return min(16, stride & -stride) if stride > 0 else 1
 
 
-def launch_skinny(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, parts: torch.Tensor, cfg: dict) -> None:
-    """The matmul kernel alone: C (SPLIT_K == 1) or the fp32 partial sums in `parts` (split_k x M x N)."""
+def launch_skinny(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, parts: torch.Tensor, cfg: dict,
+                  counters: torch.Tensor | None = None) -> None:
+    """The matmul kernel alone: C (SPLIT_K == 1), or the fp32 partial sums in `parts` (split_k x
+    M x N), and C too when `counters` are given (the in-kernel ordered sum)."""
     (M, K), N = a.shape, b.shape[1]
     split_k = cfg["SPLIT_K"]
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split_k)
-    skinny_matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                               out.stride(0), out.stride(1), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                               BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)),
-                               B_ALIGN=alignment(b.stride(0)), C_ALIGN=alignment(out.stride(0)),
-                               MASK_FREE_MAIN=cfg["mask_free_main"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    skinny_matmul_kernel[grid](a, b, out, parts, counters if counters is not None else parts, M, N, K,
+                               a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+                               BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                               SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)), B_ALIGN=alignment(b.stride(0)),
+                               C_ALIGN=alignment(out.stride(0)), MASK_FREE_MAIN=cfg["mask_free_main"],
+                               FIXUP=counters is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def skinny_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: dict) -> torch.Tensor:
     """C = A @ B with the tall-skinny kernel, for 2-D operands of one dtype at any strides; B is
-    read in place, never copied. Refuses an M whose tile would exceed 64 rows (the config's
-    BLOCK_M must hold M: one tile row)."""
+    read in place, never copied. A split K is summed in the kernel where cfg["fixup"] and tile
+    counters can be had (split_k_sum.tile_counters), else by a second kernel: the same order, the
+    same bits. Refuses an M its one tile row cannot hold."""
     require(a, b)
-    M = a.shape[0]
+    M, N = a.shape[0], b.shape[1]
     if M > cfg["BLOCK_M"]:
         raise ValueError(f"skinny_matmul: M = {M} exceeds the config's BLOCK_M = {cfg['BLOCK_M']} (one tile row)")
-    parts = partial_sums(M, b.shape[1], cfg["SPLIT_K"], a.device)
-    launch_skinny(a, b, out, parts, cfg)
-    if cfg["SPLIT_K"] > 1:
-        sum_splits(parts, out, cfg["SPLIT_K"])
+    split_k = cfg["SPLIT_K"]
+    parts = partial_sums(M, N, split_k, a.device)
+    counters = tile_counters(a.device, triton.cdiv(N, cfg["BLOCK_N"])) if split_k > 1 and cfg.get("fixup") else None
+    launch_skinny(a, b, out, parts, cfg, counters)
+    if split_k > 1 and counters is None:
+        sum_splits(parts, out, split_k)
     return out
+
+
+def launches(cfg: dict) -> int:
+    """Kernels one call starts: the matmul, and the sum of the partials when K is split and not
+    summed in the kernel."""
+    return 1 if cfg["SPLIT_K"] == 1 or cfg.get("fixup") else 2
