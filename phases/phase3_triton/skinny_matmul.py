@@ -149,27 +149,39 @@ def skinny_split(M: int, N: int, K: int, itemsize: int, block_n: int, block_k: i
     return min(ok, key=lambda s: (split_cost_bytes(M, N, K, itemsize, block_n, s, sms, streams), s))
 
 
+UNALIGNED_TILES = ((128, 32), (64, 64))   # (BLOCK_N, BLOCK_K) of 4096 elements: the same registers each
+
+
 def skinny_config(M: int, N: int, K: int, itemsize: int, sms: int) -> dict:
     """The rule's config for a tall-skinny product on a GPU with `sms` SMs (only the SM count and
-    the shape enter). BLOCK_M: M rounded up to a power of two, at least 16; BLOCK_N 128.
-    Aligned B (rows of N elements a multiple of 16 bytes): BLOCK_K 128 (32 KB of B per k-tile at
-    2 bytes), 4 warps, 3 stages, the mask-free main loop (vector loads, cp.async ring).
-    Unaligned B: BLOCK_K 32, 4 warps, 1 stage (nothing to pipeline), one masked loop: scalar
-    loads cost ~4 registers each (64-bit address, value), so a small k-tile keeps four programs
-    on an SM (compile_check's registers). The split: skinny_split, summed in the kernel (fixup:
-    one launch, which at ~25 us products is worth ~5 us, the lab's calibrated launch cost)."""
+    the shape enter). BLOCK_M: M rounded up to a power of two, at least 16.
+    Aligned B (rows of N elements a multiple of 16 bytes): a 128 x 128 tile of B (32 KB at 2
+    bytes), 4 warps, 3 stages, the mask-free main loop (vector loads, cp.async ring).
+    Unaligned B: 4 warps, 1 stage (nothing to pipeline), one masked loop, and a B tile of 4096
+    elements (UNALIGNED_TILES): scalar loads cost ~4 registers each (64-bit address, value), so
+    a small tile keeps several programs on an SM (128 registers a thread at BLOCK_M 16, ~250 at
+    64: compile_check); of 128 x 32 and 64 x 64, the one whose best split costs less (the
+    narrower has twice the N tiles, so it needs half the split and its partial sums).
+    The split: skinny_split, summed in the kernel (fixup: one launch, which at ~25 us products
+    is worth ~5 us, the lab's calibrated launch cost)."""
     aligned = rows_vectorizable(N, itemsize)
-    bm, bn = max(16, 1 << (max(M, 1) - 1).bit_length()), 128
-    bk = 128 if aligned else 32
-    split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(aligned, bm))
+    bm = max(16, 1 << (max(M, 1) - 1).bit_length())
+    streams = streams_per_sm(aligned, bm)
+
+    def best(tile):
+        bn, bk = tile
+        split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams)
+        return split_cost_bytes(M, N, K, itemsize, bn, split, sms, streams), bn, bk, split
+    _, bn, bk, split = min((best(t) for t in ([(128, 128)] if aligned else UNALIGNED_TILES)),
+                           key=lambda c: (c[0], -c[1]))
     return {"kernel": "skinny", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split,
             "num_warps": 4, "num_stages": 3 if aligned else 1, "mask_free_main": aligned, "fixup": True}
 
 
 def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[dict]:
     """The rule's pick first, then neighbours the tuner may prefer on the GPU at hand: half and
-    twice the split, the partials summed by a second kernel, one stage more (aligned B), a 64 x 64 tile of B with its own split (unaligned
-    B: the same registers, half the partial sums' bytes where the split halves). No duplicates."""
+    twice the split, the partials summed by a second kernel, and one stage more (aligned B) or
+    the other B tile with its own split (unaligned B). No duplicates."""
     pick = skinny_config(M, N, K, itemsize, sms)
     k_tiles = -(-K // pick["BLOCK_K"])
     twice = min(2 * pick["SPLIT_K"], max(1, k_tiles // MIN_K_TILES_PER_SPLIT), MAX_SPLIT_K)
@@ -177,9 +189,10 @@ def skinny_candidates(M: int, N: int, K: int, itemsize: int, sms: int) -> list[d
            {**pick, "fixup": False}]
     if pick["mask_free_main"]:
         out.append({**pick, "num_stages": 4})
-    else:                                # the same registers in a 64 x 64 tile: twice the N tiles, so less split
-        split = skinny_split(M, N, K, itemsize, 64, 64, sms, streams_per_sm(False, pick["BLOCK_M"]))
-        out.append({**pick, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split})
+    else:
+        bn, bk = next(t for t in UNALIGNED_TILES if t != (pick["BLOCK_N"], pick["BLOCK_K"]))
+        split = skinny_split(M, N, K, itemsize, bn, bk, sms, streams_per_sm(False, pick["BLOCK_M"]))
+        out.append({**pick, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split})
     unique = []
     for c in out:
         if c not in unique:

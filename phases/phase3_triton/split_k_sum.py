@@ -53,8 +53,9 @@ def last_split_sums(part_ptr, c_ptr, counters_ptr, tile, part_offsets, split_str
     arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT_K - 1:
         total = tl.zeros(part_offsets.shape, dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            total += tl.load(part_ptr + s * split_stride + part_offsets, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in tl.range(0, SPLIT_K, loop_unroll_factor=1):     # a loop, not unrolled: unrolled, its
+            total += tl.load(part_ptr + s * split_stride + part_offsets,   # loads cost the main loop
+                             mask=mask, other=0.0, cache_modifier=".cg")   # registers (and spills)
         tl.store(c_ptr + c_offsets, total.to(c_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(counters_ptr + tile, 0)
 
