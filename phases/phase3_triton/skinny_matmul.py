@@ -8,13 +8,15 @@ copy B into 16-byte rows first (tma_padding.py), a read and a write of B before 
 it again: three times B's bytes where one would do.
 
 This kernel reads A and B with plain masked `tl.load`s at their own strides (no TMA, no padding):
-* one tile row: BLOCK_M = M rounded up to a power of two (at least 16, tl.dot's minimum), rows
-  past M masked to zero and never stored;
-* wide N tiles (BLOCK_N = 128), so A (M x K, L2-resident) is re-read only M / BLOCK_N as often
-  as B is read;
+* one tile row: BLOCK_M = M rounded up to a power of two (at least 16, tl.dot's minimum); rows
+  past M re-read row M - 1 (no mask) and are never stored;
+* wide N tiles (BLOCK_N 128, or 64 for unaligned B where the rule prefers it), so A (M x K,
+  L2-resident) is re-read only M / BLOCK_N as often as B is read;
 * split-K by rule (`skinny_config`): the N tiles alone are too few to give every SM a share of
-  B's stream, so K is cut into runs; each writes an fp32 partial sum, added by
-  split_k_sum.sum_splits in the order s = 0, 1, ... (deterministic, no atomics).
+  B's stream, so K is cut into runs; each writes an fp32 partial sum, and the tile's last run to
+  finish adds them in the order s = 0, 1, ... and stores C (split_k_sum.last_split_sums: an
+  atomic counts arrivals, the sum itself is ordered, so the bits never vary), or a second kernel
+  does the same sum (split_k_sum.sum_splits) where no counters can be had.
 
 What unaligned rows cost: a row start that is only 2-byte aligned (N odd at 2 bytes) cannot be
 read with 16-byte vector loads, so each thread issues 2-byte loads (8x the load instructions)
