@@ -94,11 +94,36 @@ def test_matmul_irregular_and_skinny_shapes_on_gpu(shape):
     assert mm.matmul(a, b).equal(mm.matmul(a, b))             # split-K sums in a fixed order
 
 
+@pytest.mark.parametrize("shape", [(13, 14335, 4096), (64, 8191, 4104), (16, 4096, 14336), (3, 4099, 4101)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_skinny_in_kernel_sum_is_the_second_kernels_sum_on_gpu(shape):
+    """The tall-skinny kernel's in-kernel split sum (the tile's last run adds the partials, an
+    atomic counting arrivals) against the two-kernel form: the same bits on every one of 20
+    calls (a missed release/acquire would show as a stale partial, i.e. differing bits), the
+    counters all 0 afterwards, and the answer checked against float64."""
+    from phases.phase3_triton import skinny_matmul as sk
+    from phases.phase3_triton.split_k_sum import tile_counters
+    m, n, k = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    a, b = torch.randn(m, k, device=DEV).bfloat16(), torch.randn(k, n, device=DEV).bfloat16()
+    cfg = {**sk.skinny_config(m, n, k, 2, sms), "SPLIT_K": max(2, sk.skinny_config(m, n, k, 2, sms)["SPLIT_K"])}
+    assert cfg["fixup"]
+    c = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+    v = check(c, lambda: sk.skinny_matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "bf16")
+    assert v["passed"], (label(cfg), v)
+    two = sk.skinny_matmul(a, b, torch.empty_like(c), {**cfg, "fixup": False})
+    assert torch.equal(c, two)
+    outs = [sk.skinny_matmul(a, b, torch.empty_like(c), cfg) for _ in range(20)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, two) for o in outs)
+    assert not tile_counters(a.device, 1).any()
+
+
 def test_matmul_padded_paths_take_any_layout_on_gpu():
     """The hardware's own TMA demands (16-byte rows and base) met by the padding copies: a
     transposed A, a B sliced out of wider rows at an odd offset, a C inside wider rows (pointer
-    store, nothing written outside it), bf16 and fp16; and the padded skinny split-K product is
-    bit-identical run to run."""
+    store, nothing written outside it), bf16 and fp16; and the skinny split-K product (the plain
+    kernel's skinny_matmul, B unpadded; triton_tma's padded) is bit-identical run to run."""
     for dtype, precision in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         a = torch.randn(1537, 1001, device=DEV).to(dtype).t()             # 1001 x 1537, column-major
         b = torch.randn(1537, 3000, device=DEV).to(dtype)[:, 1:2050]       # odd offset: base not 16-byte aligned

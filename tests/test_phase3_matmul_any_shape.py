@@ -49,11 +49,16 @@ def test_padding_bytes_and_launches_are_in_the_prediction():
     p = mm.EXERCISE.resolve_params(False, False, {"sizes": [256], "dtypes": ["bf16"], "shapes": "8x4097x14336"})
     rows = {w.label: w for w in mm.work(p)}
     library = rows["cublas bf16 8x4097x14336"]
-    for variant in ("triton", "triton_tma"):                  # both pad B (N odd) by their rule
-        w = rows[f"{variant} bf16 8x4097x14336"]
-        assert w.bytes - library.bytes == 2 * 14336 * 4097 * 2 and w.launches == 3   # copy, split-K matmul, sum
+    w = rows["triton_tma bf16 8x4097x14336"]                  # triton_tma pads B (N odd)
+    split = mm.config_for(8, 4097, 14336, 2, mm.NOMINAL_SMS, tma=True)["SPLIT_K"]
+    assert w.bytes - library.bytes == 2 * 14336 * 4097 * 2 + mm.split_k_bytes(8, 4097, split)
+    assert w.launches == 3                                    # copy, split-K matmul, sum
+    plain = rows["triton bf16 8x4097x14336"]                  # tall-skinny: skinny_matmul reads B in place
+    split = mm.config_for(8, 4097, 14336, 2, mm.NOMINAL_SMS)["SPLIT_K"]
+    assert plain.bytes - library.bytes == mm.split_k_bytes(8, 4097, split) and plain.launches == 1   # summed in-kernel
+    for variant in ("triton", "triton_tma"):
         assert rows[f"{variant} bf16 n=256"].bytes == rows["cublas bf16 n=256"].bytes
-    assert all(c["pad_rows"] for c in mm.candidates(8, 4097, 14336, 2, 132))   # unpadded, it spills (compile_check)
+    assert all(c["pad_rows"] for c in mm.candidates(4001, 5003, 4104, 2, 132))   # unpadded, it spills (compile_check)
     assert not mm.copies_operands(mm.INTERPRETER_CONFIG, tma=False) and mm.copies_operands({}, tma=True)
 
 
@@ -83,7 +88,7 @@ def test_tall_skinny_split_fills_two_waves_with_the_fullest_last_wave(sms):
                 fewest = min(-(-2 * sms // tiles), most)
                 assert all(idle(split) / (tiles * split) <= idle(s) / (tiles * s)
                            for s in range(fewest, min(most, 2 * fewest) + 1)), (m, n, k, c)
-    assert mm.config_for(8, 4097, 14336, 2, 132)["SPLIT_K"] == 6           # 65 tiles x 6 = 390 of 396 slots
+    assert mm.config_for(8, 4097, 14336, 2, 132, tma=True)["SPLIT_K"] == 6   # 65 tiles x 6 = 390 of 396 slots
 
 
 # ------------------------------------------------------------------------------ child-only tests
@@ -111,8 +116,9 @@ if INTERPRETED:
                                        (64, 200, 1100)], ids=lambda s: "x".join(map(str, s)))
     @in_child
     def test_both_kernels_with_the_rules_tall_skinny_configs(shape):
-        """The rule's picks on a 4-SM GPU (split-K in most: partial sums added in a fixed order),
-        the plain kernel with its padding copies and, as the explicit configs run it, without."""
+        """The rule's picks on a 4-SM GPU (split-K in most: partial sums added in a fixed order):
+        the plain kernel's are skinny_matmul's (B read in place; test_phase3_skinny_matmul.py),
+        triton_tma's pad."""
         m, n, k = shape
         a, b, c = operands(m, n, k, torch.float16)
         ref = a.double() @ b.double()

@@ -178,7 +178,7 @@ def row_count(exercise: str, variant: str, params: dict, metrics: dict | None = 
         kind = {"softmax_split_kernel": "split"}.get(metrics.get("kernel"))
         return softmax_count(p["rows"], p["cols"], variant, kind)
     if exercise == "phase3.matmul":
-        return matmul_count(p["n"], p["n"], p["n"], p["dtype"])
+        return matmul_count(p.get("m", p["n"]), p["n"], p.get("k", p["n"]), p["dtype"])   # M x N x K rows too
     shape = (p["batch"], p["heads"], p["n"], p["head_dim"], p["dtype"], bool(p["causal"]))
     if exercise == "phase3.flash_attention":
         return forward_count(variant, *shape)

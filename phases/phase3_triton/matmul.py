@@ -6,7 +6,9 @@
 `shapes` (MxNxK,...) times both kernels and cuBLAS at your own products too, after the N x N x N
 sizes. Both kernels take any shape: where K or N is not a multiple of 8 at 2 bytes, A or B is first
 copied into 16-byte rows (tma_padding.py; triton_tma always, triton by its rule's `pad_rows`), and
-the row counts the copy's bytes and launch.
+the row counts the copy's bytes and launch. Except the plain `triton` row of a tall-skinny product
+(M <= 64): bound by reading B, it runs skinny_matmul.py, which reads B in place (masked loads,
+split-K by rule) and copies nothing.
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
 right of the ridge. Keeping the tensor cores fed is a data-movement problem one level down:
@@ -23,6 +25,7 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
 * Unaligned rows (K or N not a multiple of 8 at 2 bytes): neither a descriptor nor a vector load
   can take them, so the operand is copied once into rows padded to 16 bytes (tma_padding.py) and
   the fast loop runs; C keeps the caller's shape (masked pointer stores where its rows are odd).
+* Tall-skinny (M <= 64, plain kernel): skinny_matmul.py, one tile row, B streamed once by every SM.
 * Split-K: when the tiles leave SMs idle (tall-skinny M <= 64: fewer than two waves; else one),
   K is cut into runs whose fp32 partial sums a second kernel adds in a fixed order (deterministic,
   no atomics).
@@ -43,6 +46,10 @@ from common.triton_tuner import label, launch_options, tune, tuning_summary
 from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
+from .skinny_matmul import MAX_SPLIT_K as SKINNY_MAX_SPLIT_K
+from .skinny_matmul import is_tall_skinny, skinny_candidates, skinny_config, skinny_matmul
+from .skinny_matmul import launches as skinny_launches
+from .split_k_sum import partial_sums, split_k_bytes, sum_splits
 from .tma_padding import TMA_ROW_BYTES, padded_for_tma, padding_bytes, tma_readable
 
 
@@ -120,19 +127,6 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     else:
         p_ptrs = part_ptr + tl.multiple_of((split * M + offs_m) * N, C_ALIGN)[:, None] + offs_n[None, :]
         tl.store(p_ptrs, acc, mask=in_m & in_n)
-
-
-@triton.jit
-def sum_splits_kernel(part_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """C = sum over s of part[s] (fp32, M x N each), added in the order s = 0, 1, ...: the same
-    bits every run, unlike atomics."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inside = offs < M * N
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(part_ptr + s * M * N + offs, mask=inside, other=0.0)
-    rows, cols = offs // N, offs % N
-    tl.store(c_ptr + rows * stride_cm + cols * stride_cn, total.to(c_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -245,7 +239,11 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     matmul_tma's always are): unaligned rows cost it its vector loads and, at 128 x 256 tiles,
     spill registers (compile_check: 255 registers and 8 KB spilled at N = 5003 unpadded, none
     padded), so the unpadded form is no candidate either.
-    Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config."""
+    Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config.
+    The plain kernel's tall-skinny products (M <= 64) are skinny_matmul's instead: B read in
+    place by masked loads, never copied (skinny_matmul.skinny_config)."""
+    if not tma and is_tall_skinny(M):
+        return skinny_config(M, N, K, itemsize, sms)
     if M <= 64:
         bm = max(16, 1 << (M - 1).bit_length())
         bn = 128 if -(-N // 128) * 2 >= sms or N <= 64 else 64
@@ -271,7 +269,10 @@ def candidates(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
                tma: bool = False, warp_specialize: bool = False) -> list[dict]:
     """The rule's pick first, then its neighbours the tuner may prefer on this GPU: one stage less,
     and for the TMA kernel the warp-specialized form (4 warps: one producer, two consumer groups;
-    Triton builds it only for an unflattened loop and a single epilogue store). No duplicates."""
+    Triton builds it only for an unflattened loop and a single epilogue store). No duplicates.
+    The plain kernel's tall-skinny products: skinny_candidates."""
+    if not tma and is_tall_skinny(M):
+        return skinny_candidates(M, N, K, itemsize, sms)
     pick = config_for(M, N, K, itemsize, sms, smem_bytes, tma)
     out = [pick, {**pick, "num_stages": max(2, pick["num_stages"] - 1)}]
     if tma and warp_specialize and pick["BLOCK_M"] >= 64:
@@ -289,33 +290,32 @@ INTERPRETER_CONFIG = _cfg(64, 64, 32, 4, 1)
 INTERPRETER_TMA_CONFIG = _cfg(32, 32, 32, 4, 1, split=True, flatten=True, ws=False)
 
 
+def interpreter_config(M: int, N: int, K: int, itemsize: int, tma: bool) -> dict:
+    """What the interpreter runs: the small fixed tiles, or at M <= 64 (plain kernel) the
+    tall-skinny rule itself on a 4-SM GPU (its tiles are small enough for numpy)."""
+    if tma:
+        return INTERPRETER_TMA_CONFIG
+    return skinny_config(M, N, K, itemsize, 4) if is_tall_skinny(M) else INTERPRETER_CONFIG
+
+
 def alignment(stride: int) -> int:
     """The largest power of two <= 16 that divides a row stride (in elements): what the kernel may
     promise Triton about row starts (the base pointers' 16-byte alignment Triton checks itself)."""
     return min(16, stride & -stride) if stride > 0 else 1
 
 
-def _parts(M: int, N: int, split_k: int, device) -> torch.Tensor:
-    """fp32 partial sums, one M x N slab per split (a dummy when there is no split)."""
-    return torch.empty((split_k, M, N) if split_k > 1 else (1,), device=device, dtype=torch.float32)
-
-
-def _sum_splits(parts: torch.Tensor, out: torch.Tensor, split_k: int) -> None:
-    M, N = out.shape
-    block = 1024
-    sum_splits_kernel[(triton.cdiv(M * N, block),)](parts, out, M, N, out.stride(0), out.stride(1),
-                                                    SPLIT_K=split_k, BLOCK=block)
-
-
 def launches(cfg: dict) -> int:
-    """Kernels one call starts: the matmul, and the sum of the partial products when K is split."""
+    """Kernels one call starts: the matmul, and the sum of the partial products when K is split
+    (the skinny kernel's own count: it may sum them itself)."""
+    if cfg.get("kernel") == "skinny":
+        return skinny_launches(cfg)
     return 1 if cfg.get("SPLIT_K", 1) == 1 else 2
 
 
 def default_config(a: torch.Tensor, b: torch.Tensor, tma: bool = False) -> dict:
     """The rule's config for these operands on their device (small fixed tiles in the interpreter)."""
     if interpreting():
-        return INTERPRETER_TMA_CONFIG if tma else INTERPRETER_CONFIG
+        return interpreter_config(a.shape[0], b.shape[1], a.shape[1], a.element_size(), tma)
     props = torch.cuda.get_device_properties(a.device)
     smem = getattr(props, "shared_memory_per_block_optin", SMEM_BYTES_DEFAULT)
     return config_for(a.shape[0], b.shape[1], a.shape[1], a.element_size(), sm_count(a.device), smem, tma)
@@ -330,10 +330,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     (M, K), N = a.shape, b.shape[1]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     cfg = config or default_config(a, b)
+    if cfg.get("kernel") == "skinny":                 # B read in place: no padding copy
+        return skinny_matmul(a, b, out, cfg)
     if copies_operands(cfg, tma=False):
         a, b = padded_for_tma(a), padded_for_tma(b)
     split_k = cfg.get("SPLIT_K", 1)
-    parts = _parts(M, N, split_k, a.device)
+    parts = partial_sums(M, N, split_k, a.device)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
     matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                         out.stride(0), out.stride(1),
@@ -342,7 +344,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
                         C_ALIGN=alignment(out.stride(0) if split_k == 1 else N),
                         **launch_options(cfg))
     if split_k > 1:
-        _sum_splits(parts, out, split_k)
+        sum_splits(parts, out, split_k)
     return out
 
 
@@ -350,6 +352,13 @@ def copies_operands(cfg: dict, tma: bool) -> bool:
     """Whether a call with this config copies unaligned operands into padded rows: matmul_tma's
     always do, the plain kernel's when its config says pad_rows (config_for's do)."""
     return tma or cfg.get("pad_rows", False)
+
+
+def row_bytes(m: int, n: int, k: int, itemsize: int, cfg: dict, tma: bool) -> int:
+    """The bytes one call moves through device memory: A, B and C once each, the padding copies
+    where the config makes them, and split-K's fp32 partial sums (written and read back)."""
+    pad_bytes = padding_cost(m, n, k, itemsize)[0] if copies_operands(cfg, tma) else 0
+    return (m * k + k * n + m * n) * itemsize + pad_bytes + split_k_bytes(m, n, cfg.get("SPLIT_K", 1))
 
 
 def padded_operands(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -380,7 +389,7 @@ def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
     a, b = padded_for_tma(a), padded_for_tma(b)
     ensure_allocator(a.device)
     split_k = cfg.get("SPLIT_K", 1)
-    parts = _parts(M, N, split_k, a.device)
+    parts = partial_sums(M, N, split_k, a.device)
     units = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) * split_k
     programs = min(sm_count(a.device), units)
     matmul_tma_kernel[(programs,)](a, b, out, parts, M, N, K, a.stride(0), b.stride(0), out.stride(0), out.stride(1),
@@ -389,7 +398,7 @@ def matmul_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
                                    SPLIT_EPILOGUE=cfg["split"], FLATTEN=cfg["flatten"], WARP_SPECIALIZE=cfg["ws"],
                                    C_TMA=tma_readable(out), **launch_options(cfg))
     if split_k > 1:
-        _sum_splits(parts, out, split_k)
+        sum_splits(parts, out, split_k)
     return out
 
 
@@ -418,8 +427,9 @@ def shape_params(m: int, n: int, k: int, dtype: str) -> dict:
 def work(params) -> list[Work]:
     """Every row run() times: per dtype and shape, cuBLAS and the two Triton kernels, one problem
     each. A Triton row is two launches where the rule splits K (on a 132-SM GPU: the row itself
-    records what ran on the GPU it ran on); a Triton row adds its padding copies' bytes and
-    launches at shapes whose rows are not 16-byte aligned."""
+    records what ran on the GPU it ran on) and adds the partial sums' bytes (row_bytes); it adds
+    its padding copies' bytes and launches at shapes whose rows are not 16-byte aligned, except
+    the plain kernel's tall-skinny rows (M <= 64), which read B in place."""
     out = []
     for dtype in params["dtypes"]:
         for m, n, k in timed_shapes(params):
@@ -429,9 +439,9 @@ def work(params) -> list[Work]:
             for variant in VARIANTS[1:]:
                 tma = variant == "triton_tma"
                 pick = config_for(m, n, k, itemsize, NOMINAL_SMS, tma=tma)
-                pad_bytes, pad_launches = padding_cost(m, n, k, itemsize) if copies_operands(pick, tma) else (0, 0)
-                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops, c.bytes + pad_bytes, c.dtype,
-                                launches=launches(pick) + pad_launches))
+                pad_launches = padding_cost(m, n, k, itemsize)[1] if copies_operands(pick, tma) else 0
+                out.append(Work(f"{variant} {dtype} {shape_label(m, n, k)}", c.flops,
+                                row_bytes(m, n, k, itemsize, pick, tma), c.dtype, launches=launches(pick) + pad_launches))
     return out
 
 
@@ -447,7 +457,7 @@ def footprint_bytes(p: dict) -> int:
 
     def at(m: int, n: int, k: int) -> int:
         ins, mn = m * k + k * n, m * n
-        parts = 4 * MAX_SPLIT_K * mn if m * n < NOMINAL_SMS * 128 * 256 else 0
+        parts = 4 * max(MAX_SPLIT_K, SKINNY_MAX_SPLIT_K) * mn if m * n < NOMINAL_SMS * 128 * 256 else 0
         padded = m * (k + 16) + k * (n + 16)
         return itemsize * (ins + mn + padded) + 8 * mn + max(8 * ins, 3 * 8 * min(mn, CHECK_CHUNK)) + parts
     return max(at(*shape) for shape in timed_shapes(p))
@@ -480,7 +490,7 @@ def run(ctx, params):
         if not interpreting() and ctx.device.type == "cuda":
             props = torch.cuda.get_device_properties(ctx.device)
             rule["smem_bytes"] = getattr(props, "shared_memory_per_block_optin", SMEM_BYTES_DEFAULT)
-        plain = [INTERPRETER_CONFIG] if interpreting() else candidates(m, n, k, **rule)
+        plain = [interpreter_config(m, n, k, t.itemsize, False)] if interpreting() else candidates(m, n, k, **rule)
         tma = [INTERPRETER_TMA_CONFIG] if interpreting() else candidates(
             m, n, k, **rule, tma=True, warp_specialize=params.get("warp_specialize", False))
         if not params.get("tune", True):              # the rule's pick alone (its fallbacks kept if it fails)
@@ -500,7 +510,7 @@ def run(ctx, params):
                 pad_bytes, pad_launches = padding_cost(m, n, k, t.itemsize) if pads else (0, 0)
                 r = measure(ctx, variant, size, fn=lambda: impl(a, b, c, cfg),
                             check=check(lambda: impl(a, b, c, cfg)), launches=launches(cfg) + pad_launches,
-                            **{**cost, "bytes_moved": cost["bytes_moved"] + pad_bytes})
+                            **{**cost, "bytes_moved": row_bytes(m, n, k, t.itemsize, cfg, variant == "triton_tma")})
                 r["metrics"]["config"] = label(cfg)
                 r["metrics"]["rule_config"] = label(cands[0])
                 r["metrics"]["padded_operands"] = (padded_operands(a, b) or None) if pads else None
