@@ -129,7 +129,8 @@ def test_the_matmul_rule_fills_the_gpu_and_fits_its_shared_memory(sms):
                 assert c["SPLIT_K"] == 1 and c["BLOCK_M"] == 128
     assert mm.config_for(1024, 1024, 1024, 2, sms)["SPLIT_K"] == 1     # splitting would double its traffic
     assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms, tma=True)) == 2   # matmul, then the sum
-    assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms)) == 1             # skinny: summed in the kernel
+    assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms)) == 2             # aligned B: the plain kernel and its sum
+    assert mm.launches(mm.config_for(8, 4097, 14336, 2, sms)) == 1             # unaligned B, skinny: summed in the kernel
 
 
 def test_candidate_configs_respect_the_kernels_constraints():

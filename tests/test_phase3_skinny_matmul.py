@@ -28,15 +28,18 @@ def test_skinny_kernels_under_the_interpreter():
 @pytest.mark.parametrize("sms", [132, 114, 78])
 @in_parent
 def test_rule_picks_the_skinny_kernel_with_no_padding_and_full_waves(sms):
-    """At M <= 64 the plain kernel's config is the skinny kernel's: one tile row, no padding copy,
-    the mask-free pipelined loop exactly when B's rows are 16-byte aligned, and a split whose
-    programs fill at least 80% of the slots of the waves they take while the partial sums stay
-    within 30% of B's bytes."""
+    """At M <= 64 with B's rows unaligned the plain kernel's config is the skinny kernel's (with them
+    aligned, the plain kernel's own: it reads B in place already). The skinny config: one tile row,
+    no padding copy, the mask-free pipelined loop exactly when B's rows are 16-byte aligned, and a
+    split whose programs fill at least 80% of the slots of the waves they take while the partial
+    sums stay within 30% of B's bytes."""
     from phases.phase3_triton import matmul as mm
     from phases.phase3_triton import skinny_matmul as sk
     shapes = LAB_SKINNY + [(1, 4096, 4096), (3, 4099, 4101), (17, 4096, 11008), (33, 11008, 4096), (64, 8192, 8192)]
     for m, n, k in shapes:
-        cfg = mm.config_for(m, n, k, 2, sms)
+        picked = mm.config_for(m, n, k, 2, sms)
+        assert (picked.get("kernel") == "skinny") == (n % 8 != 0), (m, n, k, picked)
+        cfg = sk.skinny_config(m, n, k, 2, sms)
         assert cfg["kernel"] == "skinny" and not mm.copies_operands(cfg, tma=False), cfg
         assert cfg["BLOCK_M"] >= m and cfg["BLOCK_M"] == max(16, 1 << (m - 1).bit_length())
         assert cfg["mask_free_main"] == (n % 8 == 0)
@@ -47,7 +50,8 @@ def test_rule_picks_the_skinny_kernel_with_no_padding_and_full_waves(sms):
         units = tiles * split
         assert units / (-(-units // slots) * slots) >= 0.80, (m, n, k, cfg)
         assert mm.split_k_bytes(m, n, split) <= 0.3 * 2 * k * n, (m, n, k, cfg)
-        assert cfg in mm.candidates(m, n, k, 2, sms) and mm.candidates(m, n, k, 2, sms)[0] == cfg
+        if n % 8:
+            assert cfg == picked and mm.candidates(m, n, k, 2, sms)[0] == cfg
     assert mm.config_for(65, 4097, 4096, 2, sms).get("kernel") != "skinny"        # above 64: the tiled kernels
     assert "kernel" not in mm.config_for(8, 4097, 14336, 2, sms, tma=True)      # TMA keeps its own path
 
@@ -79,10 +83,11 @@ def test_predictions_count_the_bytes_it_moves_and_no_padding():
     second-kernel neighbour; triton_tma still pays its padding copy."""
     from phases.phase3_triton import counts
     from phases.phase3_triton import matmul as mm
-    text = ",".join(f"{m}x{n}x{k}" for m, n, k in LAB_SKINNY + [(64, 8192, 8192)])
+    unaligned = [(m, n, k) for m, n, k in LAB_SKINNY + [(64, 8192, 8191), (5, 1001, 8192)] if n % 8]
+    text = ",".join(f"{m}x{n}x{k}" for m, n, k in unaligned)
     p = mm.EXERCISE.resolve_params(False, False, {"sizes": [256], "dtypes": ["bf16"], "shapes": text})
     rows = {w.label: w for w in mm.work(p)}
-    for m, n, k in LAB_SKINNY + [(64, 8192, 8192)]:
+    for m, n, k in unaligned:
         label = mm.shape_label(m, n, k)
         cfg = mm.config_for(m, n, k, 2, mm.NOMINAL_SMS)
         problem = (m * k + k * n + m * n) * 2
@@ -160,10 +165,14 @@ if INTERPRETED:
     def test_skinny_kernel_at_irregular_m_with_odd_n_and_k(m, dtype, precision, bf16_dot_mended):
         """The rule's config on a 4-SM GPU at odd N and K (unaligned rows: one masked loop) and at
         aligned N with odd K (mask-free loop, masked edge column and K tail); B is never copied."""
+        from phases.phase3_triton import skinny_matmul as sk
         for n, k in ((131, 517), (256, 300)):
             a, b = operands(m, n, k, dtype)
             c = torch.empty(m, n, dtype=dtype)
-            cfg = mm.config_for(m, n, k, a.element_size(), 4)
+            # the plain kernel's rule takes it for unaligned B only; the aligned loop is still checked
+            picked = mm.config_for(m, n, k, a.element_size(), 4)
+            assert (picked.get("kernel") == "skinny") == (n % 8 != 0), picked
+            cfg = picked if n % 8 else sk.skinny_config(m, n, k, a.element_size(), 4)
             assert cfg["kernel"] == "skinny" and cfg["mask_free_main"] == (n % 8 == 0)
             v = check(c, lambda: mm.matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, precision)
             assert v["passed"], (m, n, k, cfg, v)

@@ -7,7 +7,7 @@
 sizes. Both kernels take any shape: where K or N is not a multiple of 8 at 2 bytes, A or B is first
 copied into 16-byte rows (tma_padding.py; triton_tma always, triton by its rule's `pad_rows`), and
 the row counts the copy's bytes and launch. Except the plain `triton` row of a tall-skinny product
-(M <= 64): bound by reading B, it runs skinny_matmul.py, which reads B in place (masked loads,
+(M <= 64) whose B rows are not 16-byte aligned: bound by reading B, it runs skinny_matmul.py, which reads B in place (masked loads,
 split-K by rule) and copies nothing.
 
 C = A @ B (N x N) costs 2 N^3 FLOPs and must move 3 N^2 x 2 bytes: intensity N/3 FLOP/byte, far
@@ -25,7 +25,7 @@ right of the ridge. Keeping the tensor cores fed is a data-movement problem one 
 * Unaligned rows (K or N not a multiple of 8 at 2 bytes): neither a descriptor nor a vector load
   can take them, so the operand is copied once into rows padded to 16 bytes (tma_padding.py) and
   the fast loop runs; C keeps the caller's shape (masked pointer stores where its rows are odd).
-* Tall-skinny (M <= 64, plain kernel): skinny_matmul.py, one tile row, B streamed once by every SM.
+* Tall-skinny (M <= 64, plain kernel, B rows unaligned): skinny_matmul.py, one tile row, B streamed once by every SM.
 * Split-K: when the tiles leave SMs idle (tall-skinny M <= 64: fewer than two waves; else one),
   K is cut into runs whose fp32 partial sums a second kernel adds in a fixed order (deterministic,
   no atomics).
@@ -47,7 +47,7 @@ from common.variant_rows import attempt, compare_to_library, skipped
 
 from . import counts
 from .skinny_matmul import MAX_SPLIT_K as SKINNY_MAX_SPLIT_K
-from .skinny_matmul import is_tall_skinny, skinny_candidates, skinny_config, skinny_matmul
+from .skinny_matmul import is_tall_skinny, skinny_candidates, skinny_config, skinny_matmul, takes_skinny
 from .skinny_matmul import launches as skinny_launches
 from .split_k_sum import partial_sums, split_k_bytes, sum_splits
 from .tma_padding import TMA_ROW_BYTES, padded_for_tma, padding_bytes, tma_readable
@@ -240,9 +240,9 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     spill registers (compile_check: 255 registers and 8 KB spilled at N = 5003 unpadded, none
     padded), so the unpadded form is no candidate either.
     Depends only on the shape, the element size and the GPU, so any shape gets a reasoned config.
-    The plain kernel's tall-skinny products (M <= 64) are skinny_matmul's instead: B read in
-    place by masked loads, never copied (skinny_matmul.skinny_config)."""
-    if not tma and is_tall_skinny(M):
+    The plain kernel's tall-skinny products (M <= 64) with unaligned B rows are skinny_matmul's
+    instead: B read in place by masked loads, never copied (skinny_matmul.takes_skinny, skinny_config)."""
+    if not tma and takes_skinny(M, N, itemsize):
         return skinny_config(M, N, K, itemsize, sms)
     if M <= 64:
         bm = max(16, 1 << (M - 1).bit_length())
@@ -271,7 +271,7 @@ def candidates(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
     and for the TMA kernel the warp-specialized form (4 warps: one producer, two consumer groups;
     Triton builds it only for an unflattened loop and a single epilogue store). No duplicates.
     The plain kernel's tall-skinny products: skinny_candidates."""
-    if not tma and is_tall_skinny(M):
+    if not tma and takes_skinny(M, N, itemsize):
         return skinny_candidates(M, N, K, itemsize, sms)
     pick = config_for(M, N, K, itemsize, sms, smem_bytes, tma)
     out = [pick, {**pick, "num_stages": max(2, pick["num_stages"] - 1)}]
