@@ -23,8 +23,8 @@ Two tilings, one rule of M (`kernel_of`):
               activations (up to 64 rows), lane words and scales together in a cp.async ring, one barrier
               per window, and each warp multiplies two tiles, so an activation fragment read from shared
               memory feeds twice the mma. From 17 rows the mma tiling's activations no longer fit shared
-              memory and every warp re-reads all of them per tile: there the rows tiling measured 1.2-2.2x
-              faster on an H200 (and slower at 8 rows, where its barrier per window is not amortized);
+              memory and every warp re-reads all of them per tile: there the rows tiling measured faster on
+              an H200 (and slower at 8 rows, where its barrier per window is not amortized);
   dequantized above ROWS_MAX_M rows: the weights dequantized once into bf16 (one kernel, 2.5 bytes per
               weight) and cuBLAS multiplies at its own rate; the tilings would re-read the weights per 64
               rows at mma.sync's rate.
