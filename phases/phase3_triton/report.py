@@ -21,10 +21,11 @@ def beside(exercise: str, ours: tuple, others: tuple, on: list, sort: list | Non
         if not len(df):
             return df
         out = df[df["variant"].isin(ours)]
+        keys = [c for c in on if c in df.columns]       # a record set with no shape rows has no params.m
         for key in others:
             variant, metric = key.split(":")
             lib_rows = df[(df["variant"] == variant) & (df["status"] == "ok")]
-            out = out.merge(lib_rows[["path", *on, metric]].rename(columns={metric: key}), on=["path", *on], how="left")
+            out = out.merge(lib_rows[["path", *keys, metric]].rename(columns={metric: key}), on=["path", *keys], how="left")
         return out.sort_values(sort, kind="stable") if sort else out
     return rows
 
@@ -81,10 +82,16 @@ SOFTMAX_SWEEP = Table(SOFTMAX, SOFTMAX, where=group("sweep"), note=not_timed,
     col("% of torch.softmax", "metrics.pct_of_library", pct),
     col("kernel: config", lambda r: f"{value(r, 'metrics.kernel', '-')}: {value(r, 'metrics.config', '-')}")))
 
+def matmul_shape(r) -> str:
+    """N for an N x N x N row, M x N x K for a user's shape (`--param shapes=`)."""
+    m, k = value(r, "params.m"), value(r, "params.k")
+    return num(r["params.n"]) if m is None else f"{num(m)} x {num(r['params.n'])} x {num(k)}"
+
+
 MATMUL_TABLE = Table(MATMUL, MATMUL, rows=beside(MATMUL, ("triton", "triton_tma"), ("cublas:metrics.tflops",),
-                                                 ["params.n", "params.dtype"]), note=not_timed,
+                                                 ["params.m", "params.n", "params.k", "params.dtype"]), note=not_timed,
                      brief=_largest(1, "params.n"), columns=(
-    ident("dtype", "params.dtype"), ident("N", "params.n", num), ident("variant", "variant"),
+    ident("dtype", "params.dtype"), ident("N (or M x N x K)", matmul_shape), ident("variant", "variant"),
     col("TFLOP/s", "metrics.tflops", num), col("cuBLAS TFLOP/s", "cublas:metrics.tflops", num),
     col("% of cuBLAS", "metrics.pct_of_library", pct), col("% of peak", "metrics.pct_of_peak_tflops", pct), CONFIG))
 
