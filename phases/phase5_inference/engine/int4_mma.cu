@@ -76,6 +76,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// k-step s (0..3) of a lane word: the A fragment `a` times each 8-row block's activations (xs[b][s / 2]
+// holds lane t's 8 inputs of that 32-input block: its .x/.y are k-step 2h's B fragment, .z/.w 2h + 1's).
+template <int MB>
+__device__ __forceinline__ void mma_k_step(float (&d)[MB][4], const uint32_t (&a)[4], const uint4 (&xs)[MB][2], int s) {
+    const int h = s >> 1;
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+        mma_bf16(d[b], a, (s & 1) ? xs[b][h].z : xs[b][h].x, (s & 1) ? xs[b][h].w : xs[b][h].y);
+}
+
 __device__ __forceinline__ float scale_of(uint32_t meta_half, bool fp16_scales) {
     uint16_t bits = meta_half & 0xFFFF;
     if (fp16_scales) return __half2float(*reinterpret_cast<__half*>(&bits));
@@ -375,9 +385,7 @@ struct WarpSlice {
             const uint2 m = sc[SMALL_GROUP ? h : 0];
             uint32_t a[4];
             dequantize(w4[s], zero_pair(m.x), zero_pair(m.y), a);
-#pragma unroll
-            for (int b = 0; b < MB; ++b)
-                mma_bf16(part[s % CHAINS][b], a, (s & 1) ? xs[b][h].z : xs[b][h].x, (s & 1) ? xs[b][h].w : xs[b][h].y);
+            mma_k_step<MB>(part[s % CHAINS], a, xs, s);
             if (SMALL_GROUP && (s & 1)) fold(m);                  // a group per 32-input block
         }
         // A group of >= 64 inputs ends after this chunk when the next chunk starts a new one, or the
@@ -954,9 +962,7 @@ __global__ void __launch_bounds__(THREADS, MB <= 2 ? 2 : 1) w4a16_rows(Problem p
                     a[1] = scaled<FP16_SCALES>(a[1], m.y);
                     a[2] = scaled<FP16_SCALES>(a[2], m.x);
                     a[3] = scaled<FP16_SCALES>(a[3], m.y);
-#pragma unroll
-                    for (int b = 0; b < MB; ++b)
-                        mma_bf16(acc[tw][b], a, (s & 1) ? xs[b][h].z : xs[b][h].x, (s & 1) ? xs[b][h].w : xs[b][h].y);
+                    mma_k_step<MB>(acc[tw], a, xs, s);
                 }
             }
         }
