@@ -152,9 +152,9 @@ def test_the_rows_rule_is_a_rule_of_the_shape():
     assert im.rows_plan(64, 28672, 4096, 132)["splits"] == 1
     assert im.rows_plan(64, 4096, 14336, 132)["splits"] >= 4
     # the record names the path multiply takes
-    assert im.chosen_config(1, (4096, 4096, False), 132)["kernel"] == "mma"
-    assert im.chosen_config(33, (4096, 4096, False), 132)["kernel"] == "rows"
-    assert im.chosen_config(200, (4096, 4096, False), 132) == {"kernel": "dequantized"}
+    assert im.chosen_config(1, 4096, 4096, 128, 132)["kernel"] == "mma"
+    assert im.chosen_config(33, 4096, 4096, 128, 132)["kernel"] == "rows"
+    assert im.chosen_config(200, 4096, 4096, 128, 132) == {"kernel": "dequantized"}
 
 
 @pytest.mark.parametrize("k,group,why", [(100, 32, "multiple of 8"), (256, 16, "powers of two"),

@@ -11,7 +11,7 @@ asking for the top REPLAY_CANDIDATES logprobs). The divergence is a near-tie, an
 both runs' tokens there are among the replay's candidates and each is within the dtype's tolerance of
 the replay's best logit (logprob differences: the log-softmax shifts every logit by the same amount).
 Not only the best two: a bf16 model with 128k logits can have three or more within a few ulps of the
-top (an H200 run flipped to the third, 0.0 below the best two's tie). Later tokens of that sequence
+top (an H200 run flipped to a token outside the replay's best two). Later tokens of that sequence
 are not compared. Any other divergence fails the check.
 
 The tolerance is NEAR_TIE_ULPS units in the last place of the dtype at a logit of 8, the top of
@@ -31,7 +31,7 @@ LOGIT_BINADE_LOW = 4.0                 # the random-weight models' best logits l
 
 
 def tie_tolerance(dtype: str) -> float:
-    """The largest top-2 logit margin at which a flipped greedy token is accepted, for 'bf16' / 'fp32'."""
+    """The largest margin below the best logit at which a flipped greedy token is accepted, for 'bf16' / 'fp32'."""
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     ulp = torch.finfo(torch_dtype).eps * LOGIT_BINADE_LOW        # eps: the spacing at 1; in [4, 8) it is 4x that
     return NEAR_TIE_ULPS * ulp

@@ -231,7 +231,7 @@ def run_problem(ctx, params, p: dict, weights: dict, sms: int, tuning: dict) -> 
         if variant in CUDA_VARIANTS and ctx.is_cuda:
             r["metrics"]["config"] = (int4_mma.plan(p["batch"], p["n_out"], p["k_in"], sms, bulk=True)
                                       if variant == "w4_cuda_bulk" else
-                                      int4_mma.chosen_config(p["batch"], (p["n_out"], p["k_in"], p["group_size"] == 32), sms))
+                                      int4_mma.chosen_config(p["batch"], p["n_out"], p["k_in"], p["group_size"], sms))
             r["metrics"]["dequantized_then_cublas"] = variant == "w4_cuda" and int4_mma.uses_dequantized(p["batch"])
         if variant.endswith("_fused"):
             r["metrics"]["config"] = fused_config(p, variant, sms)

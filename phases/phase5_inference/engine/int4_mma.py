@@ -298,6 +298,16 @@ def counters(device: torch.device, size: int) -> torch.Tensor:
     return have
 
 
+def split_workspace(y: torch.Tensor, mw: MmaInt4Weight, splits: int, grid_x: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partials [splits][M_pad][N_pad], arrival counters) for a launch split `splits` ways along K
+    over `grid_x` tile groups; without a split the kernel reads neither (y stands in for both)."""
+    if splits == 1:
+        return y, y
+    m_tiles = cdiv(y.shape[0], MMA_MAX_M)
+    partials = torch.empty(splits * m_tiles * MMA_MAX_M * mw.n_tiles * TILE_N, dtype=torch.float32, device=y.device)
+    return partials, counters(y.device, grid_x * m_tiles)
+
+
 def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -350,10 +360,9 @@ def uses_dequantized(m: int) -> bool:
     return kernel_of(m) == "dequantized"
 
 
-def chosen_config(m: int, mw_or_shape, sms: int) -> dict:
-    """The config `multiply` launches for M rows of this weight (or (n, k, small_group)), for records."""
-    n, k, small = ((mw_or_shape.out_features, mw_or_shape.in_features, mw_or_shape.log2_blocks_per_group == 0)
-                   if isinstance(mw_or_shape, MmaInt4Weight) else mw_or_shape)
+def chosen_config(m: int, n: int, k: int, group_size: int, sms: int) -> dict:
+    """The config `multiply` launches for an [m, k] x [k, n] product with this group size, for records."""
+    small = group_size == BLOCK_K < k             # a group per 32-input block (log2_blocks_per_group 0)
     kind = kernel_of(m)
     if kind == "rows":
         return rows_plan(m, n, k, sms, small)
@@ -438,14 +447,7 @@ def _launch(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None, prologue: i
         raise LabError(f"int4 matmul: the cp.async ring takes one 8-row block (mb 1), got mb {cfg['mb']}")
     pdl = cfg.get("pdl", DEPENDENT_LAUNCH) and dependent_launch(x.device)
     lib, _ = library()
-    m_tiles = cdiv(m, MMA_MAX_M)
-    grid_x = cdiv(mw.n_tiles, cfg["wn"])
-    if cfg["splits"] > 1:
-        partials = torch.empty(cfg["splits"] * m_tiles * MMA_MAX_M * mw.n_tiles * TILE_N, dtype=torch.float32,
-                               device=x.device)
-        count = counters(x.device, grid_x * m_tiles)
-    else:
-        partials = count = y                     # unused by the kernel
+    partials, count = split_workspace(y, mw, cfg["splits"], cdiv(mw.n_tiles, cfg["wn"]))
 
     def ptr(t):
         return None if t is None else build.ptr(t)
@@ -524,14 +526,7 @@ def rows_matmul(x: torch.Tensor, mw: MmaInt4Weight, config: dict | None = None) 
         return y
     small = mw.log2_blocks_per_group == 0
     cfg = config or rows_plan(m, mw.out_features, mw.in_features, sm_count(x.device), small)
-    m_tiles = cdiv(m, MMA_MAX_M)
-    grid_x = cdiv(mw.n_tiles, WARPS * cfg["tw"])
-    if cfg["splits"] > 1:
-        partials = torch.empty(cfg["splits"] * m_tiles * MMA_MAX_M * mw.n_tiles * TILE_N, dtype=torch.float32,
-                               device=x.device)
-        count = counters(x.device, grid_x * m_tiles)
-    else:
-        partials = count = y
+    partials, count = split_workspace(y, mw, cfg["splits"], cdiv(mw.n_tiles, WARPS * cfg["tw"]))
     lib, _ = library()
     code = lib.lab_w4a16_rows(build.ptr(x), build.ptr(mw.wq), build.ptr(mw.meta), build.ptr(y), build.ptr(partials),
                               build.ptr(count), m, mw.out_features, mw.in_features, mw.n_tiles, mw.k_chunks, mw.groups,
