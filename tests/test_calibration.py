@@ -103,16 +103,16 @@ def test_a_copy_is_predicted_within_tolerance_on_a_cpu(cpu_ceilings, spec_ctx_mo
     pytest.fail(f"measured/calibrated of a copy outside 0.6-1.4 in three tries: {ratios}")
 
 
-def test_a_latency_bound_op_is_predicted_within_2x_on_a_cpu(cpu_ceilings, spec_ctx_module):
-    results, _ = cpu_ceilings
-    ctx = spec_ctx_module(results)
+def test_a_latency_bound_op_is_predicted_within_2x_on_a_cpu(cpu_ceilings, spec_ctx_module, tmp_path):
     x = torch.zeros(3)
 
     def tiny():
         x.add_(1.0)
 
     ratios = []
-    for _ in range(3):                              # three tries, as for the copy
+    for attempt in range(3):                        # three tries, as for the copy (each retry re-times the ceilings)
+        results = cpu_ceilings[0] if attempt == 0 else _ceilings_on_this_cpu(tmp_path / f"try{attempt}", spec_ctx_module)[0]
+        ctx = spec_ctx_module(results)
         r = measure(ctx, "tiny", {}, fn=tiny, check=lambda: {"passed": True, "reason": None},
                     flops=3, bytes_moved=24, dtype="fp32")
         cal = r["prediction"]["calibrated"]
