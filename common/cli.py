@@ -362,12 +362,31 @@ def cmd_predict_exercise(args) -> int:
     if ceilings:
         console.print(f"calibrated from {ceilings['record']}")
     if ex.workloads is not None:
-        _print_summed(ex, params, ceilings, None if on_cpu else spec)
+        _print_summed(ex, params, ceilings, None if on_cpu else spec, args.results)
     return 0
 
 
-def _print_summed(ex, params: dict, ceilings: dict | None, spec) -> None:
-    """The summed prediction of each row (common/workload.py) and the kernels it thinks dominate."""
+def _link_ceilings(results, hardware: str) -> dict:
+    """phase4.link_ceilings' committed alpha-beta constants of this hardware (phase4/calibration.index)."""
+    from phases.phase4_distributed import calibration
+    from .paths import results_dir
+    from .records import load_records
+    return calibration.index(load_records(results_dir(results), exercise=calibration.EXERCISE, hardware=hardware))
+
+
+def _newest_rows(results, exercise: str, hardware: str) -> list[dict]:
+    """The rows of this hardware's newest measured record of `exercise` (none: [])."""
+    from .paths import results_dir
+    from .records import is_smoke, load_records
+    found = [r for r in load_records(results_dir(results), exercise=exercise, hardware=hardware)
+             if not is_smoke(r) and r.get("source", {}).get("kind", "measured") == "measured"]
+    return found[-1].get("rows", []) if found else []
+
+
+def _print_summed(ex, params: dict, ceilings: dict | None, spec, results=None) -> None:
+    """The summed prediction of each row (common/workload.py) and the kernels it thinks dominate. A
+    workloads function that takes `link_ceilings` gets the committed collective constants too."""
+    import inspect
     from . import workload
     if not ceilings or spec is None:
         why = "none for this GPU yet" if spec else "a CPU has no spec sheet for the exp rate"
@@ -377,16 +396,26 @@ def _print_summed(ex, params: dict, ceilings: dict | None, spec) -> None:
     table = Table(title=f"{ex.id}: summed prediction (each kernel's calibrated roofline, plus host), before running")
     for col in ("row", "kernels", "launches", "summed ms", "one roof of its totals ms", "bound", "top kernels (share)"):
         table.add_column(col, justify="right" if "ms" in col or col in ("kernels", "launches") else "left")
-    fallbacks = []
-    for label, w in ex.workloads(params):
+    fallbacks, notes = [], set()
+    extra = {}
+    if "link_ceilings" in inspect.signature(ex.workloads).parameters:
+        extra = {"link_ceilings": _link_ceilings(results, spec.key), "hardware": spec.key,
+                 "committed_rows": _newest_rows(results, ex.id, spec.key)}
+    rows = ex.workloads(params, **extra)
+    if not rows:
+        console.print(f"summed prediction: {ex.id} models no rows with these parameters (its kernel lists cover "
+                      "the full-size models)")
+        return
+    for label, w in rows:
         p = workload.predict(w, ceilings, spec.peak("fp32").value)
-        fallbacks += [f for f in p["fallbacks"] if f not in fallbacks]
+        fallbacks += [f for f in p["fallbacks"] + p["notes"] if f not in fallbacks]
+        notes.update(p["notes"])
         top = ", ".join(f"{t['kernel']} {100 * t['share']:.0f}%" for t in p["top"])
         table.add_row(label, str(p["kernels"]), str(p["launches"]), _fmt(p["predicted_ms"]), _fmt(p["one_roof_ms"]),
                       p["bound"] or "-", top)
     console.print(table)
     for f in fallbacks:
-        console.print(f"fallback: {f}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"{'note' if f in notes else 'fallback'}: {f}", markup=False, highlight=False, soft_wrap=True)
 
 
 def cmd_predict(args) -> int:

@@ -255,6 +255,37 @@ def test_a_tensor_parallel_step_is_a_shard_plus_its_measured_collectives():
     assert len(p5.row_workload(row).collectives) == 2
 
 
+def test_tensor_parallel_rows_take_committed_all_reduces_first_then_link_ceilings_said_so():
+    p = {"models": ["llama-3.1-8b", "tiny"], "tp_sizes": [1, 2], "max_num_seqs": 1, "prompt_tokens": 100,
+         "output_tokens": 200}
+    link = {("h200_sxm", "nccl", "all_reduce", 2): {"alpha_us": 20.0, "beta_busbw_gbps": 100.0}}
+    assert p5.all_reduce_from_link_ceilings(link, "h200_sxm", 2)(1e6) == pytest.approx(0.020 + 1e6 / 100e6)
+    assert p5.all_reduce_from_link_ceilings(link, "h100_sxm", 2) is None
+    rows = [{"variant": "allreduce_one_shot", "status": "ok", "params": {"world_size": 2, "size_bytes": 1 << 20},
+             "metrics": {"us": 7.0}}]
+    committed = p5.tensor_parallel_workloads(p, link, "h200_sxm", rows)
+    assert [label for label, _ in committed] == ["llama-3.1-8b at TP=1: one rank's decode step",
+                                                 "llama-3.1-8b at TP=2: one rank's decode step"]   # tiny: none
+    tp2 = committed[1][1]
+    assert tp2.collectives[0][1] == pytest.approx(0.007) and not any("link_ceilings" in n for n in tp2.notes)
+    from_link = p5.tensor_parallel_workloads(p, link, "h200_sxm", [])[1][1]
+    assert from_link.collectives[0][1] > 0.020 and "link_ceilings" in from_link.notes[-1]
+    assert not p5.tensor_parallel_workloads(p, None, None, None)[1][1].collectives          # neither: left out
+    assert p5.tensor_parallel_workloads({**p, "max_num_seqs": 8}) == []
+
+
+def test_speculative_rows_are_the_target_step_and_each_k_for_the_lab_models_only():
+    p = {"models": "lab", "ks": [1, 4], "concurrency": [1], "prompt_tokens": 100, "output_tokens": 200}
+    labels = [label for label, _ in p5.speculative_workloads(p)]
+    assert labels == ["target decode step at 1 at once", "draft x 1 + verify at 1 at once",
+                      "prompt lookup of up to 1 + verify at 1 at once", "draft x 4 + verify at 1 at once",
+                      "prompt lookup of up to 4 + verify at 1 at once"]
+    steps = dict(p5.speculative_workloads(p))
+    one, four = (wl.predict(steps[f"draft x {k} + verify at 1 at once"], CEILINGS)["predicted_ms"] for k in (1, 4))
+    assert four > one > wl.predict(steps["target decode step at 1 at once"], CEILINGS)["predicted_ms"]
+    assert p5.speculative_workloads({**p, "models": "tiny"}) == []
+
+
 def test_the_host_step_ceiling_times_the_scheduler_on_this_cpu_and_the_step_reads_it():
     from phases.phase5_inference.predictions.host_step import host_step_us, host_steps_us
     one, many = host_step_us(1, 40, steps=30), host_step_us(32, 40, steps=30)

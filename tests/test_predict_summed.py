@@ -13,6 +13,8 @@ RESULTS = REPO_ROOT / "results"                     # the committed H200 / H100 
     ("phase5.batching", "llama-3.1-8b decode step at batch 64"),
     ("phase5.ttft_decode", "prefill of 100 tokens"),
     ("phase7.scaling", "log-softmax backward"),
+    ("phase5.speculative", "draft x 1 + verify"),
+    ("phase5.tensor_parallel", "at TP=2"),
 ])
 def test_the_summed_prediction_and_its_top_kernels_come_before_running(lab, exercise, words):
     if not any((RESULTS / "phase1" / "ceilings" / "h200_sxm").glob("*.json")):

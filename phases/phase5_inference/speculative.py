@@ -49,6 +49,7 @@ from common.timing import summarize
 
 from .predictions.analysis import decode_parts, mean_decode_context
 from .models.model_choice import SEED, release_memory
+from .predictions import kernel_lists
 from .predictions.prediction import summed_prediction
 
 VARIANTS = ("target", "matched", "distilled", "mismatched", "ngram")
@@ -395,6 +396,7 @@ EXERCISE = Exercise(
           "acceptance and speedup against the target alone, beside the predicted speedup",
     run=run, needs=Needs(cuda=True, modules=("triton", "safetensors", "tiktoken")),
     variants=VARIANTS,
+    workloads=kernel_lists.speculative_workloads,
     params={"models": Choice("lab", tuple(MODEL_SETS), help="lab: the three trained models; tiny: test-sized"),
             "ks": Int(list(range(1, 9)), min=1, max=8, many=True, unit="tokens proposed per step"),
             "temperatures": Float([0.0, 0.8], min=0.0, max=2.0, many=True),

@@ -56,6 +56,7 @@ from .engine.tp_ranks import ALLREDUCE_MODES, COMPARE_SIZES, NO_MULTICAST_ENV
 from .engine.tp_shards import (local_shape, rank_decode_weight_bytes, rank_kv_bytes_per_token, rank_weight_bytes,
                                unsplittable)
 from .models.model_choice import BLOCK_SIZE, CPU_BYTES_PER_PARAM, GPU_MEMORY_UTILIZATION, SEED, release_memory
+from .predictions import kernel_lists
 from .predictions.prediction import summed_prediction
 
 GIB = 2**30
@@ -448,6 +449,7 @@ EXERCISE = Exercise(
     title="Tensor-parallel decode: the 8B shape on 1, 2, 4 GPUs, the 70B shape from the fewest that hold it",
     run=run,
     variants=("engine", "allreduce_nccl", "allreduce_one_shot"),
+    workloads=kernel_lists.tensor_parallel_workloads,
     params={
         "models": Choice(["llama-3.1-8b", "llama-3.3-70b"], tuple(SHAPES), many=True),
         "tp_sizes": Int([1, 2, 4], min=1, max=8, many=True, unit="GPUs per model",

@@ -473,6 +473,63 @@ def decode_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_toke
             for b in batches]
 
 
+def speculative_workloads(p: dict) -> list[tuple[str, Workload]]:
+    """speculative's rows before running, for the "lab" model set (the test-sized "tiny" set: none):
+    at each concurrency the target's decode step and, at each k, a draft step (the three drafts share
+    one shape) and a prompt-lookup step, the latter at k proposals per verify (how many it finds is
+    known only once it runs: its measured rows use the record's proposals)."""
+    if p["models"] != "lab":
+        return []
+    context = mean_decode_context(p["prompt_tokens"], p["output_tokens"])
+    out = []
+    for c in p["concurrency"]:
+        out.append((f"target decode step at {c} at once", decode_step(SPECULATIVE_TARGET, c, context)))
+        for k in p["ks"]:
+            out.append((f"draft x {k} + verify at {c} at once",
+                        speculative_step(SPECULATIVE_TARGET, SPECULATIVE_DRAFT, c, k, context)))
+            out.append((f"prompt lookup of up to {k} + verify at {c} at once",
+                        speculative_step(SPECULATIVE_TARGET, None, c, k, context, float(k))))
+    return out
+
+
+def all_reduce_from_link_ceilings(link_ceilings: dict | None, hardware: str | None, tp: int):
+    """ms of one all-reduce of n bytes on `tp` GPUs from phase4.link_ceilings' alpha-beta constants of
+    this hardware (NCCL's all-reduce: phase4/calibration.index's keys), or None where none was measured."""
+    entry = (link_ceilings or {}).get((hardware, "nccl", "all_reduce", tp))
+    if entry is None:
+        return None
+    factor = 2 * (tp - 1) / tp                        # nccl-tests' all-reduce bus factor
+
+    def ms(nbytes: float) -> float:
+        return entry["alpha_us"] / 1e3 + nbytes * factor / (entry["beta_busbw_gbps"] * 1e6)
+    return ms
+
+
+def tensor_parallel_workloads(p: dict, link_ceilings: dict | None = None, hardware: str | None = None,
+                              committed_rows: list[dict] | None = None) -> list[tuple[str, Workload]]:
+    """tensor_parallel's batch-1 engine rows before running: one rank's decode step at each TP size,
+    its all-reduces timed as the run itself will time them where this hardware has a committed
+    tensor_parallel record with all-reduce rows at that world size (`committed_rows`: the engine's
+    `auto` takes the faster of NCCL and the one-shot per size, so NCCL's constants alone would
+    overstate them), else at phase4.link_ceilings' NCCL alpha-beta (said so), else left out (said so)."""
+    if p["max_num_seqs"] != 1:
+        return []
+    context = mean_decode_context(p["prompt_tokens"], p["output_tokens"])
+    out = []
+    for m in p["models"]:
+        if m == "tiny":
+            continue
+        for tp in p["tp_sizes"]:
+            measured = all_reduce_from_rows(committed_rows, tp)
+            step = tp_decode_step(named(m), tp, 1, context,
+                                  measured or all_reduce_from_link_ceilings(link_ceilings, hardware, tp))
+            if tp > 1 and measured is None and step.collectives:
+                step = replace(step, notes=(*step.notes, f"TP={tp}: all-reduces at phase4.link_ceilings' NCCL "
+                                            "alpha-beta (no committed one-shot all-reduce rows at this size)"))
+            out.append((f"{m} at TP={tp}: one rank's decode step", step))
+    return out
+
+
 def ttft_workloads(shape: LlamaShape, prompt_tokens: int, output_tokens: int) -> list[tuple[str, Workload]]:
     """ttft_decode's two rows per model: the batch-1 decode step (TPOT) and the prefill (TTFT)."""
     return [*decode_workloads(shape, [1], prompt_tokens, output_tokens),
