@@ -302,16 +302,27 @@ def test_the_host_step_ceiling_times_the_scheduler_on_this_cpu_and_the_step_read
 
 
 def test_a_sampled_step_adds_the_samplers_eager_kernels_one_noise_draw_per_seeded_row():
-    s = named("tiny")
+    s, old = named("tiny"), p5.PER_ROW_GENERATOR
     greedy = p5.sampled_decode_step(s, 8, 50.0, 0.0, seeded=False)
     assert greedy.kernels == p5.decode_step(s, 8, 50.0).kernels              # greedy: the graph's argmax alone
-    shared = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=False)
-    seeded = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=True)
+    shared = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=False, draw=old)
+    seeded = p5.sampled_decode_step(s, 8, 50.0, 1.0, seeded=True, draw=old)
     extra = {k.name: k for k in seeded.kernels[len(greedy.kernels):]}
     assert extra["exponential noise, one row from its own generator"].count == 8
     assert all(k.launch == TORCH for k in extra.values())                   # eager, after the graph
     assert "exponential noise, shared generator" in {k.name for k in shared.kernels}
     assert seeded.totals()["launches"] > shared.totals()["launches"] > greedy.totals()["launches"]
+
+
+def test_the_inverse_cdf_draw_launches_the_same_kernels_at_any_batch_seeded_or_not():
+    s = named("tiny")
+    launches = {(b, seeded): p5.sampled_decode_step(s, b, 50.0, 1.0, seeded).totals()["launches"]
+                - p5.decode_step(s, b, 50.0).totals()["launches"] for b in (1, 8, 256) for seeded in (False, True)}
+    assert len(set(launches.values())) == 1
+    names = {k.name for k in p5.sampled_decode_step(s, 8, 50.0, 1.0, True).kernels}
+    assert "running sums of the probabilities (float64)" in names and not any("noise" in n for n in names)
+    with pytest.raises(ValueError, match="unknown sampler draw"):
+        p5.sampling_kernels(100, 1, True, draw="gumbel")
 
 
 def test_samples_and_best_of_n_rows_map_to_sampled_steps_with_their_host_step():
@@ -331,6 +342,8 @@ def test_samples_and_best_of_n_rows_map_to_sampled_steps_with_their_host_step():
     assert p5.row_workload({**bon, "variant": "greedy", "params.temperature": 0.0}).totals()["launches"] \
         < w.totals()["launches"]
     assert p5.row_workload({**bon, "record.params.hidden": None}) is None
+    drawn = p5.row_workload({**bon, "summary.sampler_draw": "inverse_cdf"})          # a record that names its draw
+    assert not any("noise" in k.name for k in drawn.kernels) and drawn.totals()["launches"] < w.totals()["launches"]
 
 
 def test_best_of_ns_model_shape_is_the_torch_free_one():

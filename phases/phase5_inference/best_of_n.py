@@ -139,7 +139,8 @@ def run(ctx, params):
                 r.update(status="failed", reason=r["check"]["reason"], timing=None, metrics={}, prediction=None)
         summary = {"train_s": info["train_s"], "train_steps": info["steps"], "val_loss": info["val_loss"],
                    "params": info["params"], "held_out_questions": len(questions),
-                   "greedy_accuracy": rows[0]["metrics"].get("pass_at_n"), "host_step_us": host_us}
+                   "greedy_accuracy": rows[0]["metrics"].get("pass_at_n"), "host_step_us": host_us,
+                   "sampler_draw": engine.runner.sampler.DRAW}
         sampled = [r for r in rows[1:] if r["status"] == "ok"]
         if sampled:
             best = max(sampled, key=lambda r: r["metrics"]["pass_at_n"])

@@ -170,7 +170,8 @@ def run(ctx, params):
         roofs = ctx.roofs(dtype)
         peak = roofs.peak(dtype)
         ridge = ridge_batch(shape, roofs.bandwidth_gbps, peak) if peak else None
-        return Result(rows, {**add_ratios(rows, ridge), "host_step_us": host_us})
+        return Result(rows, {**add_ratios(rows, ridge), "host_step_us": host_us,
+                             "sampler_draw": engine.runner.sampler.DRAW})
     finally:
         del engine
         release_memory(ctx)

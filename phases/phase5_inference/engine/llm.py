@@ -103,6 +103,7 @@ class LLMEngine:
                                          self.device, config.seed)
         self._requests: dict[str, Sequence] = {}
         self._request_counter = itertools.count()
+        self._draw_streams = itertools.count()     # unseeded requests' sampling streams: the same on every TP rank
         self._abort_outputs: list[StepOutput] = []
         self.last_step: dict = {}
         self._telemetry = {
@@ -226,6 +227,7 @@ class LLMEngine:
         elif request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         seq = Sequence(request_id, prompt, params)
+        seq.draw_stream = next(self._draw_streams)
         if sample_group is not None:
             seq.sample_group = self._sample_group(sample_group, prompt)
         self._requests[request_id] = seq
@@ -427,8 +429,7 @@ class LLMEngine:
         return min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
 
     def _forget(self, seq: Sequence) -> None:
-        """A finished or aborted request leaves the engine: its sampler state, its draft state."""
-        self.runner.release(seq)
+        """A finished or aborted request leaves the engine: its draft state (the sampler keeps none)."""
         if self.speculator is not None:
             self.speculator.proposer.forget(seq)
         self._requests.pop(seq.request_id, None)

@@ -175,7 +175,7 @@ class ModelRunner:
     def _run_chunks(self, seqs: list[Sequence], partial: list[int]) -> list[int | None]:
         """A chunked-prefill step: every sequence's chunk (a decode row is a chunk of one token)
         in one eager forward; a token sampled only for those whose chunk reaches their last token
-        (None for the rest: a sampler's per-request generator is not advanced by a chunk)."""
+        (None for the rest: no draw is made for a chunk)."""
         logits = self.prefill_logits(seqs)
         unfinished = set(partial)
         done = [i for i in range(len(seqs)) if i not in unfinished]
@@ -202,7 +202,7 @@ class ModelRunner:
             logits, greedy = self._decode(seqs, pending=(tokens, index))
         if greedy is not None and not any(s.params.needs_sampler for s in seqs):
             return greedy
-        return self.sampler.pick(logits, seqs, greedy)
+        return self.sampler.pick(logits, seqs, greedy, ahead=0 if pending is None else 1)
 
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, their argmax where a graph computed it) of each sequence's last token after a
@@ -233,9 +233,6 @@ class ModelRunner:
                 seq.prompt_logprobs = token_logprobs(logits[first:end], seq.token_ids[1:n],
                                                      [seq.params.prompt_logprobs] * (n - 1))
         return logits[torch.tensor([end for _, end, _ in spans], device=logits.device)]
-
-    def release(self, seq: Sequence) -> None:
-        self.sampler.release(seq.seq_id)
 
     @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence], all_positions: bool = False,

@@ -1,10 +1,13 @@
 """The next token of each sequence from its fp32 logits: greedy (argmax), or a sample after
 temperature, top-k and top-p.
 
-Sampling uses the exponential-race form of a categorical draw (argmax of p / E with E ~ Exp(1)),
-one row of noise per sequence. A request with a seed draws its noise from its own generator, so its
-tokens are the same alone or inside any batch, and after a preemption (the generator lives as long
-as the request); requests without a seed share the engine's generator.
+A sampled row draws by the inverse CDF: one uniform number u per row, the token the first whose
+running sum of probabilities passes u times their total (counter_uniform.py). The uniform is a hash
+of the row's counter, (the request's seed, or the engine's seed and the sequence's id when it has
+none; the index of the token being drawn), computed on the host for the whole batch at once, so a
+request's tokens are the same alone or inside any batch, after a preemption, and ahead of an
+overlapped step, with no generator state to keep and a fixed number of launches however many rows
+sample (a generator per seeded row cost one launch and its Python loop per row each step).
 
 Logits processing (vLLM's order: repetition, frequency and presence penalties, logit_bias, the
 min_tokens mask; then temperature, top-k, top-p, min-p) runs on the host's side of the step, per
@@ -13,6 +16,7 @@ the graph's argmax or its own seeded draw.
 """
 import torch
 
+from .counter_uniform import row_uniforms
 from .sequence import Sequence
 
 
@@ -29,24 +33,28 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=1)
 
 
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw per row of probs [n, V] (rows need not sum to 1; zeros are never drawn) from one
+    uniform in [0, 1) per row (float64 [n]): the first token whose running sum (float64) exceeds u
+    times the row's total. Where rounding puts u x total at the total itself, the row's last token
+    of nonzero probability (the first where the running sum reaches the total)."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    drawn = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(drawn, last)[:, 0]
+
+
 class Sampler:
+    DRAW = "inverse_cdf"            # how a sampled row is drawn (records name it; kernel_lists models it)
+
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = torch.device(device)
-        self._shared = torch.Generator(device=self.device).manual_seed(seed)
-        self._seeded: dict[int, torch.Generator] = {}
+        self.seed = seed
         self.eos_token_ids: frozenset[int] = frozenset()     # masked with stop_token_ids before min_tokens
 
-    def release(self, seq_id: int) -> None:
-        """Forget a finished request's generator."""
-        self._seeded.pop(seq_id, None)
-
-    def _generator(self, seq_id: int, seed: int) -> torch.Generator:
-        generator = self._seeded.get(seq_id)
-        if generator is None:
-            generator = self._seeded[seq_id] = torch.Generator(device=self.device).manual_seed(seed)
-        return generator
-
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None) -> list[int]:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None,
+               ahead: int = 0) -> list[int]:
         """logits [batch, vocab] fp32 -> one token id per row (seqs[i]'s). `argmax`: the logits'
         argmax if already computed (a decode graph computes it). Rows whose request asks for no
         logits processing keep exactly the token they would get in any other batch; rows that ask
@@ -54,7 +62,7 @@ class Sampler:
         params = [s.params for s in seqs]
         wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw = logits[on_device(wants_logprobs, torch.int64, logits.device)] if wants_logprobs else None
-        tokens = self.pick(logits, seqs, argmax).tolist()
+        tokens = self.pick(logits, seqs, argmax, ahead).tolist()
         if wants_logprobs:
             entries = token_logprobs(raw, [tokens[i] for i in wants_logprobs],
                                      [params[i].logprobs for i in wants_logprobs])
@@ -62,10 +70,12 @@ class Sampler:
                 seqs[i].new_logprobs.append(entry)
         return tokens
 
-    def pick(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None) -> torch.Tensor:
+    def pick(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None,
+             ahead: int = 0) -> torch.Tensor:
         """`sample`'s token ids left on the device (int64 [batch]), no logprobs: without logits
         processing nothing here waits for the device, so an overlapped step launches the next
-        one before reading these (overlap.py)."""
+        one before reading these (overlap.py). `ahead`: tokens each sequence has drawn that are not
+        in it yet (1 for an overlapped step: its pending token), so each draw keeps its own counter."""
         params = [s.params for s in seqs]
         greedy = logits.argmax(dim=-1) if argmax is None else argmax
         processed = [i for i, p in enumerate(params) if p.processes_logits]
@@ -79,12 +89,12 @@ class Sampler:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             greedy = greedy.clone() if not processed else greedy
-            greedy[on_device(rows, torch.int64, logits.device)] = self._draw(logits, rows, seqs)
+            greedy[on_device(rows, torch.int64, logits.device)] = self._draw(logits, rows, seqs, ahead)
         return greedy
 
-    def _draw(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
-        """Sampled tokens of `rows`: temperature, top-k, top-p, min-p, then the exponential race
-        with each seeded request's own noise."""
+    def _draw(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence], ahead: int = 0) -> torch.Tensor:
+        """Sampled tokens of `rows`: temperature, top-k, top-p, min-p, then the inverse-CDF draw at
+        each row's own counter (the index of the token it draws: its output tokens so far, plus `ahead`)."""
         chosen = [seqs[i].params for i in rows]
         index = on_device(rows, torch.int64, logits.device)
         temperature = on_device([p.temperature for p in chosen], logits.dtype, logits.device)
@@ -95,17 +105,9 @@ class Sampler:
             min_p = on_device([p.min_p for p in chosen], probs.dtype, probs.device)
             floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < floor, 0.0)
-        noise = torch.empty_like(probs)
-        unseeded = []
-        for row, (i, p) in enumerate(zip(rows, chosen)):
-            if p.seed is None:
-                unseeded.append(row)
-            else:
-                noise[row].exponential_(generator=self._generator(seqs[i].seq_id, p.seed))
-        if unseeded:
-            shared = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self._shared)
-            noise[on_device(unseeded, torch.int64, probs.device)] = shared
-        return (probs / noise).argmax(dim=-1)
+        uniforms = row_uniforms([p.seed for p in chosen], [seqs[i].draw_stream for i in rows],
+                                [seqs[i].num_output_tokens + ahead for i in rows], self.seed)
+        return inverse_cdf(probs, on_device(uniforms.tolist(), torch.float64, probs.device))
 
     def _process(self, row: torch.Tensor, seq: Sequence) -> None:
         """One row of logits, in place: repetition penalty (prompt and output tokens), frequency and

@@ -18,7 +18,7 @@ class SamplingParams:
     temperature: float = 0.0        # 0 = greedy (argmax)
     top_k: int = 0                  # 0 = off
     top_p: float = 1.0
-    seed: int | None = None         # a per-request generator: the same tokens alone or in a batch
+    seed: int | None = None         # its own sampling stream: the same tokens alone or in a batch
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     # logits processing (vLLM's semantics): penalties over the output tokens (repetition: prompt and output)
@@ -115,10 +115,11 @@ class Sequence:
 
     __slots__ = ("seq_id", "request_id", "params", "token_ids", "num_prompt_tokens", "status",
                  "block_table", "block_hashes", "num_cached_tokens", "num_new_tokens", "finish_reason", "new_logprobs", "prompt_logprobs",
-                 "sample_group", "num_sibling_tokens")
+                 "sample_group", "num_sibling_tokens", "draw_stream")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
         self.seq_id = next(Sequence._ids)
+        self.draw_stream = self.seq_id          # an unseeded request's sampling stream (the engine numbers its own)
         self.request_id = request_id
         self.params = params
         self.token_ids = list(prompt_token_ids)

@@ -294,39 +294,66 @@ def int4_weight_bytes(group_size: int) -> float:
     return 0.5 + BF16_BYTES / group_size
 
 
-def sampling_kernels(vocab: int, batch: int, seeded: bool) -> tuple[Kernel, ...]:
+# how engine/sampler.py draws a sampled row (Sampler.DRAW; a test holds them equal). Records name the
+# draw that measured them (summary.sampler_draw); those written before it was named drew per row
+PER_ROW_GENERATOR, INVERSE_CDF = "per_row_generator", "inverse_cdf"
+SAMPLER_DRAW = INVERSE_CDF
+
+
+def sampling_kernels(vocab: int, batch: int, seeded: bool, draw: str = SAMPLER_DRAW) -> tuple[Kernel, ...]:
     """The sampler's eager kernels after the decode graph when `batch` rows sample at temperature > 0
     with no top-k, top-p or min-p (engine/sampler.py's pick and _draw, in launch order): the rows'
-    indices and temperatures copied up, their fp32 logits gathered, scaled and softmaxed, the
-    exponential race's noise, the divide and the argmax, the draws scattered into the graph's
-    argmax. A seeded request draws its noise row alone from its own generator (one launch per row,
-    from a Python loop: each at the PyTorch op's floor, the loop's own indexing has no ceiling and is
-    left out); unseeded rows share one draw and its scatter."""
+    indices and temperatures copied up, their fp32 logits gathered, scaled and softmaxed, the draw,
+    the draws scattered into the graph's argmax.
+
+    The draw, `inverse_cdf` (today's): one uniform per row, hashed on the host from the row's
+    counter (its few vectorized host operations are left out: no ceiling times them) and copied up
+    with the indices; a float64 running sum over each row, its total made contiguous, u x total, two
+    binary searches (the draw; the last token of nonzero probability) and their minimum: the same
+    launches whatever the batch, seeded or not. `per_row_generator` (the sampler before it): the
+    exponential race, argmax of p / E; a seeded request drew its noise row alone from its own
+    generator (one launch per row, from a Python loop: each at the PyTorch op's floor, the loop's
+    own indexing has no ceiling and is left out); unseeded rows shared one draw and its scatter."""
     B, V, F = batch, vocab, 4
-    noise = ((Kernel("exponential noise, one row from its own generator", ELEMENTWISE, 0, V * F, None, exps=V,
-                     count=B),) if seeded else
-             (Kernel("exponential noise, shared generator", ELEMENTWISE, 0, B * V * F, None, exps=B * V),
-              Kernel("unseeded rows' indices to the device", ELEMENTWISE, 0, B * 8, None),
-              Kernel("scatter the shared noise", ELEMENTWISE, 0, 2 * B * V * F, None)))
-    return (Kernel("sampled rows' indices and temperatures to the device", ELEMENTWISE, 0, 3 * B * 8, None, count=3),
+    if draw == INVERSE_CDF:
+        searches = 2 * B * max(1, math.ceil(math.log2(V))) * 8
+        race = (Kernel("running sums of the probabilities (float64)", ELEMENTWISE, B * V, B * V * (F + 8), None),
+                Kernel("the rows' totals made contiguous", ELEMENTWISE, 0, 2 * B * 8, None),
+                Kernel("u x total", ELEMENTWISE, B, 3 * B * 8, None),
+                Kernel("binary search of each row's running sums", ELEMENTWISE, 0, searches / 2, None, count=2),
+                Kernel("minimum of the two searches", ELEMENTWISE, B, 3 * B * 8, None))
+        uploads = 4                                   # pick's rows, _draw's rows, temperatures, uniforms
+    elif draw == PER_ROW_GENERATOR:
+        noise = ((Kernel("exponential noise, one row from its own generator", ELEMENTWISE, 0, V * F, None, exps=V,
+                         count=B),) if seeded else
+                 (Kernel("exponential noise, shared generator", ELEMENTWISE, 0, B * V * F, None, exps=B * V),
+                  Kernel("unseeded rows' indices to the device", ELEMENTWISE, 0, B * 8, None),
+                  Kernel("scatter the shared noise", ELEMENTWISE, 0, 2 * B * V * F, None)))
+        race = (*noise, Kernel("probabilities / noise", ELEMENTWISE, B * V, 3 * B * V * F, None),
+                Kernel("argmax of the race", ELEMENTWISE, B * V, B * V * F, None))
+        uploads = 3
+    else:
+        raise ValueError(f"unknown sampler draw {draw!r}: {INVERSE_CDF} or {PER_ROW_GENERATOR}")
+    return (Kernel("sampled rows' indices and temperatures to the device", ELEMENTWISE, 0, uploads * B * 8, None,
+                   count=uploads),
             Kernel("copy the graph's argmax", ELEMENTWISE, 0, 2 * B * 8, None),
             Kernel("gather the sampled rows' logits", ELEMENTWISE, 0, 2 * B * V * F, None),
             Kernel("divide by the temperature", ELEMENTWISE, B * V, 2 * B * V * F, None),
             Kernel("softmax", ELEMENTWISE, 5 * B * V, 2 * B * V * F, None, exps=B * V),
-            *noise,
-            Kernel("probabilities / noise", ELEMENTWISE, B * V, 3 * B * V * F, None),
-            Kernel("argmax of the race", ELEMENTWISE, B * V, B * V * F, None),
+            *race,
             Kernel("scatter the draws into the tokens", ELEMENTWISE, 0, 3 * B * 8, None))
 
 
-def sampled_decode_step(shape: LlamaShape, batch: int, context: float, temperature: float, seeded: bool) -> Workload:
+def sampled_decode_step(shape: LlamaShape, batch: int, context: float, temperature: float, seeded: bool,
+                        draw: str = SAMPLER_DRAW) -> Workload:
     """A decode step whose tokens are sampled: the graph (its argmax kept for greedy rows) and, at
-    temperature > 0, the sampler's eager kernels on the critical path before the synchronize."""
+    temperature > 0, the sampler's eager kernels (drawn by `draw`) on the critical path before the
+    synchronize."""
     step = decode_step(shape, batch, context)
     if temperature <= 0:
         return step
     return replace(step, name=f"{step.name}, sampled at temperature {temperature:g}" + (", seeded" if seeded else ""),
-                   kernels=(*step.kernels, *sampling_kernels(shape.vocab_size, batch, seeded)))
+                   kernels=(*step.kernels, *sampling_kernels(shape.vocab_size, batch, seeded, draw)))
 
 
 ARITHMETIC_VOCAB, ARITHMETIC_POSITIONS = 64, 128     # models/arithmetic.py's (a test holds them equal)
@@ -382,7 +409,7 @@ def row_workload(r: dict) -> Workload | None:
     if ex == "phase5.samples" and r["variant"] == "lab-engine":
         batch = int(_v(r, "params.n"))
         step = sampled_decode_step(shape, batch, context, float(_v(r, "params.temperature")),
-                                   bool(_v(r, "params.seeded", False)))
+                                   bool(_v(r, "params.seeded", False)), _v(r, "summary.sampler_draw", PER_ROW_GENERATOR))
         return with_host_step(step, _v(r, "summary.host_step_us"), batch)
     if ex == "phase5.quant_engine":
         fmt = _v(r, "params.format")
@@ -437,8 +464,8 @@ def _best_of_n(r: dict) -> Workload | None:
     """A best_of_n row: the trained arithmetic model's decode step at the row's measured batch
     (`metrics.decode_batch`: every question's samples in flight, up to max_num_seqs) over a
     question's prompt ("\\na+b=", 2 x digits + 3 tokens) and half its answer (max_tokens), each sample
-    seeded (best_of_n.answer_all: sample i of question q from seed + q x MAX_N + i), so its sampler
-    draws one noise row per sample. The model is tiny: its kernels are at their launch floors, and
+    seeded (best_of_n.answer_all: sample i of question q from seed + q x MAX_N + i), drawn as the
+    record says its sampler drew (summary.sampler_draw; older records: one noise row per sample). The model is tiny: its kernels are at their launch floors, and
     the step is the host's (launches, the per-row draws, the scheduler: unmeasured here)."""
     hidden, layers, heads = _v(r, "record.params.hidden"), _v(r, "record.params.layers"), _v(r, "record.params.heads")
     batch, digits = _v(r, "metrics.decode_batch"), _v(r, "params.digits")
@@ -447,7 +474,8 @@ def _best_of_n(r: dict) -> Workload | None:
     shape = arithmetic_shape(int(hidden), int(layers), int(heads))
     context = mean_decode_context(2 * int(digits) + 3, int(_v(r, "params.max_tokens", int(digits) + 2)))
     temperature = float(_v(r, "params.temperature", 0.0))
-    return with_host_step(sampled_decode_step(shape, int(batch), context, temperature, seeded=True),
+    return with_host_step(sampled_decode_step(shape, int(batch), context, temperature, seeded=True,
+                                              draw=_v(r, "summary.sampler_draw", PER_ROW_GENERATOR)),
                           _v(r, "summary.host_step_us"), int(batch))
 
 
