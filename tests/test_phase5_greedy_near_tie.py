@@ -7,7 +7,9 @@ divergent position, and the tolerance is max(floor, 2 x noise) (the H200 run's 0
 with a noise of 0.09, fails with 0.01); a noise over the cap (a wrong kernel moving logits by 1)
 fails as not rounding however small the margin. Then the same
 through a real engine's replay (CPU, fp32, tiny model): a token edited to the runner-up is a clear
-divergence at fp32's tolerance and a reported near-tie under a tolerance above its margin."""
+divergence at fp32's tolerance and a reported near-tie under a tolerance above its margin; the replay
+under chunking and under a cached prefix really runs that setting; and an engine with perturbed weights
+under the other setting (a wrong kernel) fails the check as not rounding though the margin is inside the floor."""
 import pytest
 import torch
 
@@ -21,7 +23,13 @@ from phases.phase5_inference.greedy_near_tie import (
     noise_cap,
     tie_tolerance,
 )
-from phases.phase5_inference.long_prompt import replayer
+from phases.phase5_inference.near_tie_replays import (
+    cached_settings,
+    chunk_tokens,
+    chunked_settings,
+    replayer,
+    replayers,
+)
 
 pytestmark = pytest.mark.usefixtures("two_torch_threads")
 BF16 = tie_tolerance("bf16")
@@ -164,9 +172,9 @@ def test_a_wrong_kernel_moving_the_logits_by_one_fails_as_not_rounding_even_at_a
     check = compare_greedy([seq("stream 0", [5, 6, 7], [5, 6, 70])], fake_replay({3 + 2: top}), BF16,
                            "chunked prefill on and off", replay_other=fake_replay({3 + 2: shifted(top, {71: 1.0})}))
     assert not check["passed"] and check["near_tie_divergences"] == 0
-    assert check["reason"] == ("stream 0's greedy token 2 differs between chunked prefill on and off (7 vs 70): a replay "
-                               "under each setting moves the logits by 1 at this position, over the 0.5 rounding can "
-                               "explain: not rounding")
+    assert check["reason"] == ("stream 0's greedy token 2 differs between chunked prefill on and off (7 vs 70): "
+                               "a replay under each setting moves the logits by 1 at this position, over the 0.5 "
+                               "rounding can explain: not rounding")
 
 
 def test_replays_sharing_no_candidate_fail_as_not_rounding():
@@ -211,6 +219,7 @@ def tiny():
 
     def make_engine(**settings):
         return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", **settings), weights=weights)
+    make_engine.weights = weights
     prompt = random_prompts(1, 20, shape.vocab_size, 3)[0]
     engine = make_engine(max_model_len=64)
     request_id = engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
@@ -235,3 +244,61 @@ def test_a_real_replay_agrees_with_the_run_and_an_edited_token_is_a_clear_diverg
     assert not strict["passed"] and "stream 0's greedy token 4 differs" in strict["reason"]
     assert loose["passed"] and loose["near_ties"][0]["position"] == k
     assert loose["near_ties"][0]["margin"] == pytest.approx(best_lp - second_lp)
+
+
+def edited_at_runner_up(tiny, k: int, top: list) -> list[dict]:
+    """The run's tokens against the same with token k edited to the replay's runner-up."""
+    _, prompt, tokens = tiny
+    edited = tokens[:k] + [top[1][0]] + tokens[k + 1:]
+    return [{"name": "stream 0", "prompt": prompt, "reference": tokens, "other": edited}]
+
+
+@pytest.mark.parametrize("setting", ["chunked", "cached"])
+def test_real_replays_under_each_setting_measure_the_noise_and_the_tolerance_follows_it(tiny, setting):
+    """The replay under the other setting really runs that setting (chunks of 10 tokens; the prompt's first
+    block read from the prefix cache), measures a noise (fp32 on a CPU: none, within the cap) and the
+    tolerance is the floor; at fp32's floor the edited token is a clear divergence, the measured noise in its
+    reason; under a floor above its margin it is a near-tie recording margin, noise and tolerance."""
+    make_engine, prompt, tokens = tiny
+    k = 4
+    sequences = [{"name": "stream 0", "prompt": prompt, "reference": tokens, "other": tokens}]
+    other, cached_prefix = ((chunked_settings(chunk_tokens(sequences, 64)), 0) if setting == "chunked"
+                            else (cached_settings(64), 16))
+    assert chunk_tokens(sequences, 64) == len(prompt) // 2 == 10
+    with replayers(CpuContext(), make_engine, 64, other, cached_prefix_tokens=cached_prefix) as (reference, replay):
+        top = reference(prompt + tokens[:k])
+        sequences = edited_at_runner_up(tiny, k, top)
+        margin = top[0][1] - top[1][1]
+        strict = compare_greedy(sequences, reference, tie_tolerance("fp32"), "the edit", replay_other=replay)
+        loose = compare_greedy(sequences, reference, margin * 1.01, "the edit", replay_other=replay)
+    assert replay.cached_prompt_tokens == ([16, 16] if setting == "cached" else [0, 0])      # one per compare
+    assert reference.cached_prompt_tokens == [0, 0, 0]
+    assert not strict["passed"] and "the measured noise" in strict["reason"]
+    assert loose["passed"], loose["reason"]
+    [tie] = loose["near_ties"]
+    assert tie["margin"] == pytest.approx(margin) and tie["noise"] <= noise_cap(tie_tolerance("fp32"))
+    assert tie["tolerance"] == margin * 1.01
+
+
+def test_a_wrong_engine_under_the_other_setting_fails_as_not_rounding_though_its_margin_is_in_the_floor(tiny):
+    """The checker shown failing on a wrong kernel: the chunked replay's engine has perturbed weights (a
+    stand-in for chunked prefill corrupting the KV), which moves the logits at the divergent position by
+    more than the cap; the edited token's margin is inside the floor, and still the check fails."""
+    make_engine, prompt, tokens = tiny
+    generator = torch.Generator().manual_seed(1)
+    wrong = {n: w + 0.003 * torch.randn(w.shape, generator=generator) for n, w in make_engine.weights.items()}
+
+    def wrong_when_chunked(**settings):
+        return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", **settings),
+                         weights=wrong if settings["enable_chunked_prefill"] else make_engine.weights)
+    k = 4
+    with replayers(CpuContext(), wrong_when_chunked, 64, chunked_settings(10)) as (reference, chunked):
+        top = reference(prompt + tokens[:k])
+        sequences = edited_at_runner_up(tiny, k, top)
+        floor = (top[0][1] - top[1][1]) * 1.01
+        noise = measured_noise(top, chunked(prompt + tokens[:k]))
+        check = compare_greedy(sequences, reference, floor, "chunked prefill on and off", replay_other=chunked)
+    assert noise > noise_cap(floor)
+    assert not check["passed"] and check["near_tie_divergences"] == 0
+    assert check["reason"].endswith("rounding can explain: not rounding"), check["reason"]
+    assert f"moves the logits by {noise:.4g} at this position" in check["reason"]
