@@ -23,8 +23,11 @@ logprob is the logit minus the log-sum-exp, and the log-sum-exp moves too, by th
 mean of the logits' moves: a logprob difference is a logit's noise less that mean, so it measures the
 noise only approximately.) A flip of tokens a and b needs the noise in lp_a - lp_b to exceed their
 margin, and that noise is at most the sum of the two tokens' noises: so the tolerance is
-NOISE_FACTOR = 2 times the measured noise, never below the static floor tie_tolerance(dtype) (two
-replays may round alike and measure 0, while the runs' batch shapes did not).
+NOISE_FACTOR = 2 times the measured noise, never below the static floor tie_tolerance(dtype). The
+replays reproduce each setting, not the runs' exact batches (they run one sequence), so the noise is
+a sample of the rounding's size at that position, not the runs' own; two replays may even round
+alike and measure 0 where the runs' shapes did not, and then the floor alone applies (a check that
+can fail a true tie, never pass a clear divergence).
 
 A wrong kernel must not inflate its own tolerance: if the measured noise exceeds
 noise_cap(floor) = NOISE_CAP_OVER_FLOOR x the floor (bf16: 0.5, 16 ulps at a logit of 8), the check
@@ -37,8 +40,10 @@ one the measured noise at that very position explains.
 
 The floor is NEAR_TIE_ULPS units in the last place of the dtype at a logit of 8, the top of [4, 8)
 where the random-weight models' best logits lie (normal(0, 0.02) weights over a unit-RMS 4,096-wide
-hidden state: logits with std 1.28, the best of 128k about 6). fp32: the floor is ~2e-6 and the cap
-~8e-6, in effect the strict comparison (no flip is expected at fp32).
+hidden state: logits with std 1.28, the best of 128k about 6). Real checkpoints' logits are larger
+and round coarser: there the floor and the cap are stricter than their ulps, so they can fail a true
+tie, never pass a clear divergence. fp32: the floor is ~2e-6 and the cap ~8e-6, in effect the strict
+comparison (no flip is expected at fp32).
 """
 import math
 
