@@ -222,8 +222,8 @@ def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
                 "stream_prompt_tokens": params["stream_prompt_tokens"], "token_budget": params["token_budget"],
                 "long_output_tokens": params["long_output_tokens"], "dtype": dtype}
     sequences = itl_sequences(runs["chunked"], runs["unchunked"], prompts[:streams], long_prompt)
-    chunked = chunked_settings(chunk_tokens(sequences, params["token_budget"]))
-    with replayers(ctx, make_engine, replay_length(sequences, params["block_size"]), chunked) as (unchunked, chunked):
+    in_chunks = chunked_settings(chunk_tokens(sequences, params["token_budget"]))
+    with replayers(ctx, make_engine, replay_length(sequences, params["block_size"]), in_chunks) as (unchunked, chunked):
         check = compare_greedy(sequences, unchunked, tie_tolerance(dtype), "chunked prefill on and off",
                                replay_other=chunked)
     if not check["passed"]:
