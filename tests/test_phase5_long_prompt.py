@@ -53,6 +53,8 @@ def test_every_row_is_checked_timed_and_predicted(record):
         # fp32: the strict path, no divergence accepted as a near-tie (the tolerance is a few fp32 ulps)
         assert r["check"]["near_tie_divergences"] == 0 and r["metrics"]["near_tie_divergences"] == 0
         assert r["metrics"]["near_tie_margins"] == [] and r["check"]["near_tie_tolerance"] < 1e-5
+        assert r["metrics"]["near_tie_noises"] == [] and r["metrics"]["near_tie_tolerances"] == []
+        assert r["check"]["near_tie_noise_cap"] < 1e-4
 
 
 def test_itl_rows_carry_sane_latencies_and_predictions(record):
@@ -121,19 +123,27 @@ class CpuContext:
         pass
 
 
-def test_a_wrong_chunked_engine_fails_the_gate_with_a_clear_margin():
-    """The chunked engine's weights perturbed (a stand-in for a wrong kernel): its streams' tokens
-    diverge from the unchunked run's where the best two are clearly apart, and both ITL rows fail
-    without a timing; the replay that measured the margin ran on the unchunked engine's weights."""
-    shape = named("tiny")
-    weights = random_weights(shape, seed=0, dtype=torch.float32)
+def wrong_when(setting: str, weights: dict, made: list):
+    """make_engine for the rows: an engine with `setting` on gets perturbed weights (a stand-in for a wrong
+    kernel); every engine's settings are logged in `made`."""
     generator = torch.Generator().manual_seed(1)
     wrong = {k: v + 0.02 * torch.randn(v.shape, generator=generator) for k, v in weights.items()}
 
-    def make_engine(max_num_seqs, enable_chunked_prefill, **settings):
+    def make_engine(max_num_seqs, **settings):
+        made.append({"max_num_seqs": max_num_seqs, **settings})
         return LLMEngine(EngineConfig(model="tiny", dtype="float32", device="cpu", max_num_seqs=max_num_seqs,
-                                      enable_chunked_prefill=enable_chunked_prefill, **settings),
-                         weights=wrong if enable_chunked_prefill else weights)
+                                      **settings), weights=wrong if settings.get(setting) else weights)
+    return make_engine
+
+
+def test_a_wrong_chunked_engine_fails_the_gate_with_a_clear_margin():
+    """The chunked engine's weights perturbed: its streams' tokens diverge from the unchunked run's where
+    the best two are clearly apart (or the other setting's replay, on the same wrong weights, moves the
+    logits by more than rounding), and both ITL rows fail without a timing. The divergences were replayed
+    unchunked and then chunked, in chunks of half the shortest prompt (every replay split)."""
+    shape = named("tiny")
+    made = []
+    make_engine = wrong_when("enable_chunked_prefill", random_weights(shape, seed=0, dtype=torch.float32), made)
     params = {"streams": 2, "long_tokens": 100, "stream_prompt_tokens": 8, "warm_tokens": 3, "long_output_tokens": 3,
               "token_budget": 32, "block_size": 16, "seed": 0}
     rows = long_prompt.itl_rows(CpuContext(), params, shape, make_engine, "fp32")
@@ -141,7 +151,23 @@ def test_a_wrong_chunked_engine_fails_the_gate_with_a_clear_margin():
     for r in rows:
         assert r["timing"] is None and not r["check"]["passed"]
         assert "differs between chunked prefill on and off" in r["reason"]
-        assert "margin" in r["reason"] or "not both among a replay's best" in r["reason"], r["reason"]
+        assert any(words in r["reason"] for words in ("margin", "not both among a replay's best", "not rounding"))
+    replays = [m for m in made if m["max_num_seqs"] == 1]
+    assert [(m["enable_chunked_prefill"], m["max_num_batched_tokens"]) for m in replays] == [(False, 8192), (True, 4)]
+
+
+def test_a_wrong_prefix_cached_engine_fails_the_gate_and_is_replayed_with_the_prefix_cached():
+    """The caching engine's weights perturbed: A's and B's tokens diverge from the uncached run's and both
+    prefix rows fail. The divergences were replayed uncached, then on an engine with caching on."""
+    shape = named("tiny")
+    made = []
+    make_engine = wrong_when("enable_prefix_caching", random_weights(shape, seed=0, dtype=torch.float32), made)
+    params = {"prefix_tokens": 48, "suffix_tokens": 8, "output_tokens": 3, "repeats": 1, "block_size": 16, "seed": 0}
+    rows = long_prompt.prefix_rows(CpuContext(), params, shape, make_engine, "fp32")
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("differs between prefix caching on and off" in r["reason"] for r in rows)
+    replays = [m for m in made if m["max_num_seqs"] == 1 and "enable_chunked_prefill" in m]
+    assert [m["enable_prefix_caching"] for m in replays] == [False, True]
 
 
 def test_percentile_is_nearest_rank():

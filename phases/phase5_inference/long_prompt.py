@@ -23,8 +23,10 @@ Correctness gates timing: the streams' greedy tokens with chunking on equal thos
 the long prompt's), A's and B's tokens with caching on equal those with it off, and with caching on
 B's prefix came from the cache. Equal except at a near-tie: in bf16 the two settings batch rows
 into different shapes that round differently, which can swap two nearly tied best logits; such a
-divergence is accepted only within greedy_near_tie's tolerance, later tokens of that sequence are
-not compared, and each row records how many sequences diverged so and at what margins.
+divergence is accepted only within greedy_near_tie's tolerance, measured at that position by
+replaying the sequence under each setting (near_tie_replays), later tokens of that sequence are
+not compared, and each row records how many sequences diverged so, at what margins, the noise
+measured and the tolerance applied.
 
 The chunked budget defaults to 2048 tokens (vLLM's default for online serving): at the engine's
 8192 an 8,000-token prompt and 32 decode rows fit in one step, so nothing would be chunked.
@@ -32,7 +34,6 @@ The chunked budget defaults to 2048 tokens (vLLM's default for online serving): 
 import math
 import statistics
 import time
-from contextlib import contextmanager
 
 from common.errors import LabError
 from common.exercise import Exercise, Needs, Result, Work, row
@@ -41,7 +42,7 @@ from common.standalone import run_alone
 from common.timing import summarize
 
 from .benchmark.workload import random_prompts
-from .greedy_near_tie import REPLAY_CANDIDATES, compare_greedy, tie_tolerance
+from .greedy_near_tie import compare_greedy, tie_tolerance
 from .models.model_choice import (
     COMMON,
     CPU_COMMON,
@@ -51,13 +52,20 @@ from .models.model_choice import (
     shape_of,
     weights_footprint_bytes,
 )
+from .near_tie_replays import (
+    cached_settings,
+    chunk_tokens,
+    chunked_settings,
+    replay_length,
+    replayers,
+    unchunked_step_tokens,
+)
 from .predictions.analysis import decode_parts, prefill_bytes, prefill_flops
 from .predictions.prediction import summed_prediction
 
 GOAL_ITL_P99_OVER_MEDIAN = 2.0
 GOAL_PREFIX_TTFT_X = 5.0
 KINDS = ("itl_under_long_prompt", "shared_prefix_ttft")
-UNCHUNKED_STEP_TOKENS = 8192          # the engine's default max_num_batched_tokens
 
 
 def check_params(params) -> None:
@@ -134,40 +142,6 @@ def itl_sequences(on: dict, off: dict, stream_prompts: list, long_prompt: list[i
                     "other": on["long_tokens"]}]
 
 
-@contextmanager
-def replayer(ctx, make_engine, max_model_len: int):
-    """A top(tokens) for compare_greedy: the best REPLAY_CANDIDATES next tokens and their logprobs after `tokens`,
-    one prefill on an engine with chunking and prefix caching off, made on the first call only
-    (runs that agree never build it) and let go on exit."""
-    from .engine import SamplingParams
-    held = {}
-
-    def top2(tokens: list[int]) -> list[tuple[int, float]]:
-        if "engine" not in held:
-            held["engine"] = make_engine(max_model_len=max_model_len, max_num_seqs=1, enable_chunked_prefill=False,
-                                         enable_prefix_caching=False,
-                                         max_num_batched_tokens=max(UNCHUNKED_STEP_TOKENS, max_model_len))
-        engine = held["engine"]
-        request_id = engine.add_request(tokens, SamplingParams(max_tokens=1, ignore_eos=True,
-                                                                      logprobs=REPLAY_CANDIDATES))
-        entries = []
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.request_id == request_id:
-                    entries += out.logprobs or []
-        return entries[0][1]
-    try:
-        yield top2
-    finally:
-        held.clear()
-        release_memory(ctx)
-
-
-def replay_length(sequences: list[dict], block_size: int) -> int:
-    """A max_model_len that holds any replay of `sequences` (prompt plus all but the last reference token)."""
-    return max(len(s["prompt"]) + len(s["reference"]) for s in sequences) + block_size
-
-
 def itl_predictions(ctx, shape, params, dtype: str) -> dict:
     """Roofline blocks: a decode step at batch `streams`, a mixed step and the whole prefill."""
     streams, long_tokens = params["streams"], params["long_tokens"]
@@ -189,9 +163,12 @@ def itl_predictions(ctx, shape, params, dtype: str) -> dict:
 
 
 def near_tie_metrics(check: dict) -> dict:
-    """How many sequences diverged at an accepted near-tie, and their margins below the best logit."""
+    """How many sequences diverged at an accepted near-tie; per divergence its margin below the best
+    logit, the rounding noise the two settings' replays measured there and the tolerance applied; the floor."""
     return {"near_tie_divergences": check["near_tie_divergences"],
             "near_tie_margins": [t["margin"] for t in check["near_ties"]],
+            "near_tie_noises": [t["noise"] for t in check["near_ties"]],
+            "near_tie_tolerances": [t["tolerance"] for t in check["near_ties"]],
             "near_tie_tolerance": check["near_tie_tolerance"]}
 
 
@@ -232,7 +209,7 @@ def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     for variant, settings in (("chunked", {"enable_chunked_prefill": True,
                                            "max_num_batched_tokens": params["token_budget"]}),
                               ("unchunked", {"enable_chunked_prefill": False,
-                                             "max_num_batched_tokens": max(UNCHUNKED_STEP_TOKENS, max_model_len)})):
+                                             "max_num_batched_tokens": unchunked_step_tokens(max_model_len)})):
         engine = make_engine(max_model_len=max_model_len, max_num_seqs=streams + 1, **settings)
         try:
             streams_with_long_prompt(engine, prompts[:streams], warm_long, params)     # warm up every step shape
@@ -245,8 +222,10 @@ def itl_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
                 "stream_prompt_tokens": params["stream_prompt_tokens"], "token_budget": params["token_budget"],
                 "long_output_tokens": params["long_output_tokens"], "dtype": dtype}
     sequences = itl_sequences(runs["chunked"], runs["unchunked"], prompts[:streams], long_prompt)
-    with replayer(ctx, make_engine, replay_length(sequences, params["block_size"])) as top2:
-        check = compare_greedy(sequences, top2, tie_tolerance(dtype), "chunked prefill on and off")
+    in_chunks = chunked_settings(chunk_tokens(sequences, params["token_budget"]))
+    with replayers(ctx, make_engine, replay_length(sequences, params["block_size"]), in_chunks) as (unchunked, chunked):
+        check = compare_greedy(sequences, unchunked, tie_tolerance(dtype), "chunked prefill on and off",
+                               replay_other=chunked)
     if not check["passed"]:
         return [row(v, identity, "failed", check["reason"], check=check) for v in runs]
     predictions = itl_predictions(ctx, shape, params, dtype)
@@ -312,7 +291,7 @@ def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     runs = {}
     for variant, caching in (("prefix-cache", True), ("no-prefix-cache", False)):
         engine = make_engine(max_model_len=max_model_len, max_num_seqs=1, enable_prefix_caching=caching,
-                             max_num_batched_tokens=max(UNCHUNKED_STEP_TOKENS, max_model_len))
+                             max_num_batched_tokens=unchunked_step_tokens(max_model_len))
         try:
             prefix_pair(engine, prefixes[-1], suffix, sampling)                 # warm up both prompt lengths
             ctx.synchronize()
@@ -323,8 +302,11 @@ def prefix_rows(ctx, params, shape, make_engine, dtype: str) -> list[dict]:
     identity = {"kind": "shared_prefix_ttft", "model": shape.name, "prefix_tokens": prefix_tokens,
                 "suffix_tokens": suffix_tokens, "output_tokens": params["output_tokens"], "dtype": dtype}
     sequences = prefix_sequences(runs["prefix-cache"], runs["no-prefix-cache"], prefixes[:repeats], suffix)
-    with replayer(ctx, make_engine, replay_length(sequences, params["block_size"])) as top2:
-        check = compare_greedy(sequences, top2, tie_tolerance(dtype), "prefix caching on and off")
+    length = replay_length(sequences, params["block_size"])
+    with replayers(ctx, make_engine, length, cached_settings(length), cached_prefix_tokens=prefix_tokens) as (
+            uncached, cached):
+        check = compare_greedy(sequences, uncached, tie_tolerance(dtype), "prefix caching on and off",
+                               replay_other=cached)
     reason = check["reason"]
     for k, (on, off) in enumerate(zip(runs["prefix-cache"], runs["no-prefix-cache"])):
         if reason:
