@@ -366,26 +366,10 @@ def cmd_predict_exercise(args) -> int:
     return 0
 
 
-def _link_ceilings(results, hardware: str) -> dict:
-    """phase4.link_ceilings' committed alpha-beta constants of this hardware (phase4/calibration.index)."""
-    from phases.phase4_distributed import calibration
-    from .paths import results_dir
-    from .records import load_records
-    return calibration.index(load_records(results_dir(results), exercise=calibration.EXERCISE, hardware=hardware))
-
-
-def _newest_rows(results, exercise: str, hardware: str) -> list[dict]:
-    """The rows of this hardware's newest measured record of `exercise` (none: [])."""
-    from .paths import results_dir
-    from .records import is_smoke, load_records
-    found = [r for r in load_records(results_dir(results), exercise=exercise, hardware=hardware)
-             if not is_smoke(r) and r.get("source", {}).get("kind", "measured") == "measured"]
-    return found[-1].get("rows", []) if found else []
-
-
 def _print_summed(ex, params: dict, ceilings: dict | None, spec, results=None) -> None:
     """The summed prediction of each row (common/workload.py) and the kernels it thinks dominate. A
-    workloads function that takes `link_ceilings` gets the committed collective constants too."""
+    workloads function that takes `results` and `hardware` also gets the results folder and the GPU's
+    key (to read what it needs of committed records: tensor_parallel's measured all-reduces)."""
     import inspect
     from . import workload
     if not ceilings or spec is None:
@@ -398,9 +382,9 @@ def _print_summed(ex, params: dict, ceilings: dict | None, spec, results=None) -
         table.add_column(col, justify="right" if "ms" in col or col in ("kernels", "launches") else "left")
     fallbacks, notes = [], set()
     extra = {}
-    if "link_ceilings" in inspect.signature(ex.workloads).parameters:
-        extra = {"link_ceilings": _link_ceilings(results, spec.key), "hardware": spec.key,
-                 "committed_rows": _newest_rows(results, ex.id, spec.key)}
+    if "results" in inspect.signature(ex.workloads).parameters:
+        from .paths import results_dir
+        extra = {"results": results_dir(results), "hardware": spec.key}
     rows = ex.workloads(params, **extra)
     if not rows:
         console.print(f"summed prediction: {ex.id} models no rows with these parameters (its kernel lists cover "

@@ -129,6 +129,20 @@ def phase4_fit(ctx, n: int) -> dict | None:
                                          hardware=ctx.hardware_key), ctx.hardware_key, n)
 
 
+def predicted_workloads(params: dict, results, hardware: str) -> list:
+    """`lab predict`'s rows before running (kernel_lists.tensor_parallel_workloads), the all-reduces
+    from this hardware's committed records in `results`: the newest measured tensor_parallel record's
+    all-reduce rows, else phase4.link_ceilings' NCCL constants."""
+    from common.records import is_smoke, load_records
+
+    from phases.phase4_distributed import calibration
+    link = calibration.index(load_records(results, exercise=calibration.EXERCISE, hardware=hardware))
+    measured = [r for r in load_records(results, exercise="phase5.tensor_parallel", hardware=hardware)
+                if not is_smoke(r) and r.get("source", {}).get("kind", "measured") == "measured"]
+    rows = measured[-1].get("rows", []) if measured else []
+    return kernel_lists.tensor_parallel_workloads(params, link, hardware, rows)
+
+
 def allreduce_ms(fit: dict, size_bytes: float, n: int) -> float:
     return roofline.alpha_beta_ms(size_bytes, 2 * (n - 1) / n, fit["alpha_us"], fit["beta_busbw_gbps"])
 
@@ -449,7 +463,7 @@ EXERCISE = Exercise(
     title="Tensor-parallel decode: the 8B shape on 1, 2, 4 GPUs, the 70B shape from the fewest that hold it",
     run=run,
     variants=("engine", "allreduce_nccl", "allreduce_one_shot"),
-    workloads=kernel_lists.tensor_parallel_workloads,
+    workloads=predicted_workloads,
     params={
         "models": Choice(["llama-3.1-8b", "llama-3.3-70b"], tuple(SHAPES), many=True),
         "tp_sizes": Int([1, 2, 4], min=1, max=8, many=True, unit="GPUs per model",
