@@ -3,7 +3,7 @@ from common.formats import bullets, elements, num, pct, size_bytes
 from common.frame import by_hardware, find, value
 
 from . import analysis
-from .rows import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, triton_rows
+from .rows import ADD, BWD, FWD, MATMUL, SOFTMAX, attn_top, group, largest, lib, matmul_best, square, triton_rows
 
 
 def _vector_add(rows) -> list[str]:
@@ -52,7 +52,7 @@ def _matmul(view, rows) -> list[str]:
     m = matmul_best(rows)
     if m is None:
         return []
-    cb = find(rows, "cublas", n=m["params.n"], dtype="bf16")
+    cb = find(square(rows), "cublas", n=m["params.n"], dtype="bf16")
     c = (view.record(m["path"]).get("conditions") or {}).get("gpu_after_run") or {}
     reasons = [r for r in (c.get("clock_event_reasons") or []) if r != "gpu_idle"]
     return [f"**Why tiling wins, and the gap.** The bf16 product at N = {num(m['params.n'])} has an intensity of "

@@ -34,10 +34,19 @@ def largest(d):
     return d[d["params.n"] == d["params.n"].max()] if len(d) else d
 
 
+def square(d):
+    """matmul rows of N x N x N products: the sweep's sizes, and a user's shape only where M = N = K (a
+    tall-skinny or irregular user shape is not "the largest N" of the sweep: cuBLAS's regime differs)."""
+    if not len(d) or "params.m" not in d:
+        return d
+    m, k = d["params.m"], d["params.k"] if "params.k" in d else d["params.n"]
+    return d[m.isna() | (m.eq(d["params.n"]) & k.eq(d["params.n"]))]
+
+
 def attn_top(d):
     return largest(triton_rows(d, group="main", dtype="bf16", head_dim=128, causal=False))
 
 
 def matmul_best(d):
-    d = largest(triton_rows(d, ("triton", "triton_tma"), dtype="bf16"))
+    d = largest(square(triton_rows(d, ("triton", "triton_tma"), dtype="bf16")))
     return d.loc[d["metrics.tflops"].idxmax()] if len(d) else None
