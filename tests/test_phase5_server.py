@@ -295,12 +295,17 @@ def test_disconnect_mid_stream_frees_blocks_and_others_continue(tokenizer):
                 doomed.close()
                 await asyncio.to_thread(wait_for, lambda: running.async_engine.num_in_flight <= 1,
                                         10.0, "the disconnected request to be aborted")
-                # the other request holds at most ceil(154 / 16) = 10 blocks; the aborted one's are back
+                # the loop forgets the request at once; the engine thread frees its blocks at its next
+                # step. The other request holds at most ceil(154 / 16) = 10 blocks; the aborted one's come back
+                await asyncio.to_thread(wait_for, lambda: engine.num_free_blocks >= total_blocks - 10,
+                                        10.0, "the aborted request's blocks back in the pool")
                 free_after_abort = engine.num_free_blocks
+                still_running = not other.done()
                 response = await other
-                return free_after_abort, response.status, await response.json()
-        free_after_abort, status, reply = asyncio.run(go())
+                return free_after_abort, still_running, response.status, await response.json()
+        free_after_abort, still_running, status, reply = asyncio.run(go())
         assert running.async_engine.num_aborted == 1 and free_after_abort >= total_blocks - 10
+        print(f"the other request was {'still' if still_running else 'no longer'} running when the blocks came back")
         assert status == 200 and reply["usage"]["completion_tokens"] == 150
         assert reply["choices"][0]["finish_reason"] == "length"
         wait_for(lambda: engine.num_free_blocks == total_blocks, what="every KV block back in the pool")
