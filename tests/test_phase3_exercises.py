@@ -128,6 +128,10 @@ def test_the_matmul_rule_fills_the_gpu_and_fits_its_shared_memory(sms):
             if m >= 4000 and n >= 4000:
                 assert c["SPLIT_K"] == 1 and c["BLOCK_M"] == 128
     assert mm.config_for(1024, 1024, 1024, 2, sms)["SPLIT_K"] == 1     # splitting would double its traffic
+    for m, n, k in ((8192, 8192, 8192), (5000, 6001, 4104)):         # wide tiles would fill the SMs twice
+        assert (mm.config_for(m, n, k, 2, sms, tma=True)["BLOCK_N"], mm.config_for(m, n, k, 2, sms)["BLOCK_N"]) == (256, 128)
+        assert [c["BLOCK_N"] for c in mm.candidates(m, n, k, 2, sms)] == [128, 128, 256]   # the tuner still times it
+    assert [c["BLOCK_N"] for c in mm.candidates(2048, 2048, 2048, 2, sms)] == [128, 128]
     assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms, tma=True)) == 2   # matmul, then the sum
     assert mm.launches(mm.config_for(8, 4096, 14336, 2, sms)) == 2             # aligned B: the plain kernel and its sum
     assert mm.launches(mm.config_for(8, 4097, 14336, 2, sms)) == 1             # unaligned B, skinny: summed in the kernel

@@ -225,14 +225,24 @@ def stages_for(bm: int, bn: int, bk: int, itemsize: int, smem_bytes: int, most: 
     return int(max(2, min(most, fit)))
 
 
+def fills_twice_at_256(M: int, N: int, sms: int) -> bool:
+    """128 x 256 tiles cover the SMs at least twice: a wide tile loses no SMs to the last wave."""
+    return -(-M // 128) * -(-N // 256) >= 2 * sms
+
+
 def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int = SMEM_BYTES_DEFAULT,
                tma: bool = False) -> dict:
     """The config the rule picks for C = A @ B (M x K times K x N) on a GPU with `sms` SMs:
     - M <= 64 (tall-skinny, bound by reading B): BLOCK_M = M rounded up to a power of two (at
       least 16, tl.dot's minimum), BLOCK_N 128 (64 when even that leaves SMs idle), BLOCK_K 128
       so each load is long, 4 warps;
-    - otherwise 128 x 256 tiles (8 warps, two wgmma warpgroups) when they fill the SMs at least
-      twice over, else 128 x 128, BLOCK_K 64 (128 bytes: one swizzle line);
+    - otherwise 128-row tiles, BLOCK_K 64 (128 bytes: one swizzle line), 8 warps: 128 x 256 (two
+      wgmma warpgroups) for the TMA kernel when they fill the SMs at least twice over, else 128 x
+      128. The plain kernel stays at 128 x 128: its loads are per-thread pointers and masks held in
+      registers for every stage in flight, beside a 128 x 256 fp32 accumulator that alone takes
+      128 of each thread's registers at 8 warps; the TMA kernel's loads are descriptors and take
+      none (compile_check at N = 8192: 214 registers a thread for the plain kernel's 128 x 256, 154
+      for the TMA kernel's). The plain kernel's tuner still times 128 x 256 beside it (candidates);
     then split-K when the tiles leave SMs idle (fewer than two waves of them when tall-skinny:
     split_k_for), stages from the shared memory left. The plain kernel's config says pad_rows:
     an operand whose rows are not 16-byte aligned is copied into padded rows first (as
@@ -251,7 +261,7 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
         warps = 4
     else:
         bm = 128
-        bn = 256 if -(-M // 128) * -(-N // 256) >= 2 * sms else 128
+        bn = 256 if tma and fills_twice_at_256(M, N, sms) else 128
         bk = 64
         warps = 8
     tiles = -(-M // bm) * -(-N // bn)
@@ -267,14 +277,19 @@ def config_for(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int 
 
 def candidates(M: int, N: int, K: int, itemsize: int, sms: int, smem_bytes: int = SMEM_BYTES_DEFAULT,
                tma: bool = False, warp_specialize: bool = False) -> list[dict]:
-    """The rule's pick first, then its neighbours the tuner may prefer on this GPU: one stage less,
-    and for the TMA kernel the warp-specialized form (4 warps: one producer, two consumer groups;
-    Triton builds it only for an unflattened loop and a single epilogue store). No duplicates.
-    The plain kernel's tall-skinny products: skinny_candidates."""
+    """The rule's pick first, then its neighbours the tuner may prefer on this GPU: one stage less;
+    for the plain kernel, where 128 x 256 tiles would fill the SMs twice, that wider tile (so a GPU
+    with more registers per thread can still show it wins); for the TMA kernel the warp-specialized
+    form (4 warps: one producer, two consumer groups; Triton builds it only for an unflattened loop
+    and a single epilogue store). No duplicates. The plain kernel's tall-skinny products:
+    skinny_candidates."""
     if not tma and takes_skinny(M, N, itemsize):
         return skinny_candidates(M, N, K, itemsize, sms)
     pick = config_for(M, N, K, itemsize, sms, smem_bytes, tma)
     out = [pick, {**pick, "num_stages": max(2, pick["num_stages"] - 1)}]
+    if not tma and M > 64 and fills_twice_at_256(M, N, sms):
+        wide = _cfg(128, 256, 64, 8, stages_for(128, 256, 64, itemsize, smem_bytes, most=4), pick["SPLIT_K"])
+        out.append({**wide, "pad_rows": True})
     if tma and warp_specialize and pick["BLOCK_M"] >= 64:
         out.append({**pick, "num_warps": 4, "split": False, "flatten": False, "ws": True})
     unique = []
