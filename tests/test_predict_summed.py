@@ -15,6 +15,8 @@ RESULTS = REPO_ROOT / "results"                     # the committed H200 / H100 
     ("phase7.scaling", "log-softmax backward"),
     ("phase5.speculative", "draft x 1 + verify"),
     ("phase5.tensor_parallel", "at TP=2"),
+    ("phase5.decode_attention", "combine the splits"),
+    ("phase5.quant_kernels", "w4_cuda projection"),
 ])
 def test_the_summed_prediction_and_its_top_kernels_come_before_running(lab, exercise, words):
     if not any((RESULTS / "phase1" / "ceilings" / "h200_sxm").glob("*.json")):

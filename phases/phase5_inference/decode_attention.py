@@ -40,6 +40,7 @@ from common.variant_rows import attempt, skipped
 
 from .engine import SHAPES, named
 from .engine import paged_attention as attn
+from .predictions import kernel_lists
 
 REFERENCE = "fp32 SDPA per sequence on its gathered blocks (engine.paged_attention reference)"
 LENGTH_SPREAD = 8                  # each sequence's length is within context / LENGTH_SPREAD of the nominal
@@ -114,14 +115,25 @@ def predicted_sms() -> int:
     return int(load_hardware()["h200_sxm"].figure("sm_count").value)
 
 
-def work(params) -> list[Work]:
-    out, sms = [], predicted_sms()
-    for p in problems(params):
-        for variant in ("gather_sdpa", "triton", "flex"):
-            launches = triton_launches(engine_splits(p, sms)) if variant == "triton" else LAUNCHES[variant]
-            out.append(Work(f"{variant} batch={p['batch']} context~{p['context']}", problem_flops(p), problem_bytes(p),
-                            p["dtype"], launches=launches))
+def problem_work(p: dict, sms: int) -> list[Work]:
+    out = []
+    for variant in ("gather_sdpa", "triton", "flex"):
+        launches = triton_launches(engine_splits(p, sms)) if variant == "triton" else LAUNCHES[variant]
+        out.append(Work(f"{variant} batch={p['batch']} context~{p['context']}", problem_flops(p), problem_bytes(p),
+                        p["dtype"], launches=launches))
     return out
+
+
+def work(params) -> list[Work]:
+    sms = predicted_sms()
+    return [w for p in problems(params) for w in problem_work(p, sms)]
+
+
+def predicted_workloads(params) -> list:
+    """`lab predict`'s summed rows: the Triton kernel's calls from their counts (kernel_lists)."""
+    sms = predicted_sms()
+    return kernel_lists.stored_count_workloads(
+        EXERCISE.id, [(w, {"head_dim": p["head_dim"]}) for p in problems(params) for w in problem_work(p, sms)])
 
 
 def footprint_bytes(params) -> int:
@@ -326,7 +338,8 @@ EXERCISE = Exercise(
             "flex_on_cpu": Bool(False, help="run the eager FlexAttention variant on a CPU (slow: scores the pool)")},
     cpu_params={"model": "tiny", "batches": [1, 3], "contexts": [40]},
     quick_params={"batches": [1, 8], "contexts": [700], "tune": False},
-    variants=("gather_sdpa", "triton", "flex"), footprint_bytes=footprint_bytes, work=work)
+    variants=("gather_sdpa", "triton", "flex"), footprint_bytes=footprint_bytes, work=work,
+    workloads=predicted_workloads)
 
 
 if __name__ == "__main__":

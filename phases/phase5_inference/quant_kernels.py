@@ -38,6 +38,7 @@ from common.params import Bool, Choice, Int
 from common.standalone import run_alone
 from common.variant_rows import attempt, skipped
 
+from .predictions import kernel_lists
 from .predictions import quant_analysis as qa
 from .decode_attention import measure_as_engine, time_alternatives
 from .engine import SHAPES, int4_mma, named, quant_gemm, quantize
@@ -129,6 +130,11 @@ def work(params) -> list[Work]:
     return [Work(f"{v} {p['matrix']} {p['k_in']}x{p['n_out']} batch={p['batch']}", problem_flops(p),
                  problem_bytes(p, v), "bf16", launches=variant_launches(p, v, sms))
             for p in problems(params) for v in VARIANTS]
+
+
+def predicted_workloads(params) -> list:
+    """`lab predict`'s summed rows: each call from its counts, its weight read at the GEMV rate (kernel_lists)."""
+    return kernel_lists.stored_count_workloads(EXERCISE.id, [(w, {}) for w in work(params)])
 
 
 def footprint_bytes(params) -> int:
@@ -322,7 +328,7 @@ EXERCISE = Exercise(
             "tune": Bool(False, help="also time quant_gemm.candidate_configs per fused problem (summary.tuning)")},
     cpu_params={"model": "tiny", "batches": [1, 3, 17]},
     quick_params={"matrices": ["o"], "batches": [1, 16]},
-    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work)
+    variants=VARIANTS, footprint_bytes=footprint_bytes, work=work, workloads=predicted_workloads)
 
 
 if __name__ == "__main__":

@@ -591,6 +591,21 @@ def quant_workloads(shape: LlamaShape, batches, prompt_tokens: int, output_token
             *decode_workloads(shape, batches, prompt_tokens, output_tokens, int4_weight_bytes(group_size), " int4")]
 
 
+def stored_count_workloads(exercise: str, works) -> list[tuple[str, Workload]]:
+    """`lab predict`'s rows of an exercise whose kernel list reads a row's own stored counts
+    (decode_attention, quant_kernels): each (Work, its problem's params) as the row it will
+    record; the variants the kernel list does not model are left out."""
+    out = []
+    for w, params in works:
+        r = {"exercise": exercise, "variant": w.label.split()[0], "prediction.flops": w.flops,
+             "prediction.bytes": w.bytes, "prediction.launches": w.launches,
+             **{f"params.{k}": v for k, v in params.items()}}
+        built = row_workload(r)
+        if built is not None:
+            out.append((w.label, built))
+    return out
+
+
 def _stored_gemv(r: dict) -> Workload | None:
     """One quant_kernels call (a projection of a few rows in a weight format), from the row's own
     stored counts: its weight and scales read at the GEMV bandwidth, the rest of its launches (a
