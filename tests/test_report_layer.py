@@ -178,7 +178,7 @@ def test_readmes_are_short_enough_to_finish():
         assert len(readme.read_text()) <= README_CHARS_LIMIT, readme
 
 
-REPORT_S_LIMIT = 10.0
+REPORT_S_LIMIT = 40.0
 
 
 def test_lab_report_imports_no_torch_and_no_exercise_and_is_fast(tmp_path):
@@ -186,7 +186,9 @@ def test_lab_report_imports_no_torch_and_no_exercise_and_is_fast(tmp_path):
     under REPORT_S_LIMIT on a CPU (the better of two runs in one process; the first includes the
     imports). The bar catches an order-of-magnitude regression (a per-row loop over the whole
     frame), not noise: on the 2-core machines CI uses, the same code and records took 2.3 s on one
-    day and 3.6 to 5.6 s on another, so a tighter wall-clock bar fails on machine speed alone."""
+    day and 3.6 to 5.6 s on another, and the records of 2026-11-28 took 11 to 14 s on an idle one
+    (at that day's main and at the commit before it alike), so a bar within a few times the usual
+    time fails on machine speed alone."""
     code = ("import sys, time\nt = time.perf_counter()\nfrom common.cli import main\n"
             "rc = main(['report', '--check'])\nelapsed = time.perf_counter() - t\n"
             "t = time.perf_counter()\nmain(['report', '--check'])\nelapsed = min(elapsed, time.perf_counter() - t)\n"
