@@ -1,0 +1,151 @@
+"""Sweep the int4 kernel's batch-1 weight stream: cp.async ring depth x K split, per matrix, beside
+bf16 cuBLAS and a device copy in the same run, and print each config's GB/s and % of the copy.
+
+    python scripts/int4_ring_sweep.py [--depths 4,8] [--shapes 8b,unseen] [--json FILE]
+
+Why: at batch 1 the kernel is bound by the bytes it keeps in flight (Little's law: bandwidth x
+latency / SMs per SM). The ring depth (chunks of 512 B per warp, a compile-time constant) and the K
+split (warps per SM) set that; this sweep measures both so the launch rule can be set from a rule of
+the GPU rather than guessed. Each config is checked against fp32 x @ dequantize(W)^T before it is
+timed (a wrong result prints 'wrong', no time). Weights rotate over copies that together exceed L2
+twice, so every call streams from DRAM as in the engine; times are CUDA-graph replays of 20 calls.
+"""
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from phases.phase2_cuda import build  # noqa: E402
+from phases.phase5_inference.engine import int4_mma as im  # noqa: E402
+from phases.phase5_inference.engine import quantize as qz  # noqa: E402
+
+SHAPES = {  # name -> (N, K): the 8B's matrices, and matrices of models the launch rule never saw
+    "8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    "unseen": [("q7_qkv", 4608, 3584), ("q7_o", 3584, 3584), ("q7_gate_up", 37888, 3584),
+               ("q7_down", 3584, 18944), ("l13_o", 5120, 5120), ("l13_down", 5120, 13824),
+               ("s2_o", 2048, 2048), ("s2_up", 16384, 2048)],
+}
+CALLS_PER_GRAPH = 20
+
+
+def depth_source(depth: int, folder: Path) -> Path:
+    path = folder / f"int4_mma_depth{depth}.cu"
+    path.write_text(f"#define LAB_ASYNC_DEPTH {depth}\n" + im.SOURCE.read_text())
+    return path
+
+
+def graph_ms(fn_list) -> float:
+    """Median ms per call of a CUDA graph replaying the calls in fn_list (rotating weights)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fn_list[:3]:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fn_list:
+            fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / len(fn_list))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_gbps() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = graph_ms([lambda: dst.copy_(src)] * 4)
+    return 2 * src.numel() / ms / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--depths", default="4,8")
+    ap.add_argument("--shapes", default="8b,unseen")
+    ap.add_argument("--splits", default="0.5,1,2,4", help="factors on the rule's K split")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("int4_ring_sweep: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    depths = [int(d) for d in args.depths.split(",")]
+    factors = [float(f) for f in args.splits.split(",")]
+    shapes = [s for key in args.shapes.split(",") for s in SHAPES[key]]
+    dev = torch.device("cuda")
+    sms = im.sm_count(dev)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    folder = Path(tempfile.mkdtemp(prefix="int4_sweep_"))
+    sources = {d: depth_source(d, folder) for d in depths}
+    arch = build.device_arch()
+    with ThreadPoolExecutor(len(depths)) as pool:         # nvcc in parallel: each build is minutes of templates
+        list(pool.map(lambda d: build.build(sources[d], arch), depths))
+    copy = copy_gbps()
+    print(f"{torch.cuda.get_device_name()}  SMs {sms}  L2 {l2 >> 20} MiB  copy {copy:.0f} GB/s")
+    out = {"device": torch.cuda.get_device_name(), "copy_gbps": copy, "rows": []}
+    for name, n, k in shapes:
+        g = torch.Generator(device=dev).manual_seed(n * 31 + k)
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+        qw = qz.quantize_int4(w, 128)
+        mw = im.relayout(qw).to(dev)
+        copies = max(2, -(-4 * l2 // mw.nbytes()))
+        mws = [mw] + [im.MmaInt4Weight(mw.wq.clone(), mw.meta.clone(), mw.out_features, mw.in_features,
+                                       mw.group_size, mw.fp16_scales) for _ in range(copies - 1)]
+        x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
+        ref = x.float() @ im.dequantize_relaid(mw).float().t()
+        wb = [w] + [w.clone() for _ in range(max(1, -(-4 * l2 // (w.numel() * 2))) - 1)]
+        bf16_ms = graph_ms([(lambda ww=ww: F.linear(x, ww)) for ww in (wb * CALLS_PER_GRAPH)[:CALLS_PER_GRAPH]])
+        rule = im.plan(1, n, k, sms)
+        rule_split = rule["wk"] * rule["splits"]
+        bytes_ = mw.nbytes() + 2 * (k + n)
+        print(f"\n{name} N={n} K={k}  int4 {bytes_ / 1e6:.1f} MB  bf16 cuBLAS {bf16_ms * 1e3:.1f} us "
+              f"({2 * n * k / bf16_ms / 1e6:.0f} GB/s)  rule k_split {rule_split}")
+        for d in depths:
+            im.SOURCE = sources[d]
+            for f in factors:
+                ks = max(1, int(rule_split * f))
+                if ks & (ks - 1) or ks > im.WARPS * im.MAX_SPLITS or (f != 1 and ks == rule_split):
+                    continue
+                cfg = im.plan(1, n, k, sms, k_split=ks)
+                try:
+                    y = im.matmul(x, mw, cfg)
+                    err = (y.float() - ref).abs().max().item() / (ref.abs().max().item() + 1e-6)
+                    if err > 2e-2:
+                        print(f"  depth {d:2d} k_split {ks:3d}: wrong (max rel err {err:.3g})")
+                        continue
+                    calls = [(lambda m=m, c=cfg: im.matmul(x, m, c)) for m in (mws * CALLS_PER_GRAPH)[:CALLS_PER_GRAPH]]
+                    ms = graph_ms(calls)
+                except Exception as exc:  # noqa: BLE001 - a config that cannot run is printed with why
+                    print(f"  depth {d:2d} k_split {ks:3d}: {type(exc).__name__}: {str(exc).splitlines()[-1][:120]}")
+                    continue
+                gbps = bytes_ / ms / 1e6
+                tag = " <- rule" if ks == rule_split and d == 4 else ""
+                print(f"  depth {d:2d} k_split {ks:3d} (wk {cfg['wk']} splits {cfg['splits']}): {ms * 1e3:6.1f} us "
+                      f"{gbps:6.0f} GB/s {100 * gbps / copy:5.1f}% of copy  {bf16_ms / ms:4.2f}x bf16{tag}")
+                out["rows"].append({"matrix": name, "n": n, "k": k, "depth": d, "k_split": ks, "us": ms * 1e3,
+                                    "gbps": gbps, "pct_copy": 100 * gbps / copy, "x_bf16": bf16_ms / ms,
+                                    "bf16_us": bf16_ms * 1e3})
+        del mws, wb
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
