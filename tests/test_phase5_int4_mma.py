@@ -115,14 +115,21 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         assert cfg["wn"] * cfg["wk"] == im.WARPS and cfg["splits"] >= 1
         k_split = cfg["wk"] * cfg["splits"]
         assert k_split & (k_split - 1) == 0, cfg
-        assert k_split == 1 or im.cdiv(k, 64) // k_split >= im.MIN_CHUNKS_PER_WARP, (m, n, k, cfg)
+        shortest = im.MIN_CHUNKS_PER_WARP_ONE_ROW if m == 1 else im.MIN_CHUNKS_PER_WARP
+        assert k_split == 1 or im.cdiv(k, 64) // k_split >= shortest, (m, n, k, cfg)
         assert cfg["mb"] in (1, 2, 4, 8) and 8 * cfg["mb"] >= min(m, im.MMA_MAX_M)
-    # about one wave of resident warps: a small N with a long K gets split along K across blocks; a
-    # large N keeps whole tiles in a warp
+    # batch 1: K is split until the warps fill WAVE_FILL of a wave of resident warps, within a block
+    # unless the tiles alone leave more than half the SMs without one; from 2 rows at most one wave.
+    # A small N with a long K is split across blocks; a large N keeps whole tiles in a warp
     assert im.plan(1, 512, 65536, 132)["splits"] > 1
     big = im.plan(1, 28672, 4096, 132)
     assert big["splits"] == 1 and big["wk"] == 1
-    for m, n, k in [(1, 4096, 14336), (1, 6144, 4096), (16, 16384, 3072)]:
+    for m, n, k in [(1, 4096, 14336), (1, 6144, 4096), (1, 5120, 13824), (1, 16384, 2048)]:
+        cfg = im.plan(m, n, k, 132)
+        slots = 132 * im.RESIDENT_WARPS_PER_SM
+        warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
+        assert cfg["splits"] == 1 and im.WAVE_FILL * slots <= warps < 2 * im.WAVE_FILL * slots, (m, n, k, cfg)
+    for m, n, k in [(4, 4096, 14336), (8, 6144, 4096), (16, 16384, 3072)]:
         cfg = im.plan(m, n, k, 132)
         warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
         assert 132 * im.RESIDENT_WARPS_PER_SM // 2 < warps <= 132 * im.RESIDENT_WARPS_PER_SM, (m, n, k, cfg)

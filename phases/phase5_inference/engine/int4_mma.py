@@ -10,7 +10,8 @@ What decides its speed, and why it is laid out so (the .cu file's header has the
   staged in shared memory once per block, so no warp waits on an L2 round trip per chunk for them;
 - the hot loop spends its issue slots on dequantization and mma only (pointers bumped per round, two
   independent mma chains per chunk): at batch 1 the kernel is bound by how many warps keep loads in
-  flight, so the plan fills each SM's resident warps once rather than splitting K into short slices;
+  flight, so the plan splits K until the warps fill at least three quarters of a wave of resident warps
+  (`plan`; a deeper ring, 8 or 16 chunks, measured no faster on an H100: scripts/int4_ring_sweep.py);
 - the batch rides in the mma's 8-column operand, so 1 to 8 rows cost one mma per 16x16 weights, and
   up to 64 rows are multiplied per weight read;
 - K is split across warps (and across blocks when N is small) so that every SM streams weights:
@@ -75,8 +76,12 @@ WARPS = 8                         # warps per block
 LANES = 32
 MMA_MAX_M = 64                    # activation rows multiplied per weight read
 RESIDENT_WARPS_PER_SM = 16       # two blocks of 8 warps fit an SM's registers up to 16 rows (mb <= 2), else one
-MIN_CHUNKS_PER_WARP = 16          # a warp's slice is at least 8 KB: ~2.5 turns of its 6-word ring, so the
-                                  # ring's fill and the block's epilogue stay a small part of its time
+MIN_CHUNKS_PER_WARP = 16          # from 2 rows a warp's slice is at least 8 KB: ~2.5 turns of its 6-word
+                                  # ring, so the ring's fill and the block's epilogue stay a small part of it
+MIN_CHUNKS_PER_WARP_ONE_ROW = 4   # at batch 1 at least 2 KB, one turn of the cp.async ring
+WAVE_FILL = 0.75                  # batch 1: split K until the warps fill at least this much of one wave of
+                                  # resident warps (scripts/int4_ring_sweep.py on an H100: below, idle warp
+                                  # slots cost more than the shorter slices save; at 1.7-1.9 waves they lost)
 MAX_SPLITS = 16
 PER_CHANNEL_LOG2 = 30             # "the group never ends" for one group per row
 BF16_128 = 0x4300                 # bf16 bits of 128.0; | z gives 128 + z
@@ -244,15 +249,30 @@ def floor_pow2(v: int) -> int:
 
 def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: bool = False) -> dict:
     """The partition for an [m, k] x [k, n] problem on `sms` SMs: 8-row activation blocks per tile
-    (mb), warps along K per tile (wk), tiles per block (wn = 8 / wk) and blocks along K (splits).
-    K is split until the call has about one wave of the SMs' resident warps (more warps means shorter
-    slices, fewer means idle load slots; measured on the H200, one wave was best on every matrix), each
-    at least MIN_CHUNKS_PER_WARP lane words long; a power of two, so the split is balanced to one word."""
+    (mb), warps along K per tile (wk), tiles per block (wn = 8 / wk) and blocks along K (splits),
+    K split in powers of two (balanced to one word).
+
+    Batch 1: K is split until the call's warps fill WAVE_FILL of one wave of the SMs' resident warps,
+    each slice at least MIN_CHUNKS_PER_WARP_ONE_ROW lane words; the split stays inside a block (wk <= 8)
+    unless the tiles alone would leave more than half the SMs without a block (a split across blocks
+    adds an fp32 round trip through L2 and a last-block sum, measured slower than idle warp slots
+    whenever the tiles covered half the SMs).
+    From 2 rows: at most one wave (rounded down), slices at least MIN_CHUNKS_PER_WARP long: every block
+    stages all its rows' activations, so a finer split adds an L2 read of M x K per extra block
+    (measured: qkv at batch 4 and 16 lost 15% at twice the blocks)."""
     n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
     mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
     resident = RESIDENT_WARPS_PER_SM if mb <= 2 else RESIDENT_WARPS_PER_SM // 2
-    wanted = max(1, sms * resident // (n_tiles * m_tiles))
-    if k_split is None:
+    tiles = n_tiles * m_tiles
+    if k_split is None and m == 1:
+        across_blocks = 2 * tiles < sms
+        most = min(floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP_ONE_ROW)),
+                   WARPS * (MAX_SPLITS if across_blocks else 1))
+        k_split = 1
+        while 2 * k_split <= most and tiles * k_split < WAVE_FILL * sms * resident:
+            k_split *= 2
+    elif k_split is None:
+        wanted = max(1, sms * resident // tiles)
         k_split = min(floor_pow2(wanted), floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP)), WARPS * MAX_SPLITS)
     wk = min(k_split, WARPS)
     return {"mb": mb, "wk": wk, "wn": WARPS // wk, "splits": k_split // wk, "bulk": bulk, "stream": stream_of(m, bulk)}
