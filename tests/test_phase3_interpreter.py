@@ -114,6 +114,7 @@ if INTERPRETED:
         tl.store(c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn, acc.to(c_ptr.dtype.element_ty))
 
     @pytest.mark.parametrize("dtype, precision, shape", [(torch.float16, "fp16", (333, 517, 129)),
+                                                         (torch.float16, "fp16", (333, 256, 129)),   # EVEN_N
                                                          (torch.float32, "tf32", (70, 45, 77))])
     @in_child
     def test_matmul_on_irregular_shapes(dtype, precision, shape):
@@ -199,7 +200,7 @@ if INTERPRETED:
             parts = torch.empty(3, m, n)
             mm.matmul_kernel[(3 * 3, 3)](a, b, c, parts, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                          c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8,
-                                         SPLIT_K=3, A_ALIGN=4, B_ALIGN=1, C_ALIGN=1)
+                                         SPLIT_K=3, A_ALIGN=4, B_ALIGN=1, C_ALIGN=1, EVEN_N=False)
             mm.sum_splits(parts, c, 2)                 # sums runs 0 and 1 only
         ref = a.double() @ b.double()
         assert check(c, lambda: mm.matmul(a, b, c, cfg), ref, mm.REFERENCE, "fp16")["passed"]

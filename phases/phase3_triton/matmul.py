@@ -77,10 +77,21 @@ def k_tile_range(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, hi, a_step, b_step):
+    """acc += A tile @ B tile over k-tiles [lo, hi), every load inside the operands (no masks)."""
+    for _ in range(lo, hi):
+        acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
+        a_ptrs += a_step
+        b_ptrs += b_step
+    return acc, a_ptrs, b_ptrs
+
+
+@triton.jit
 def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
+                  SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr,
+                  EVEN_N: tl.constexpr):
     """One BLOCK_M x BLOCK_N tile of C and one of SPLIT_K runs of K per program (grid: tiles x
     SPLIT_K). No mask in the main loop of a tile wholly inside C: rows of A past M are clamped to
     row M - 1 (A is contiguous along K, so its loads stay vectorized; those rows of C are not
@@ -90,6 +101,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     partial sums to part[split] (summed in a fixed order by sum_splits_kernel: deterministic).
     *_ALIGN: the power of two (<= 16) each row stride is a multiple of: Triton infers it only for
     strides divisible by 16, so K = 4104 would otherwise lose A's vector loads (alignment()).
+    EVEN_N (N % BLOCK_N == 0): no tile column reaches past N, so the masked copy is not compiled at all.
     """
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     split = tl.program_id(1)
@@ -106,11 +118,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
     in_m = offs_m[:, None] < M
     in_n = offs_n[None, :] < N
-    if (pid_n + 1) * BLOCK_N <= N:
-        for _ in range(lo, full_hi):                   # every column inside C: no masks at all
-            acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+    if EVEN_N:
+        acc, a_ptrs, b_ptrs = unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, full_hi, BLOCK_K * stride_ak, BLOCK_K * stride_bk)
+    elif (pid_n + 1) * BLOCK_N <= N:
+        acc, a_ptrs, b_ptrs = unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, full_hi, BLOCK_K * stride_ak, BLOCK_K * stride_bk)
     else:
         for _ in tl.range(lo, full_hi, num_stages=EDGE_STAGES):   # the last tile column: B's columns masked
             acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs, mask=in_n, other=0.0), acc)
@@ -356,7 +367,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
                         out.stride(0), out.stride(1),
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
                         SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)), B_ALIGN=alignment(b.stride(0)),
-                        C_ALIGN=alignment(out.stride(0) if split_k == 1 else N),
+                        C_ALIGN=alignment(out.stride(0) if split_k == 1 else N), EVEN_N=N % cfg["BLOCK_N"] == 0,
                         **launch_options(cfg))
     if split_k > 1:
         sum_splits(parts, out, split_k)
