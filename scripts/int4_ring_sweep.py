@@ -74,6 +74,23 @@ def copy_gbps() -> float:
     return 2 * src.numel() / ms / 1e6
 
 
+def parsed(args) -> tuple[list[int], list[float], list[tuple]]:
+    """(depths, split factors, shapes) from the command line; ValueError naming what is wrong."""
+    try:
+        depths = [int(d) for d in args.depths.split(",")]
+        factors = [float(f) for f in args.splits.split(",")]
+    except ValueError:
+        raise ValueError(f"--depths takes integers and --splits numbers, got {args.depths!r} and {args.splits!r}") from None
+    if any(d < 2 or d & (d - 1) or d > 16 for d in depths):
+        raise ValueError(f"--depths: powers of two from 2 to 16 (the ring's slot index is a mask), got {args.depths}")
+    if any(f <= 0 for f in factors):
+        raise ValueError(f"--splits: factors > 0 on the rule's K split, got {args.splits}")
+    unknown = [key for key in args.shapes.split(",") if key not in SHAPES]
+    if unknown:
+        raise ValueError(f"--shapes: unknown set {unknown[0]!r}; known: {', '.join(SHAPES)}")
+    return depths, factors, [s for key in args.shapes.split(",") for s in SHAPES[key]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", default="4,8")
@@ -81,12 +98,14 @@ def main() -> int:
     ap.add_argument("--splits", default="0.5,1,2,4", help="factors on the rule's K split")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("int4_ring_sweep: needs a CUDA GPU", file=sys.stderr)
+    try:
+        depths, factors, shapes = parsed(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    depths = [int(d) for d in args.depths.split(",")]
-    factors = [float(f) for f in args.splits.split(",")]
-    shapes = [s for key in args.shapes.split(",") for s in SHAPES[key]]
+    if not torch.cuda.is_available():
+        print("error: int4_ring_sweep needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
     dev = torch.device("cuda")
     sms = im.sm_count(dev)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size

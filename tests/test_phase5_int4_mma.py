@@ -355,3 +355,21 @@ def test_the_engine_ops_fuse_into_the_int4_projection():
     assert compare(y, ref.float(), "bf16", "unfused")["passed"] and torch.equal(new_res, unfused_res)
     z = fused_ops.silu_and_mul_linear(y, down)
     assert compare(z, down(fused_ops.silu_and_mul(y)).float(), "bf16", "unfused")["passed"]
+
+
+def test_ring_sweep_script_refuses_bad_input_in_one_line():
+    """scripts/int4_ring_sweep.py: a depth the ring cannot take, an unknown shape set, a split that is
+    not a number: exit 2 with one line naming it, before any GPU work; no GPU: exit 2 saying so."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, clean_env
+    script = [sys.executable, str(REPO / "scripts" / "int4_ring_sweep.py")]
+    for args, says in ((["--depths", "6"], "--depths"), (["--shapes", "8b,nope"], "'nope'"),
+                       (["--splits", "x"], "--splits"), (["--splits", "0"], "--splits")):
+        run = subprocess.run(script + args, capture_output=True, text=True, env=clean_env(), timeout=120)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and says in lines[0], run.stderr
+    if not torch.cuda.is_available():
+        run = subprocess.run(script, capture_output=True, text=True, env=clean_env(), timeout=120)
+        assert run.returncode == 2 and run.stderr.strip() == "error: int4_ring_sweep needs a CUDA GPU; none is visible"
