@@ -80,8 +80,8 @@ MIN_CHUNKS_PER_WARP = 16          # from 2 rows a warp's slice is at least 8 KB:
                                   # ring, so the ring's fill and the block's epilogue stay a small part of it
 MIN_CHUNKS_PER_WARP_ONE_ROW = 4   # at batch 1 at least 2 KB, one turn of the cp.async ring
 WAVE_FILL = 0.75                  # batch 1: split K until the warps fill at least this much of one wave of
-                                  # resident warps (scripts/int4_ring_sweep.py on an H100: below, idle warp
-                                  # slots cost more than the shorter slices save; at 1.7-1.9 waves they lost)
+                                  # resident warps (scripts/int4_ring_sweep.py: below it idle warp slots cost
+                                  # more than shorter slices save; near two waves the extra slices lost)
 MAX_SPLITS = 16
 PER_CHANNEL_LOG2 = 30             # "the group never ends" for one group per row
 BF16_128 = 0x4300                 # bf16 bits of 128.0; | z gives 128 + z
@@ -259,7 +259,7 @@ def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: boo
     whenever the tiles covered half the SMs).
     From 2 rows: at most one wave (rounded down), slices at least MIN_CHUNKS_PER_WARP long: every block
     stages all its rows' activations, so a finer split adds an L2 read of M x K per extra block
-    (measured: qkv at batch 4 and 16 lost 15% at twice the blocks)."""
+    (measured slower on the 8B's qkv at batch 4 and 16 with twice the blocks)."""
     n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
     mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
     resident = RESIDENT_WARPS_PER_SM if mb <= 2 else RESIDENT_WARPS_PER_SM // 2
