@@ -3,12 +3,13 @@ bf16 cuBLAS and a device copy in the same run, and print each config's GB/s and 
 
     python scripts/int4_ring_sweep.py [--depths 4,8] [--shapes 8b,unseen] [--json FILE]
 
-Why: at batch 1 the kernel is bound by the bytes it keeps in flight (Little's law: bandwidth x
-latency / SMs per SM). The ring depth (chunks of 512 B per warp, a compile-time constant) and the K
-split (warps per SM) set that; this sweep measures both so the launch rule can be set from a rule of
-the GPU rather than guessed. Each config is checked against fp32 x @ dequantize(W)^T before it is
+Why: if the kernel at batch 1 were bound by the bytes it keeps in flight (Little's law: bandwidth x
+latency / SMs per SM), a deeper ring (chunks of 512 B per warp, a compile-time constant) or a finer
+K split (more warps per SM) would speed it; this sweep measures both, so the launch rule is set from
+measurements rather than guessed. Each config is checked against fp32 x @ dequantize(W)^T before it is
 timed (a wrong result prints 'wrong', no time). Weights rotate over copies that together exceed L2
-twice, so every call streams from DRAM as in the engine; times are CUDA-graph replays of 20 calls.
+four times, so every call streams from DRAM as in the engine; times are CUDA-graph replays of 20
+calls (common.timing's harness), the copy common.exercise's.
 """
 import argparse
 import json
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,6 +25,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common.exercise import measure_copy_gbps  # noqa: E402
+from common.timing import benchmark  # noqa: E402
 from phases.phase2_cuda import build  # noqa: E402
 from phases.phase5_inference.engine import int4_mma as im  # noqa: E402
 from phases.phase5_inference.engine import quantize as qz  # noqa: E402
@@ -42,36 +46,12 @@ def depth_source(depth: int, folder: Path) -> Path:
     return path
 
 
-def graph_ms(fn_list) -> float:
-    """Median ms per call of a CUDA graph replaying the calls in fn_list (rotating weights)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in fn_list[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in fn_list:
-            fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / len(fn_list))
-    return sorted(times)[len(times) // 2]
-
-
-def copy_gbps() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = graph_ms([lambda: dst.copy_(src)] * 4)
-    return 2 * src.numel() / ms / 1e6
+def per_call_ms(calls, device) -> float:
+    """Median ms per call of `calls` run back to back in one CUDA graph (rotating weights), timed by
+    the lab's harness without an L2 flush: the rotation already keeps the weights out of L2."""
+    t = benchmark(lambda: [call() for call in calls], device, warmup_ms=5.0, target_ms=50.0, flush_l2=False,
+                  graph_reps=1)
+    return t.median_ms / len(calls)
 
 
 def parsed(args) -> tuple[list[int], list[float], list[tuple]]:
@@ -114,7 +94,7 @@ def main() -> int:
     arch = build.device_arch()
     with ThreadPoolExecutor(len(depths)) as pool:         # nvcc in parallel: each build is minutes of templates
         list(pool.map(lambda d: build.build(sources[d], arch), depths))
-    copy = copy_gbps()
+    copy = measure_copy_gbps(SimpleNamespace(device=dev), 1 << 30)
     print(f"{torch.cuda.get_device_name()}  SMs {sms}  L2 {l2 >> 20} MiB  copy {copy:.0f} GB/s")
     out = {"device": torch.cuda.get_device_name(), "copy_gbps": copy, "rows": []}
     for name, n, k in shapes:
@@ -128,7 +108,7 @@ def main() -> int:
         x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
         ref = x.float() @ im.dequantize_relaid(mw).float().t()
         wb = [w] + [w.clone() for _ in range(max(1, -(-4 * l2 // (w.numel() * 2))) - 1)]
-        bf16_ms = graph_ms([(lambda ww=ww: F.linear(x, ww)) for ww in (wb * CALLS_PER_GRAPH)[:CALLS_PER_GRAPH]])
+        bf16_ms = per_call_ms([(lambda ww=ww: F.linear(x, ww)) for ww in (wb * CALLS_PER_GRAPH)[:CALLS_PER_GRAPH]], dev)
         rule = im.plan(1, n, k, sms)
         rule_split = rule["wk"] * rule["splits"]
         bytes_ = mw.nbytes() + 2 * (k + n)
@@ -148,7 +128,7 @@ def main() -> int:
                         print(f"  depth {d:2d} k_split {ks:3d}: wrong (max rel err {err:.3g})")
                         continue
                     calls = [(lambda m=m, c=cfg: im.matmul(x, m, c)) for m in (mws * CALLS_PER_GRAPH)[:CALLS_PER_GRAPH]]
-                    ms = graph_ms(calls)
+                    ms = per_call_ms(calls, dev)
                 except Exception as exc:  # noqa: BLE001 - a config that cannot run is printed with why
                     print(f"  depth {d:2d} k_split {ks:3d}: {type(exc).__name__}: {str(exc).splitlines()[-1][:120]}")
                     continue

@@ -77,16 +77,6 @@ def k_tile_range(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, hi, a_step, b_step):
-    """acc += A tile @ B tile over k-tiles [lo, hi), every load inside the operands (no masks)."""
-    for _ in range(lo, hi):
-        acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
-        a_ptrs += a_step
-        b_ptrs += b_step
-    return acc, a_ptrs, b_ptrs
-
-
-@triton.jit
 def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -118,10 +108,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
     in_m = offs_m[:, None] < M
     in_n = offs_n[None, :] < N
-    if EVEN_N:
-        acc, a_ptrs, b_ptrs = unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, full_hi, BLOCK_K * stride_ak, BLOCK_K * stride_bk)
-    elif (pid_n + 1) * BLOCK_N <= N:
-        acc, a_ptrs, b_ptrs = unmasked_k_loop(acc, a_ptrs, b_ptrs, lo, full_hi, BLOCK_K * stride_ak, BLOCK_K * stride_bk)
+    if EVEN_N or (pid_n + 1) * BLOCK_N <= N:          # every column inside C: no masks at all
+        for _ in range(lo, full_hi):
+            acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
     else:
         for _ in tl.range(lo, full_hi, num_stages=EDGE_STAGES):   # the last tile column: B's columns masked
             acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs, mask=in_n, other=0.0), acc)
