@@ -1,7 +1,7 @@
 """Sweep the int4 kernel's batch-1 weight stream: cp.async ring depth x K split, per matrix, beside
 bf16 cuBLAS and a device copy in the same run, and print each config's GB/s and % of the copy.
 
-    python scripts/int4_ring_sweep.py [--depths 4,8] [--shapes 8b,unseen] [--json FILE]
+    python scripts/int4_ring_sweep.py [--depths 4,8] [--shapes 8b,unseen,held_out] [--json FILE]
 
 Why: if the kernel at batch 1 were bound by the bytes it keeps in flight (Little's law: bandwidth x
 latency / SMs per SM), a deeper ring (chunks of 512 B per warp, a compile-time constant) or a finer
@@ -36,6 +36,11 @@ SHAPES = {  # name -> (N, K): the 8B's matrices, and matrices of models the laun
     "unseen": [("q7_qkv", 4608, 3584), ("q7_o", 3584, 3584), ("q7_gate_up", 37888, 3584),
                ("q7_down", 3584, 18944), ("l13_o", 5120, 5120), ("l13_down", 5120, 13824),
                ("s2_o", 2048, 2048), ("s2_up", 16384, 2048)],
+    # Held out: matrices the batch-1 rule was not set on (Llama-3.2-3B-, Phi-3-mini-, Mistral-Nemo- and
+    # Llama-70B-like), to test it rather than fit it.
+    "held_out": [("l3_qkv", 5120, 3072), ("l3_o", 3072, 3072), ("l3_gate_up", 16384, 3072), ("l3_down", 3072, 8192),
+                 ("phi3_qkv", 9216, 3072), ("nemo_qkv", 6144, 5120), ("nemo_o", 5120, 4096),
+                 ("l70_qkv", 10240, 8192), ("l70_o", 8192, 8192), ("l70_down", 8192, 28672)],
 }
 CALLS_PER_GRAPH = 20
 
