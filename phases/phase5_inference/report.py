@@ -74,29 +74,29 @@ ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
     brief=lambda rows: rows[rows["params.batch"].isin([1, 64, 256])])
 
 QUANT_KERNELS_TABLE = Table(QKERNELS, QKERNELS, columns=(
-    ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("variant", "variant"),
+    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("variant", "variant"),
     col("µs", lambda r: 1000 * r["metrics.ms"], num), col("GB/s", "metrics.gbps", num),
     col("% of roofline", "metrics.pct_of_roofline", pct), col("x bf16 cuBLAS", "metrics.speedup_vs_bf16_cublas", ratio)),
     more=(col("algorithm bytes", "metrics.algorithm_bytes", num),),
-    brief=lambda rows: rows[(rows["params.matrix"] == "gate_up") & rows["params.batch"].isin([1, 16, 256])])
+    brief=lambda rows: of_8b(rows[(rows["params.matrix"] == "gate_up") & rows["params.batch"].isin([1, 16, 256])]))
 
 LADDER = ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
 
 QUANT_LADDER_TABLE = Table("phase5.quant_ladder", QKERNELS, columns=(
-    ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("rung", "variant"),
+    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("rung", "variant"),
     col("µs", lambda r: 1000 * r["metrics.ms"], num), col("% of roofline", "metrics.pct_of_roofline", pct),
     col("x bf16 cuBLAS", "metrics.speedup_vs_bf16_cublas", ratio), col("x Triton", "metrics.speedup_vs_w4_fused", ratio),
     col("x tinygemm", "metrics.speedup_vs_w4_library", ratio)),
     where=lambda d: d[d["variant"].isin(LADDER)],
-    brief=lambda rows: rows[rows["params.matrix"].isin(["gate_up", "down"]) & rows["params.batch"].isin([1, 16])])
+    brief=lambda rows: of_8b(rows[rows["params.matrix"].isin(["gate_up", "down"]) & rows["params.batch"].isin([1, 16])]))
 
 QUANT_ENGINE_TABLE = Table(QENGINE, QENGINE, columns=(
-    ident("variant", "variant"), ident("batch", "params.batch", num),
+    ident("model", "params.model"), ident("variant", "variant"), ident("batch", "params.batch", num),
     col("weights", "metrics.weights_gib", gib), col("decode step", "metrics.decode_step_ms", ms),
-    col("decode tok/s", "metrics.decode_tok_s", num), col("output tok/s (with prefills)", "metrics.output_tok_s", num),
+    col("decode tok/s", "metrics.decode_tok_s", num),
     col("x bf16", "metrics.speedup_vs_bf16", ratio), col("% of copy roofline", "metrics.pct_of_copy_roofline", pct),
     col("kernels / step", "metrics.kernels_per_step", num)),
-    more=(col("bytes / token", "metrics.bytes_per_token", num), col("predicted weights", "metrics.predicted_weights_gib", gib)),
+    more=(col("output tok/s (with prefills)", "metrics.output_tok_s", num), col("bytes / token", "metrics.bytes_per_token", num), col("predicted weights", "metrics.predicted_weights_gib", gib)),
     note=lambda view, rows: ("The seed's Llama 3.1 8B under vLLM on an A100 (" + seed.CITATION + "): " + "; ".join(
         f"{name} {g:.2f} GiB, {num(t)} tok/s ({x:.2f}x)" for name, (g, t, x) in seed.QUANT_8B.items())
         + f"; Mistral 7B with Marlin {seed.QUANT_MISTRAL_MARLIN_X}x."))
@@ -171,19 +171,26 @@ def vllm_runs(view) -> str:
     return "\n\n".join(parts)
 
 
-LAB_8B = lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == "llama-3.1-8b")]    # noqa: E731
+GOAL_MODEL = "llama-3.1-8b"         # the model every "8B" goal and brief reads
+LAB_8B = lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == GOAL_MODEL)]    # noqa: E731
 
 
 def best_level(d):
     """Each GPU's level of the sweep with the most output tok/s (the sweep's best, whatever its ratio)."""
     ok = d[d["status"] == "ok"]
     return ok[ok["metrics.output_tok_s"] == ok.groupby("hardware")["metrics.output_tok_s"].transform("max")]
+def of_8b(d):
+    """The rows measured on the 8B shape: the quantization goals and briefs are the 8B's, and a run
+    with `--param model=...` (another model's matrices) adds rows the full tables keep, by model."""
+    return d[d["params.model"] == GOAL_MODEL] if "params.model" in d else d.iloc[0:0]
+
+
 def quant_row(variant: str, batch: int):
-    return lambda d: d[(d["variant"] == variant) & (d["params.batch"] == batch)]
+    return lambda d: of_8b(d[(d["variant"] == variant) & (d["params.batch"] == batch)])
 
 
 def cuda_large_small_batch(d):
-    return d[(d["variant"] == "w4_cuda") & d["params.matrix"].isin(["gate_up", "down"]) & (d["params.batch"] <= 16)]
+    return of_8b(d[(d["variant"] == "w4_cuda") & d["params.matrix"].isin(["gate_up", "down"]) & (d["params.batch"] <= 16)])
 
 
 GOALS = Goals("phase5.goals", (
@@ -238,7 +245,7 @@ GOALS = Goals("phase5.goals", (
          where=quant_row("int4_naive", 1)),
     Goal("CUDA W4A16 kernel at batch 1, % of the int4 copy roofline, every 8B matrix (the worst)", QKERNELS,
          "metrics.pct_of_roofline", 75, "the lab's bar: Marlin's int4 stream on an H100 runs at about 1.45 TB/s, under half the bandwidth",
-         pick="min", where=lambda d: d[(d["variant"] == "w4_cuda") & (d["params.batch"] == 1)],
+         pick="min", where=lambda d: of_8b(d[(d["variant"] == "w4_cuda") & (d["params.batch"] == 1)]),
          detail=lambda r: r["params.matrix"]),
     Goal("CUDA W4A16 kernel against bf16 cuBLAS, batch 1 to 16, gate_up and down (the worst)", QKERNELS,
          "metrics.speedup_vs_bf16_cublas", 3.0, "Marlin's ideal is about 3.9x (4 bits against 16, plus scales)",
@@ -246,10 +253,10 @@ GOALS = Goals("phase5.goals", (
          detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
     Goal("CUDA W4A16 kernel against tinygemm (torch._weight_int4pack_mm), every matrix and batch (the worst)", QKERNELS,
          "metrics.speedup_vs_w4_library", 1.0, "the library baseline in the same run", pick="min", fmt=ratio,
-         where=lambda d: d[d["variant"] == "w4_cuda"], detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
+         where=lambda d: of_8b(d[d["variant"] == "w4_cuda"]), detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
     Goal("CUDA W4A16 kernel against the Triton rung, batch 1 to 16, every matrix (the worst)", QKERNELS,
          "metrics.speedup_vs_w4_fused", 2.0, "the lab's bar: the rung must teach something", pick="min", fmt=ratio,
-         where=lambda d: d[(d["variant"] == "w4_cuda") & (d["params.batch"] <= 16)],
+         where=lambda d: of_8b(d[(d["variant"] == "w4_cuda") & (d["params.batch"] <= 16)]),
          detail=lambda r: f"{r['params.matrix']}, batch {int(r['params.batch'])}"),
 ), empty="_Run `lab run 5` on a GPU to measure the goals._")
 

@@ -55,11 +55,19 @@ def findings(view) -> str:
     return "\n\n".join(out)
 
 
+def of_8b(rows):
+    """The rows of the 8B shape (None if there are none): these sentences speak of its matrices."""
+    if rows is None or "params.model" not in rows:
+        return None
+    rows = rows[rows["params.model"] == "llama-3.1-8b"]
+    return rows if len(rows) else None
+
+
 def quantization(got: dict) -> list[str]:
     """What the quantization records say: the bytes each format promises, what the engine got of
     them, where the kernel stands, and what it cost in perplexity."""
     parts = []
-    e = got.get("phase5.quant_engine")
+    e, k = (of_8b(got.get(ex)) for ex in ("phase5.quant_engine", "phase5.quant_kernels"))
     if e is not None:
         ok = e[(e["status"] == "ok") & (e["params.batch"] == 1)]
         bf16, int4, naive = (find(ok, v) for v in ("bf16", "int4_fused", "int4_naive"))
@@ -85,7 +93,6 @@ def quantization(got: dict) -> list[str]:
                          f"bf16 (the seed's naive AWQ: {seed.QUANT_8B['AWQ int4, naive kernel'][2]}x): each projection is "
                          "dequantized to a bf16 copy in memory before cuBLAS reads it, so a step moves more bytes than "
                          "bf16 itself, not fewer.")
-    k = got.get("phase5.quant_kernels")
     if k is not None:
         fused = find(k[k["status"] == "ok"], "w4_fused", matrix="gate_up", batch=1)
         if fused is not None:

@@ -5,9 +5,12 @@ against k. matplotlib is imported only when a plot is drawn."""
 from common.plotting import pyplot, save
 
 
-def _ok_rows(view, exercise: str, hw: str) -> list[dict]:
+def _ok_rows(view, exercise: str, hw: str, model: str | None = None) -> list[dict]:
+    """The newest ok rows of `exercise` on `hw`; with `model`, only the rows measured on that model."""
     rows = view.latest(exercise, measured_only=True)
     rows = rows[(rows["hardware"] == hw) & (rows["status"] == "ok")]
+    if model is not None:
+        rows = rows[rows["params.model"] == model] if "params.model" in rows else rows.iloc[0:0]
     return [r for _, r in rows.iterrows()]
 
 
@@ -57,11 +60,11 @@ def decode_bandwidth(view, hw: str, path) -> None:
 
 
 def quant_tok_s(view, hw: str, path) -> None:
-    """Decode tok/s (batch / step time) against bytes read per token (the step's weight and KV bytes
-    over the batch) for every variant and batch, and the roofline tok/s = bandwidth / bytes: a
+    """Decode tok/s of the 8B shape (batch / step time) against bytes read per token (the step's weight
+    and KV bytes over the batch) for every variant and batch, and the roofline tok/s = bandwidth / bytes: a
     point on the line moves its bytes at the copy bandwidth measured in the run."""
     plt = pyplot()
-    rows = _ok_rows(view, "phase5.quant_engine", hw)
+    rows = _ok_rows(view, "phase5.quant_engine", hw, model="llama-3.1-8b")
     fig, ax = plt.subplots(figsize=(8, 5.2))
     colors = {"bf16": "black", "int8_fused": "tab:green", "int4_fused": "tab:blue", "int4_cuda": "tab:orange",
               "int4_library": "tab:purple", "int4_naive": "tab:red"}
@@ -90,10 +93,10 @@ def quant_tok_s(view, hw: str, path) -> None:
 
 def quant_ladder(view, hw: str, path) -> None:
     """The int4 rungs (naive, Triton, CUDA register ring, CUDA bulk copies, tinygemm) as bars of
-    % of their roofline, per matrix, one panel per batch (1 and 16): how far each implementation
+    % of their roofline, per 8B matrix, one panel per batch (1 and 16): how far each implementation
     of the same method gets from the bytes it promises."""
     plt = pyplot()
-    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw) if r["variant"].startswith("w4_")]
+    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw, model="llama-3.1-8b") if r["variant"].startswith("w4_")]
     rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
              if any(r["variant"] == v for r in rows)]
     matrices = [m for m in ("qkv", "o", "gate_up", "down") if any(r["params.matrix"] == m for r in rows)]
