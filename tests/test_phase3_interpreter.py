@@ -200,7 +200,7 @@ if INTERPRETED:
             parts = torch.empty(3, m, n)
             mm.matmul_kernel[(3 * 3, 3)](a, b, c, parts, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                          c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=8,
-                                         SPLIT_K=3, A_ALIGN=4, B_ALIGN=1, C_ALIGN=1, EVEN_N=False)
+                                         SPLIT_K=3, A_ALIGN=4, B_ALIGN=1, C_ALIGN=1, EVEN_N=False, SHIFT_N=0, n_read=n)
             mm.sum_splits(parts, c, 2)                 # sums runs 0 and 1 only
         ref = a.double() @ b.double()
         assert check(c, lambda: mm.matmul(a, b, c, cfg), ref, mm.REFERENCE, "fp16")["passed"]

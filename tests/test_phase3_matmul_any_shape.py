@@ -62,6 +62,23 @@ def test_padding_bytes_and_launches_are_in_the_prediction():
     assert not mm.copies_operands(mm.INTERPRETER_CONFIG, tma=False) and mm.copies_operands({}, tma=True)
 
 
+@in_parent
+def test_the_last_tile_column_shifts_only_where_every_row_of_b_holds_its_columns():
+    """matmul_kernel's shifted last tile column reads up to N rounded up to 16 bytes, unmasked:
+    only where B's rows are unit-stride, 16-byte pitched, at least that long (the last row inside
+    the storage too) and the tile fits; else the masked edge loop."""
+    from phases.phase3_triton import matmul as mm
+    assert mm.shift_columns(torch.empty(9, 520).half(), 128) == (8, 520)        # contiguous, N % 8 == 0
+    assert mm.shift_columns(torch.empty(9, 517).half(), 128) == (0, 517)        # 1,034-byte rows
+    assert mm.shift_columns(mm.padded_for_tma(torch.empty(9, 517).half()), 128) == (8, 520)
+    assert mm.shift_columns(torch.empty(9, 600).half()[:, :517], 128) == (8, 520)
+    assert mm.shift_columns(torch.empty(9, 600).half()[:, 90:600], 128) == (0, 510)  # the last row ends at 600
+    assert mm.shift_columns(torch.empty(520, 9).half().t(), 128) == (0, 520)    # column-major
+    assert mm.shift_columns(torch.empty(9, 100).half(), 128) == (0, 100)        # narrower than a tile
+    assert mm.shift_columns(torch.empty(9, 130), 128) == (0, 130)              # fp32: 520-byte rows
+    assert mm.shift_columns(torch.empty(9, 132), 128) == (4, 132)
+
+
 @pytest.mark.parametrize("sms", [132, 114, 78, 4])
 @in_parent
 def test_tall_skinny_split_fills_two_waves_with_the_fullest_last_wave(sms):
@@ -129,6 +146,40 @@ if INTERPRETED:
                 assert v["passed"], (impl.__name__, cfg, v)
                 assert torch.equal(impl(a, b, None, cfg), c)      # the same bits again: no atomics
         assert mm.config_for(8, 257, 2000, 2, sms=4)["SPLIT_K"] > 1
+
+    @pytest.mark.parametrize("split_k", [1, 3])
+    @in_child
+    def test_plain_kernel_shifts_the_last_tile_column_and_stores_only_c(split_k):
+        """N % BLOCK_N != 0 with B's rows long enough: the last tile column starts early (its
+        first columns the tile before stores), contiguous, padded and sliced B alike."""
+        m, k = 70, 129
+        cfg = mm._cfg(32, 64, 32, 4, 1, split_k=split_k)
+        for b in (torch.randn(k, 520).half(), mm.padded_for_tma(torch.randn(k, 517).half()),
+                  torch.randn(k, 600).half()[:, :517]):
+            n = b.shape[1]
+            assert mm.shift_columns(b, 64)[0] == 8
+            a = torch.randn(m, k).half()
+            c_buf = torch.full((m, n + 16), 7.0).half()
+            c = c_buf[:, 8:8 + n]
+            v = check(c, lambda: mm.matmul(a, b, c, cfg), a.double() @ b.double(), mm.REFERENCE, "fp16")
+            assert v["passed"], (b.stride(), v)
+            assert (c_buf[:, :8] == 7).all() and (c_buf[:, 8 + n:] == 7).all()
+
+    @in_child
+    def test_checker_rejects_a_shifted_column_that_stops_short():
+        """Told a row length 8 columns short, the last tile column ends before N: those columns
+        are never written, and the checker sees it."""
+        m, n, k = 40, 520, 96
+        a, b, c = operands(m, n, k, torch.float16)
+
+        def launch(n_read):
+            mm.matmul_kernel[(2 * 9, 1)](a, b, c, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                         c.stride(0), c.stride(1), BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=8,
+                                         SPLIT_K=1, A_ALIGN=16, B_ALIGN=8, C_ALIGN=8, EVEN_N=False, SHIFT_N=8,
+                                         n_read=n_read)
+        ref = a.double() @ b.double()
+        assert check(c, lambda: launch(n), ref, mm.REFERENCE, "fp16")["passed"]
+        assert not check(c, lambda: launch(n - 8), ref, mm.REFERENCE, "fp16")["passed"]
 
     @in_child
     def test_tma_kernel_takes_transposed_and_sliced_operands_and_a_strided_output():

@@ -81,24 +81,34 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SPLIT_K: tl.constexpr, A_ALIGN: tl.constexpr, B_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr,
-                  EVEN_N: tl.constexpr):
+                  EVEN_N: tl.constexpr, SHIFT_N: tl.constexpr, n_read):
     """One BLOCK_M x BLOCK_N tile of C and one of SPLIT_K runs of K per program (grid: tiles x
     SPLIT_K). No mask in the main loop of a tile wholly inside C: rows of A past M are clamped to
     row M - 1 (A is contiguous along K, so its loads stay vectorized; those rows of C are not
-    stored), and a tile whose columns reach past N (the last tile column) takes a second, masked
-    copy of the loop, pipelined less deeply (EDGE_STAGES) so the two fit the shared memory. The
-    last partial k-tile (K % BLOCK_K) is one masked step after the loop. SPLIT_K > 1 writes fp32
+    stored). The last tile column, where N % BLOCK_N != 0:
+    - SHIFT_N (> 0, the column alignment in elements): the tile starts early enough to end at
+      `n_read` (N rounded up to SHIFT_N, columns every row of B holds: shift_columns()), on a
+      multiple of SHIFT_N so B's loads stay vectorized; it reads B unmasked and stores only its
+      columns past the tile column before it, below N. One loop is compiled;
+    - else a second, masked copy of the loop, pipelined less deeply (EDGE_STAGES) so the two fit
+      the shared memory; that copy alone costs the main loop's speed in every tile (registers
+      and code for both), which is why the shift exists.
+    The last partial k-tile (K % BLOCK_K) is one masked step after the loop. SPLIT_K > 1 writes fp32
     partial sums to part[split] (summed in a fixed order by sum_splits_kernel: deterministic).
     *_ALIGN: the power of two (<= 16) each row stride is a multiple of: Triton infers it only for
     strides divisible by 16, so K = 4104 would otherwise lose A's vector loads (alignment()).
-    EVEN_N (N % BLOCK_N == 0): no tile column reaches past N, so the masked copy is not compiled at all.
+    EVEN_N (N % BLOCK_N == 0): no tile column reaches past N, so no edge path is compiled at all.
     """
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     split = tl.program_id(1)
     lo, hi = k_tile_range(split, K, BLOCK_K, SPLIT_K)
     full_hi = tl.minimum(hi, K // BLOCK_K)             # k-tiles with no K tail in them
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_n = pid_n * BLOCK_N                          # the first column this tile stores
+    if SHIFT_N:
+        offs_n = tl.multiple_of(tl.minimum(first_n, n_read - BLOCK_N), SHIFT_N) + tl.arange(0, BLOCK_N)
+    else:
+        offs_n = first_n + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows_a = tl.minimum(offs_m, M - 1)
     a_rows = tl.multiple_of(rows_a * stride_am, A_ALIGN)
@@ -108,7 +118,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # accumulate in fp32 whatever the inputs
     in_m = offs_m[:, None] < M
     in_n = offs_n[None, :] < N
-    if EVEN_N or (pid_n + 1) * BLOCK_N <= N:          # every column inside C: no masks at all
+    if EVEN_N or SHIFT_N or (pid_n + 1) * BLOCK_N <= N:   # every column read inside B's rows: no masks
         for _ in range(lo, full_hi):
             acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
             a_ptrs += BLOCK_K * stride_ak
@@ -123,12 +133,15 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n, other=0.0)
         acc = tl.dot(a, b, acc)
+    mine = in_m & in_n
+    if SHIFT_N:                                        # the columns the tile column before stores: not ours
+        mine &= offs_n[None, :] >= first_n
     if SPLIT_K == 1:
         c_ptrs = c_ptr + tl.multiple_of(offs_m * stride_cm, C_ALIGN)[:, None] + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mine)
     else:
         p_ptrs = part_ptr + tl.multiple_of((split * M + offs_m) * N, C_ALIGN)[:, None] + offs_n[None, :]
-        tl.store(p_ptrs, acc, mask=in_m & in_n)
+        tl.store(p_ptrs, acc, mask=mine)
 
 
 @triton.jit
@@ -354,15 +367,34 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     split_k = cfg.get("SPLIT_K", 1)
     parts = partial_sums(M, N, split_k, a.device)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
+    even_n = N % cfg["BLOCK_N"] == 0
+    shift, n_read = (0, N) if even_n else shift_columns(b, cfg["BLOCK_N"])
     matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                         out.stride(0), out.stride(1),
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
                         SPLIT_K=split_k, A_ALIGN=alignment(a.stride(0)), B_ALIGN=alignment(b.stride(0)),
-                        C_ALIGN=alignment(out.stride(0) if split_k == 1 else N), EVEN_N=N % cfg["BLOCK_N"] == 0,
-                        **launch_options(cfg))
+                        C_ALIGN=alignment(out.stride(0) if split_k == 1 else N), EVEN_N=even_n,
+                        SHIFT_N=shift, n_read=n_read, **launch_options(cfg))
     if split_k > 1:
         sum_splits(parts, out, split_k)
     return out
+
+
+def shift_columns(b: torch.Tensor, block_n: int) -> tuple[int, int]:
+    """(alignment, n_read) for matmul_kernel's shifted last tile column, or (0, N) where B cannot
+    take it. n_read is N rounded up to 16 bytes of columns; every row of B must hold that many
+    (unit column stride, a row pitch that is a multiple of 16 bytes and at least n_read, the last
+    row's too inside B's storage: a padded copy's always do), and the tile must fit (n_read >=
+    BLOCK_N). The few columns read past N are never stored."""
+    K, N = b.shape
+    align = TMA_ROW_BYTES // b.element_size()
+    n_read = -(-N // align) * align
+    pitch = b.stride(0)
+    end_bytes = (b.storage_offset() + max(K - 1, 0) * pitch + n_read) * b.element_size()
+    if (b.stride(1) != 1 or pitch % align or pitch < n_read or n_read < block_n
+            or end_bytes > b.untyped_storage().nbytes()):
+        return 0, N
+    return align, n_read
 
 
 def copies_operands(cfg: dict, tma: bool) -> bool:
