@@ -74,7 +74,8 @@ ATTENTION_TABLE = Table(ATTENTION, ATTENTION, columns=(
     brief=lambda rows: rows[rows["params.batch"].isin([1, 64, 256])])
 
 QUANT_KERNELS_TABLE = Table(QKERNELS, QKERNELS, columns=(
-    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("variant", "variant"),
+    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num),
+    ident("variant", "variant"),
     col("µs", lambda r: 1000 * r["metrics.ms"], num), col("GB/s", "metrics.gbps", num),
     col("% of roofline", "metrics.pct_of_roofline", pct), col("x bf16 cuBLAS", "metrics.speedup_vs_bf16_cublas", ratio)),
     more=(col("algorithm bytes", "metrics.algorithm_bytes", num),),
@@ -83,7 +84,8 @@ QUANT_KERNELS_TABLE = Table(QKERNELS, QKERNELS, columns=(
 LADDER = ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
 
 QUANT_LADDER_TABLE = Table("phase5.quant_ladder", QKERNELS, columns=(
-    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num), ident("rung", "variant"),
+    ident("model", "params.model"), ident("matrix", "params.matrix"), ident("batch", "params.batch", num),
+    ident("rung", "variant"),
     col("µs", lambda r: 1000 * r["metrics.ms"], num), col("% of roofline", "metrics.pct_of_roofline", pct),
     col("x bf16 cuBLAS", "metrics.speedup_vs_bf16_cublas", ratio), col("x Triton", "metrics.speedup_vs_w4_fused", ratio),
     col("x tinygemm", "metrics.speedup_vs_w4_library", ratio)),
@@ -96,7 +98,8 @@ QUANT_ENGINE_TABLE = Table(QENGINE, QENGINE, columns=(
     col("decode tok/s", "metrics.decode_tok_s", num),
     col("x bf16", "metrics.speedup_vs_bf16", ratio), col("% of copy roofline", "metrics.pct_of_copy_roofline", pct),
     col("kernels / step", "metrics.kernels_per_step", num)),
-    more=(col("output tok/s (with prefills)", "metrics.output_tok_s", num), col("bytes / token", "metrics.bytes_per_token", num), col("predicted weights", "metrics.predicted_weights_gib", gib)),
+    more=(col("output tok/s (with prefills)", "metrics.output_tok_s", num), col("bytes / token", "metrics.bytes_per_token", num),
+          col("predicted weights", "metrics.predicted_weights_gib", gib)),
     note=lambda view, rows: ("The seed's Llama 3.1 8B under vLLM on an A100 (" + seed.CITATION + "): " + "; ".join(
         f"{name} {g:.2f} GiB, {num(t)} tok/s ({x:.2f}x)" for name, (g, t, x) in seed.QUANT_8B.items())
         + f"; Mistral 7B with Marlin {seed.QUANT_MISTRAL_MARLIN_X}x."))
@@ -179,6 +182,8 @@ def best_level(d):
     """Each GPU's level of the sweep with the most output tok/s (the sweep's best, whatever its ratio)."""
     ok = d[d["status"] == "ok"]
     return ok[ok["metrics.output_tok_s"] == ok.groupby("hardware")["metrics.output_tok_s"].transform("max")]
+
+
 def of_8b(d):
     """The rows measured on the 8B shape: the quantization goals and briefs are the 8B's, and a run
     with `--param model=...` (another model's matrices) adds rows the full tables keep, by model."""
@@ -190,7 +195,8 @@ def quant_row(variant: str, batch: int):
 
 
 def cuda_large_small_batch(d):
-    return of_8b(d[(d["variant"] == "w4_cuda") & d["params.matrix"].isin(["gate_up", "down"]) & (d["params.batch"] <= 16)])
+    return of_8b(d[(d["variant"] == "w4_cuda") & d["params.matrix"].isin(["gate_up", "down"])
+                   & (d["params.batch"] <= 16)])
 
 
 GOALS = Goals("phase5.goals", (

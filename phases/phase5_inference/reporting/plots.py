@@ -96,7 +96,8 @@ def quant_ladder(view, hw: str, path) -> None:
     % of their roofline, per 8B matrix, one panel per batch (1 and 16): how far each implementation
     of the same method gets from the bytes it promises."""
     plt = pyplot()
-    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw, model="llama-3.1-8b") if r["variant"].startswith("w4_")]
+    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw, model="llama-3.1-8b")
+            if r["variant"].startswith("w4_")]
     rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
              if any(r["variant"] == v for r in rows)]
     matrices = [m for m in ("qkv", "o", "gate_up", "down") if any(r["params.matrix"] == m for r in rows)]
