@@ -10,6 +10,7 @@ from common import render
 from common.spec import Goal, Goals, Phase, Plot, Table, Text, col, ident
 
 from .reporting import findings, plots, seed, speculative_report, tp_report
+from .reporting.goal_model import GOAL_MODEL, of_8b
 
 STARTUP, DECODE, BATCHING = "phase5.startup", "phase5.ttft_decode", "phase5.batching"
 SAMPLES, LONG_PROMPT = "phase5.samples", "phase5.long_prompt"
@@ -174,7 +175,6 @@ def vllm_runs(view) -> str:
     return "\n\n".join(parts)
 
 
-GOAL_MODEL = "llama-3.1-8b"         # the model every "8B" goal and brief reads
 LAB_8B = lambda d: d[(d["variant"] == "lab-engine") & (d["params.model"] == GOAL_MODEL)]    # noqa: E731
 
 
@@ -182,12 +182,6 @@ def best_level(d):
     """Each GPU's level of the sweep with the most output tok/s (the sweep's best, whatever its ratio)."""
     ok = d[d["status"] == "ok"]
     return ok[ok["metrics.output_tok_s"] == ok.groupby("hardware")["metrics.output_tok_s"].transform("max")]
-
-
-def of_8b(d):
-    """The rows measured on the 8B shape: the quantization goals and briefs are the 8B's, and a run
-    with `--param model=...` (another model's matrices) adds rows the full tables keep, by model."""
-    return d[d["params.model"] == GOAL_MODEL] if "params.model" in d else d.iloc[0:0]
 
 
 def quant_row(variant: str, batch: int):
@@ -228,7 +222,7 @@ GOALS = Goals("phase5.goals", (
          detail=lambda r: f"concurrency {int(r['params.concurrency'])}"),
     Goal("TTFT p50 at concurrency 1, ~100-token prompt", DECODE, "metrics.ttft_p50_ms", 10.0,
          f"the seed's A100 with vLLM: {seed.TTFT_8B_MS} ms", op="<=", pick="min", fmt=ms,
-         where=lambda d: d[(d["variant"] == "lab-engine-prefill") & (d["params.model"] == "llama-3.1-8b")]),
+         where=lambda d: d[(d["variant"] == "lab-engine-prefill") & (d["params.model"] == GOAL_MODEL)]),
     Goal("client TPOT over the engine's own step time, concurrency 1", DECODE, "metrics.serving_overhead", 1.05,
          "the lab's bar: HTTP, SSE and the event loop add at most 5% to a step", op="<=", pick="min", fmt=ratio, where=LAB_8B),
     Goal("8B batch-1 decode, int4 (the CUDA kernel) against bf16 (same run)", QENGINE, "metrics.speedup_vs_bf16", 2.5,
@@ -277,7 +271,7 @@ def with_ok(exercise: str):
 def headline(view) -> list[str]:
     out = []
     for _, got in sorted(by_hardware(view.frame, [DECODE, BATCHING]).items()):
-        d = find(got.get(DECODE), "lab-engine", model="llama-3.1-8b")
+        d = find(got.get(DECODE), "lab-engine", model=GOAL_MODEL)
         b = got.get(BATCHING)
         if d is None or b is None:
             continue

@@ -3,6 +3,7 @@ from common.formats import bullets, num, pct, ratio
 from common.frame import by_hardware, find, value
 
 from . import seed
+from .goal_model import GOAL_MODEL, of_8b
 
 
 def findings(view) -> str:
@@ -12,9 +13,9 @@ def findings(view) -> str:
                                                   "phase5.quant_quality"]).items()):
         parts = []
         d = got.get("phase5.ttft_decode")
-        mine = find(d, "lab-engine", model="llama-3.1-8b")
-        comp = find(d, "pytorch-compile", model="llama-3.1-8b")
-        eager = find(d, "pytorch-eager", model="llama-3.1-8b")
+        mine = find(d, "lab-engine", model=GOAL_MODEL)
+        comp = find(d, "pytorch-compile", model=GOAL_MODEL)
+        eager = find(d, "pytorch-eager", model=GOAL_MODEL)
         name = next(iter(got.values())).iloc[0]["hardware_name"]
         if mine is not None:
             parts.append(f"Batch-1 decode of the 8B shape reads {num(mine['metrics.bytes_per_token'] / 1e9)} GB a token; "
@@ -55,19 +56,11 @@ def findings(view) -> str:
     return "\n\n".join(out)
 
 
-def of_8b(rows):
-    """The rows of the 8B shape (None if there are none): these sentences speak of its matrices."""
-    if rows is None or "params.model" not in rows:
-        return None
-    rows = rows[rows["params.model"] == "llama-3.1-8b"]
-    return rows if len(rows) else None
-
-
 def quantization(got: dict) -> list[str]:
     """What the quantization records say: the bytes each format promises, what the engine got of
     them, where the kernel stands, and what it cost in perplexity."""
     parts = []
-    e, k = (of_8b(got.get(ex)) for ex in ("phase5.quant_engine", "phase5.quant_kernels"))
+    e, k = (of_8b(got[ex]) if ex in got else None for ex in ("phase5.quant_engine", "phase5.quant_kernels"))
     if e is not None:
         ok = e[(e["status"] == "ok") & (e["params.batch"] == 1)]
         bf16, int4, naive = (find(ok, v) for v in ("bf16", "int4_fused", "int4_naive"))

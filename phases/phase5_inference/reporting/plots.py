@@ -4,14 +4,14 @@ quantized decode's tok/s against the bytes each token reads, and speculative dec
 against k. matplotlib is imported only when a plot is drawn."""
 from common.plotting import pyplot, save
 
+from .goal_model import of_8b
 
-def _ok_rows(view, exercise: str, hw: str, model: str | None = None) -> list[dict]:
-    """The newest ok rows of `exercise` on `hw`; with `model`, only the rows measured on that model."""
+
+def _ok_rows(view, exercise: str, hw: str, only_8b: bool = False) -> list[dict]:
+    """The newest ok rows of `exercise` on `hw`; with `only_8b`, only those measured on the 8B shape."""
     rows = view.latest(exercise, measured_only=True)
     rows = rows[(rows["hardware"] == hw) & (rows["status"] == "ok")]
-    if model is not None:
-        rows = rows[rows["params.model"] == model] if "params.model" in rows else rows.iloc[0:0]
-    return [r for _, r in rows.iterrows()]
+    return [r for _, r in (of_8b(rows) if only_8b else rows).iterrows()]
 
 
 def batching(view, hw: str, path) -> None:
@@ -64,7 +64,7 @@ def quant_tok_s(view, hw: str, path) -> None:
     and KV bytes over the batch) for every variant and batch, and the roofline tok/s = bandwidth / bytes: a
     point on the line moves its bytes at the copy bandwidth measured in the run."""
     plt = pyplot()
-    rows = _ok_rows(view, "phase5.quant_engine", hw, model="llama-3.1-8b")
+    rows = _ok_rows(view, "phase5.quant_engine", hw, only_8b=True)
     fig, ax = plt.subplots(figsize=(8, 5.2))
     colors = {"bf16": "black", "int8_fused": "tab:green", "int4_fused": "tab:blue", "int4_cuda": "tab:orange",
               "int4_library": "tab:purple", "int4_naive": "tab:red"}
@@ -96,7 +96,7 @@ def quant_ladder(view, hw: str, path) -> None:
     % of their roofline, per 8B matrix, one panel per batch (1 and 16): how far each implementation
     of the same method gets from the bytes it promises."""
     plt = pyplot()
-    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw, model="llama-3.1-8b")
+    rows = [r for r in _ok_rows(view, "phase5.quant_kernels", hw, only_8b=True)
             if r["variant"].startswith("w4_")]
     rungs = [v for v in ("w4_naive", "w4_fused", "w4_cuda_bulk", "w4_cuda", "w4_library")
              if any(r["variant"] == v for r in rows)]
