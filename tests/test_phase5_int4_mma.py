@@ -116,7 +116,8 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         k_split = cfg["wk"] * cfg["splits"]
         assert k_split & (k_split - 1) == 0, cfg
         blocks = im.cdiv(im.cdiv(n, 16) * k_split, im.WARPS)
-        shortest = im.MIN_CHUNKS_PER_WARP_ONE_ROW if m == 1 or blocks <= sms else im.MIN_CHUNKS_PER_WARP
+        filling = blocks <= sms and k_split <= im.WARPS          # from 2 rows: slices shortened to fill the SMs
+        shortest = im.MIN_CHUNKS_PER_WARP_ONE_ROW if m == 1 or filling else im.MIN_CHUNKS_PER_WARP
         assert k_split == 1 or im.cdiv(k, 64) // k_split >= shortest, (m, n, k, cfg)
         assert cfg["mb"] in (1, 2, 4, 8) and 8 * cfg["mb"] >= min(m, im.MMA_MAX_M)
     # batch 1: K is split until the warps fill WAVE_FILL of a wave of resident warps, within a block
@@ -134,12 +135,14 @@ def test_the_launch_rule_is_a_rule_of_the_shape():
         cfg = im.plan(m, n, k, 132)
         warps = im.cdiv(n, 16) * cfg["wk"] * cfg["splits"]
         assert 132 * im.RESIDENT_WARPS_PER_SM // 2 < warps <= 132 * im.RESIDENT_WARPS_PER_SM, (m, n, k, cfg)
-    # from 2 rows, few tiles and a short K (a 1B model's qkv and o): slices shorten until every SM has a block
-    for m, n, k in [(4, 3072, 2048), (16, 3072, 2048), (2, 2048, 8192)]:
+    # from 2 rows, few tiles and a short K (a 1B model's qkv and o): slices shorten within a block until
+    # every SM has one; never across blocks for that (the 1B's down keeps 8 warps along K, 128 blocks)
+    for m, n, k in [(4, 3072, 2048), (16, 3072, 2048), (2, 4096, 4096)]:
         cfg = im.plan(m, n, k, 132)
         k_split = cfg["wk"] * cfg["splits"]
-        assert im.cdiv(im.cdiv(n, 16) * k_split, im.WARPS) >= 132, (m, n, k, cfg)
+        assert im.cdiv(im.cdiv(n, 16) * k_split, im.WARPS) >= 132 and cfg["splits"] == 1, (m, n, k, cfg)
         assert im.cdiv(k, 64) // k_split < im.MIN_CHUNKS_PER_WARP, (m, n, k, cfg)
+    assert im.plan(4, 2048, 8192, 132) == {**im.plan(4, 2048, 8192, 132), "wk": 8, "splits": 1}
     assert im.uses_dequantized(im.ROWS_MAX_M + 1) and not im.uses_dequantized(im.ROWS_MAX_M)
     # the weights' stream: the cp.async ring at batch 1 only, the register ring above, bulk copies on request
     assert im.plan(1, 4096, 4096, 132)["stream"] == "async"
