@@ -92,7 +92,9 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K,
       columns past the tile column before it, below N. One loop is compiled;
     - else a second, masked copy of the loop, pipelined less deeply (EDGE_STAGES) so the two fit
       the shared memory; that copy alone costs the main loop's speed in every tile (registers
-      and code for both), which is why the shift exists.
+      and code for both), which is why the shift exists. matmul() shifts tiles at most
+      SHIFT_MAX_BLOCK_N wide: at 128x256 the shifted loop measured slower than the masked one,
+      and neither reaches the EVEN_N loop's speed (the irregular-N gap is still open).
     The last partial k-tile (K % BLOCK_K) is one masked step after the loop. SPLIT_K > 1 writes fp32
     partial sums to part[split] (summed in a fixed order by sum_splits_kernel: deterministic).
     *_ALIGN: the power of two (<= 16) each row stride is a multiple of: Triton infers it only for
@@ -201,6 +203,7 @@ def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, part_ptr, M, N, K, stride_am, stride_
 # ------------------------------------------------------------------------------ configs: a rule, not a table
 SMEM_BYTES_DEFAULT = 227 * 1024        # Hopper's per-block limit; the interpreter and CPU compile checks use it
 MAX_SPLIT_K = 16
+SHIFT_MAX_BLOCK_N = 128                # wider tiles keep the masked edge loop (shifted 128x256 tiles measured far slower)
 MIN_K_TILES_PER_SPLIT = 4              # fewer and the partial sums' traffic outweighs what the split buys
 
 
@@ -368,7 +371,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     parts = partial_sums(M, N, split_k, a.device)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), split_k)
     even_n = N % cfg["BLOCK_N"] == 0
-    shift, n_read = (0, N) if even_n else shift_columns(b, cfg["BLOCK_N"])
+    shifts = not even_n and cfg["BLOCK_N"] <= SHIFT_MAX_BLOCK_N
+    shift, n_read = shift_columns(b, cfg["BLOCK_N"]) if shifts else (0, N)
     matmul_kernel[grid](a, b, out, parts, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                         out.stride(0), out.stride(1),
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
