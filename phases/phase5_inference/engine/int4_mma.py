@@ -262,8 +262,8 @@ def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: boo
     (measured slower on the 8B's qkv at batch 4 and 16 with twice the blocks). Where that leaves fewer
     blocks than SMs (few tiles and a short K, as in a 1B model's projections), the slices shorten, within
     a block and down to the batch-1 floor, until every SM has a block: an idle SM's share of the
-    bandwidth is lost outright (measured 1.14-1.41x on the 1B's qkv and o and the 8B's o at batch 4
-    and 16), while a split across blocks to fill the last few SMs was slower (the 1B's down)."""
+    bandwidth is lost outright (measured faster on the 1B's qkv and o and the 8B's o at batch 4 and
+    16), while a split across blocks to fill the last few SMs was slower (the 1B's down)."""
     n_tiles, k_chunks, m_tiles = cdiv(n, TILE_N), cdiv(k, CHUNK_K), cdiv(m, MMA_MAX_M)
     mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
     resident = RESIDENT_WARPS_PER_SM if mb <= 2 else RESIDENT_WARPS_PER_SM // 2
