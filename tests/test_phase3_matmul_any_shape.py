@@ -41,6 +41,26 @@ def test_padding_copies_only_what_a_descriptor_cannot_read():
 
 
 @in_parent
+def test_only_tiles_up_to_128_columns_shift_the_last_tile_column(monkeypatch):
+    """matmul() asks the kernel for the shifted last column at BLOCK_N <= SHIFT_MAX_BLOCK_N only
+    (shifted 128x256 tiles measured far slower than masked ones); the launch is recorded, not run."""
+    from phases.phase3_triton import matmul as mm
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+    monkeypatch.setattr(mm, "matmul_kernel", Recorder())
+    monkeypatch.setattr(mm, "require", lambda *tensors: None)
+    a, b = torch.randn(300, 96).half(), torch.randn(96, 1000).half()          # N: no multiple of 64
+    for block_n, shifts in ((64, True), (128, True), (256, False)):
+        mm.matmul(a, b, config=mm._cfg(128, block_n, 64, 8, 3))
+        assert (seen["SHIFT_N"] > 0) == shifts and not seen["EVEN_N"], (block_n, seen)
+    mm.matmul(a, b[:, :768], config=mm._cfg(128, 256, 64, 8, 3))
+    assert seen["EVEN_N"] and seen["SHIFT_N"] == 0
+
+
+@in_parent
 def test_padding_bytes_and_launches_are_in_the_prediction():
     from phases.phase3_triton import matmul as mm
     assert mm.padding_cost(4096, 4096, 4096, 2) == (0, 0)
