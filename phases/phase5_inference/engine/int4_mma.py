@@ -268,18 +268,17 @@ def plan(m: int, n: int, k: int, sms: int, k_split: int | None = None, bulk: boo
     mb = next_pow2(cdiv(min(m, MMA_MAX_M), 8))
     resident = RESIDENT_WARPS_PER_SM if mb <= 2 else RESIDENT_WARPS_PER_SM // 2
     tiles = n_tiles * m_tiles
+    finest = floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP_ONE_ROW))     # slices at the batch-1 floor
     if k_split is None and m == 1:
         across_blocks = 2 * tiles < sms
-        most = min(floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP_ONE_ROW)),
-                   WARPS * (MAX_SPLITS if across_blocks else 1))
+        most = min(finest, WARPS * (MAX_SPLITS if across_blocks else 1))
         k_split = 1
         while 2 * k_split <= most and tiles * k_split < WAVE_FILL * sms * resident:
             k_split *= 2
     elif k_split is None:
         most = min(floor_pow2(max(1, sms * resident // tiles)), WARPS * MAX_SPLITS)
         k_split = min(most, floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP)))
-        shortest = floor_pow2(max(1, k_chunks // MIN_CHUNKS_PER_WARP_ONE_ROW))
-        while cdiv(tiles * k_split, WARPS) < sms and 2 * k_split <= min(most, shortest, WARPS):
+        while cdiv(tiles * k_split, WARPS) < sms and 2 * k_split <= min(most, finest, WARPS):
             k_split *= 2
     wk = min(k_split, WARPS)
     return {"mb": mb, "wk": wk, "wn": WARPS // wk, "splits": k_split // wk, "bulk": bulk, "stream": stream_of(m, bulk)}
